@@ -1,0 +1,390 @@
+"""Checkpoints for podlab trainers: the one checkpoint manager of the project (wraps orbax).
+
+A checkpoint holds two pytrees:
+
+* `replicated`: state identical on every device of every process (params, optimizer state, EMA,
+  step, rng). Leaves may be numpy arrays/scalars, single-device jax arrays, fully replicated jax
+  arrays, or pmap-stacked jax arrays `[local_device_count, ...]` whose rows are identical (the
+  output of `jax.pmap`); only one copy is written (by process 0) and it comes back as host numpy
+  *without* the pmap axis.
+* `per_device`: host-local arrays `[local_device_count, ...]` that differ per device (e.g. the TRM
+  ACT carry). They are saved as one global array `[process_count * local_device_count, ...]`
+  sharded over all devices of all processes, so every host writes its own rows, and each host gets
+  its own `[local_device_count, ...]` rows back on restore.
+
+Synopsis (works unchanged on a laptop and on every host of a pod slice):
+
+  import jax, numpy as np
+  from experiments.common import checkpointing, distributed
+
+  distributed.initialize()
+  n = jax.local_device_count()
+  params = {"w": np.ones((3, 3), np.float32)}
+  carry = {"z": np.zeros((n, 8), np.float32)}
+  ckpt = checkpointing.CheckpointManager("/tmp/podlab_ckpt", max_to_keep=3,
+                                         save_interval_steps=1000)
+  ckpt.save(1000, replicated={"params": params, "step": np.int32(1000)}, per_device=carry)
+  ckpt.save(1234, replicated={"params": params, "step": np.int32(1234)}, per_device=carry,
+            force=True)                      # final / preemption save: ignores the interval
+  step, replicated, per_device = ckpt.restore(
+      replicated_like={"params": params, "step": np.int32(0)}, per_device_like=carry)
+  ckpt.close()                               # waits for async writes; then distributed.finalize()
+
+Atomicity: orbax writes step `N` into `N.orbax-checkpoint-tmp-<timestamp>/` and renames it to `N/`
+once every host has finished (on `gs://`, where renames are not atomic, it writes
+`N/commit_success.txt` last instead). A save interrupted by a crash or preemption therefore leaves
+only a tmp directory (or, on GCS, a directory without the commit file), which `all_steps`,
+`latest_step` and `restore` ignore; the previous complete checkpoint stays the latest. Leftover tmp
+directories are kept unless `cleanup_tmp_directories=True` (off by default because it would also
+delete a save in flight from another job sharing the directory, e.g. a trainer watched by an
+evaluator).
+
+A checkpoint that is complete but unreadable (files deleted or truncated, a different pytree
+structure or shapes than the templates, a different device topology) raises `CheckpointError`
+naming the checkpoint path.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from absl import logging
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as ocp_policies
+
+from experiments.common import distributed
+
+PyTree = Any
+
+_REPLICATED = "replicated"
+_PER_DEVICE = "per_device"
+_META = "meta"
+_FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint cannot be saved or restored; the message names the path and a fix."""
+
+
+def _is_url(directory: str) -> bool:
+  return "://" in directory
+
+
+def _keystr(prefix: str, path: tuple[Any, ...]) -> str:
+  return prefix + jax.tree_util.keystr(path)
+
+
+def _is_pmap_stacked(x: jax.Array) -> bool:
+  """True for a `[n, ...]` array whose leading axis is split one row per device (pmap layout)."""
+  sharding = x.sharding
+  if x.ndim == 0 or not isinstance(sharding, NamedSharding):
+    return False
+  spec = sharding.spec
+  if len(spec) == 0 or spec[0] is None:
+    return False
+  axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+  rows = int(np.prod([sharding.mesh.shape[a] for a in axes]))
+  return rows == x.shape[0] and all(s is None for s in spec[1:])
+
+
+def _replicated_to_numpy(name: str, x: Any) -> np.ndarray:
+  """One host copy of a replicated leaf (pmap-stacked arrays lose their device axis)."""
+  if not isinstance(x, jax.Array):
+    return np.asarray(x)
+  # `x[0]` would run a computation (and fail on non-addressable arrays): read a local shard.
+  data = np.array(x.addressable_shards[0].data, copy=True)
+  if _is_pmap_stacked(x):
+    return data[0]
+  if x.sharding.is_fully_replicated:
+    return data
+  raise CheckpointError(
+      f"{name}: jax.Array of shape {x.shape} with sharding {x.sharding} is neither replicated nor "
+      "pmap-stacked, so no single shard holds its value. Fix: pass it in `per_device` "
+      "(leading axis = local_device_count) or replicate it first.")
+
+
+def _replicated_spec(name: str, x: Any) -> jax.ShapeDtypeStruct:
+  """Shape/dtype a replicated template leaf restores to (the value `_replicated_to_numpy` gives)."""
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+  if isinstance(x, jax.Array):
+    shape = x.shape[1:] if _is_pmap_stacked(x) else x.shape
+    return jax.ShapeDtypeStruct(shape, x.dtype)
+  if hasattr(x, "shape") and hasattr(x, "dtype"):
+    return jax.ShapeDtypeStruct(tuple(x.shape), np.dtype(x.dtype))
+  try:
+    value = np.asarray(x)
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointError(f"{name}: template leaf {x!r} is not an array. Fix: use an array or "
+                          "jax.ShapeDtypeStruct.") from e
+  return jax.ShapeDtypeStruct(value.shape, value.dtype)
+
+
+def _per_device_spec(name: str, x: Any, local_devices: int) -> jax.ShapeDtypeStruct:
+  if hasattr(x, "shape") and hasattr(x, "dtype"):
+    shape, dtype = tuple(x.shape), np.dtype(x.dtype)
+  else:
+    value = np.asarray(x)
+    shape, dtype = value.shape, value.dtype
+  if len(shape) == 0 or shape[0] != local_devices:
+    raise CheckpointError(
+        f"{name}: shape {shape} must have leading axis local_device_count={local_devices}. Fix: "
+        "stack one row per local device (pmap layout), or move replicated state to `replicated`.")
+  if jax.dtypes.canonicalize_dtype(dtype) != dtype:
+    raise CheckpointError(
+        f"{name}: dtype {dtype} does not survive a jax.Array with jax_enable_x64 off (it would "
+        f"become {jax.dtypes.canonicalize_dtype(dtype)}). Fix: cast it, e.g. to float32/int32.")
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _step_dir(directory: str, step: int) -> str:
+  return f"{directory.rstrip('/')}/{step}"
+
+
+class CheckpointManager:
+  """Saves and restores `(step, replicated, per_device)` checkpoints; see the module doc.
+
+  All methods must be called by every process of the run (they synchronise internally).
+  """
+
+  def __init__(
+      self,
+      directory: str | os.PathLike[str],
+      *,
+      max_to_keep: Optional[int] = 3,
+      save_interval_steps: int = 1000,
+      enable_async: bool = True,
+      cleanup_tmp_directories: bool = False,
+  ):
+    """Opens (and creates) a checkpoint directory.
+
+    Args:
+      directory: local path (made absolute) or a `gs://` URL.
+      max_to_keep: newest checkpoints kept; older ones are deleted. None keeps all.
+      save_interval_steps: `save` writes only when `step % save_interval_steps == 0` (or `force`,
+        or at a preemption sync point JAX signals on TPU).
+      enable_async: write in a background thread; `save` returns once arrays are copied to host.
+      cleanup_tmp_directories: delete leftover tmp dirs of interrupted saves on start-up.
+    """
+    directory = os.fspath(directory)
+    if not _is_url(directory):
+      directory = os.path.abspath(os.path.expanduser(directory))
+    if save_interval_steps < 1:
+      raise ValueError(f"save_interval_steps={save_interval_steps}: must be >= 1. Fix: pass a "
+                       "positive interval (use force=True for one-off saves).")
+    if max_to_keep is not None and max_to_keep < 1:
+      raise ValueError(f"max_to_keep={max_to_keep}: must be >= 1 or None (keep all).")
+    self._directory = directory
+    self._mesh = distributed.global_mesh()
+    self._sharding = NamedSharding(self._mesh, PartitionSpec(distributed.MESH_AXIS))
+    options = ocp.CheckpointManagerOptions(
+        save_decision_policy=ocp_policies.AnySavePolicy([
+            ocp_policies.FixedIntervalPolicy(save_interval_steps),
+            ocp_policies.PreemptionCheckpointingPolicy(),
+        ]),
+        preservation_policy=ocp_policies.LatestN(n=max_to_keep),
+        enable_async_checkpointing=enable_async,
+        cleanup_tmp_directories=cleanup_tmp_directories,
+        create=True,
+    )
+    self._manager = ocp.CheckpointManager(
+        directory, options=options, item_names=(_REPLICATED, _PER_DEVICE, _META))
+    logging.info("checkpointing: %s (max_to_keep=%s, every %d steps, async=%s), steps %s",
+                 directory, max_to_keep, save_interval_steps, enable_async, self.all_steps())
+
+  @property
+  def directory(self) -> str:
+    """The checkpoint directory (absolute path or URL)."""
+    return self._directory
+
+  def _to_global(self, name: str, x: Any) -> jax.Array:
+    """A host-local `[local_device_count, ...]` leaf as a global array sharded over all devices."""
+    local = jax.local_device_count()
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      raise CheckpointError(f"{name}: already a global array spanning other processes. Fix: pass "
+                            "this host's `[local_device_count, ...]` rows.")
+    value = np.asarray(x)
+    _per_device_spec(name, value, local)
+    global_shape = (jax.process_count() * local,) + value.shape[1:]
+    return jax.make_array_from_process_local_data(self._sharding, value, global_shape)
+
+  def save(self, step: int, *, replicated: PyTree, per_device: PyTree, force: bool = False) -> bool:
+    """Saves a checkpoint at `step` if the interval (or `force`) says so; returns whether it did.
+
+    A step that already has a checkpoint is not overwritten (returns False).
+    """
+    step = int(step)
+    if step < 0:
+      raise ValueError(f"step={step}: must be >= 0.")
+    if not force and not self._manager.should_save(step):
+      return False
+    if step in self.all_steps():
+      logging.info("checkpointing: step %d already saved in %s; not saving again", step,
+                   self._directory)
+      return False
+    replicated_np = jax.tree_util.tree_map_with_path(
+        lambda p, x: _replicated_to_numpy(_keystr(_REPLICATED, p), x), replicated)
+    per_device_global = jax.tree_util.tree_map_with_path(
+        lambda p, x: self._to_global(_keystr(_PER_DEVICE, p), x), per_device)
+    # Orbax refuses empty pytrees ("Found empty item"): leafless trees are not written at all.
+    items = {}
+    if jax.tree.leaves(replicated_np):
+      items[_REPLICATED] = ocp.args.PyTreeSave(replicated_np)
+    if jax.tree.leaves(per_device_global):
+      items[_PER_DEVICE] = ocp.args.PyTreeSave(per_device_global)
+    meta = {
+        "format_version": _FORMAT_VERSION,
+        "step": step,
+        "process_count": jax.process_count(),
+        "local_device_count": jax.local_device_count(),
+        "items": sorted(items),
+    }
+    items[_META] = ocp.args.JsonSave(meta)
+    saved = self._manager.save(
+        step, args=ocp.args.Composite(**items), force=True)  # The interval was checked above.
+    if saved:
+      logging.info("checkpointing: saving step %d to %s", step, _step_dir(self._directory, step))
+    return saved
+
+  def restore(
+      self,
+      step: Optional[int] = None,
+      *,
+      replicated_like: PyTree,
+      per_device_like: PyTree,
+      restore_per_device: bool = True,
+  ) -> Optional[tuple[int, PyTree, Optional[PyTree]]]:
+    """Restores `(step, replicated, per_device)`, or returns None when there is no checkpoint.
+
+    Args:
+      step: the step to restore; default the newest complete checkpoint.
+      replicated_like: template pytree (arrays, scalars or jax.ShapeDtypeStruct) fixing the
+        structure and dtypes; pmap-stacked jax arrays count without their device axis.
+      per_device_like: template with leaves `[local_device_count, ...]`.
+      restore_per_device: False skips the per-device state (returned as None), e.g. to resume on
+        a different number of devices and re-initialise it.
+
+    Returns:
+      `replicated` as host numpy arrays; `per_device` as this process' `[local_device_count, ...]`
+      host numpy rows.
+    """
+    self._manager.wait_until_finished()
+    self._manager.reload()
+    steps = self.all_steps()
+    if step is None:
+      if not steps:
+        return None
+      step = max(steps)
+    step = int(step)
+    path = _step_dir(self._directory, step)
+    if step not in steps:
+      raise CheckpointError(f"no complete checkpoint {path}; complete steps in "
+                            f"{self._directory}: {sorted(steps)}. Fix: pass one of those steps.")
+    try:
+      meta = self._manager.restore(
+          step, args=ocp.args.Composite(**{_META: ocp.args.JsonRestore()}))[_META]
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f"checkpoint {path} is corrupt or incomplete: cannot read its "
+                            f"{_META} item ({type(e).__name__}: {e}).") from e
+
+    saved_items = set(meta.get("items", (_REPLICATED, _PER_DEVICE)))
+
+    def require(item: str) -> None:
+      if item not in saved_items:
+        raise CheckpointError(
+            f"checkpoint {path} has no {item} state (it was saved empty) but {item}_like has "
+            f"leaves. Fix: pass an empty {item}_like, or restore a checkpoint that has it.")
+
+    args = {}
+    rep_specs = jax.tree_util.tree_map_with_path(
+        lambda p, x: _replicated_spec(_keystr(_REPLICATED, p), x), replicated_like)
+    if jax.tree.leaves(rep_specs):
+      require(_REPLICATED)
+      args[_REPLICATED] = ocp.args.PyTreeRestore(
+          rep_specs,
+          restore_args=jax.tree.map(
+              lambda s: ocp.RestoreArgs(restore_type=np.ndarray, dtype=s.dtype), rep_specs))
+    local = jax.local_device_count()
+    pd_specs = None
+    if restore_per_device:
+      pd_specs = jax.tree_util.tree_map_with_path(
+          lambda p, x: _per_device_spec(_keystr(_PER_DEVICE, p), x, local), per_device_like)
+    if jax.tree.leaves(pd_specs):
+      require(_PER_DEVICE)
+      if meta["process_count"] * meta["local_device_count"] != jax.device_count():
+        raise CheckpointError(
+            f"checkpoint {path} holds per-device state of {meta['process_count']} processes x "
+            f"{meta['local_device_count']} devices, this run has {jax.process_count()} x {local}. "
+            "Fix: restore with restore_per_device=False and re-initialise the per-device state.")
+      global_specs = jax.tree.map(
+          lambda s: jax.ShapeDtypeStruct((jax.device_count(),) + s.shape[1:], s.dtype,
+                                         sharding=self._sharding), pd_specs)
+      args[_PER_DEVICE] = ocp.args.PyTreeRestore(
+          global_specs,
+          restore_args=jax.tree.map(
+              lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, global_shape=s.shape,
+                                             dtype=s.dtype), global_specs))
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(**args)) if args else {}
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(
+          f"checkpoint {path} is corrupt, truncated or does not match the templates "
+          f"({type(e).__name__}: {e}). Fix: pass templates of the run that saved it, or restore "
+          f"an older step from {sorted(steps)}.") from e
+
+    # Leafless templates ({}, None, ...) come back as given.
+    replicated = replicated_like
+    if _REPLICATED in args:
+      replicated = restored[_REPLICATED]
+      self._check_shapes(path, _REPLICATED, replicated, rep_specs)
+    per_device = per_device_like if restore_per_device else None
+    if _PER_DEVICE in args:
+      per_device = jax.tree.map(self._to_local, restored[_PER_DEVICE])
+      self._check_shapes(path, _PER_DEVICE, per_device, pd_specs)
+    logging.info("checkpointing: restored step %d from %s", step, path)
+    return step, replicated, per_device
+
+  @staticmethod
+  def _to_local(x: jax.Array) -> np.ndarray:
+    """This process' rows of a global array sharded over `global_mesh()`, in row order."""
+    shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+    return np.concatenate([np.asarray(s.data) for s in shards], axis=0)
+
+  @staticmethod
+  def _check_shapes(path: str, item: str, restored: PyTree, specs: PyTree) -> None:
+    def check(p, value, spec):
+      got, want = (np.shape(value), np.asarray(value).dtype), (tuple(spec.shape), spec.dtype)
+      if got != want:
+        raise CheckpointError(
+            f"checkpoint {path}: {_keystr(item, p)} has shape/dtype {got} but the template says "
+            f"{want}. Fix: use the template of the run that saved it.")
+    try:
+      jax.tree_util.tree_map_with_path(check, restored, specs)
+    except ValueError as e:  # Structure mismatch.
+      raise CheckpointError(f"checkpoint {path}: {item} structure differs from the template "
+                            f"({e}).") from e
+
+  def latest_step(self) -> Optional[int]:
+    """Newest saved step (None if none); a save still in flight counts once `save` returned."""
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    """All saved steps, ascending (interrupted saves excluded)."""
+    return sorted(self._manager.all_steps())
+
+  def wait_until_finished(self) -> None:
+    """Blocks until this process' async save (if any) is committed."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    """Waits for pending saves and releases resources; call before `distributed.finalize()`."""
+    self._manager.close()
+
+  def __enter__(self) -> "CheckpointManager":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()

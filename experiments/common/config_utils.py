@@ -1,0 +1,146 @@
+"""Config helpers shared by podlab experiments: `--config` path resolution and field validation.
+
+Synopsis, in an experiment's `main.py` (run from the repo root as
+`python -m experiments.trm.main --config=configs/v4_64.py:small --config.lr=1e-3`):
+
+  import os, sys
+  from absl import app
+  from ml_collections import config_flags
+  from experiments.common import config_utils
+
+  _CONFIG = config_flags.DEFINE_config_file("config")
+
+  def main(argv):
+    config_utils.validate_config(_CONFIG.value, reference=default_config())  # or raise ConfigError
+    ...
+
+  if __name__ == "__main__":
+    app.run(main, argv=config_utils.resolve_config_argv(sys.argv, os.path.dirname(__file__)))
+
+`resolve_config_argv` lets `configs/v4_64.py` mean `experiments/trm/configs/v4_64.py` when no such
+file exists relative to the working directory. `validate_config` turns a misspelled field into a
+one-line error with the closest valid name, e.g.
+`config.optim.learnig_rate=0.001: unknown field. Fix: did you mean 'optim.learning_rate'?`.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import ml_collections
+
+class ConfigError(ValueError):
+  """A config problem; the message names the field, its value and the fix, on one line.
+
+  Example: `raise ConfigError("batch_size", 7, "must be divisible by 4 devices", "use 8")` reads
+  `config.batch_size=7: must be divisible by 4 devices. Fix: use 8`.
+  """
+
+  def __init__(self, field: str, value: Any, problem: str, fix: str):
+    self.field = field
+    self.value = value
+    self.problem = problem
+    self.fix = fix
+    super().__init__(f"config.{field}={value!r}: {problem}. Fix: {fix}")
+
+
+def _split_config_value(value: str) -> tuple[str, str]:
+  """`'path.py:arg'` -> `('path.py', ':arg')`, splitting at the first ':' as config_flags does."""
+  path, sep, arg = value.partition(":")
+  return path, sep + arg
+
+
+def _resolve_path(value: str, experiment_dir: str, flag: str) -> str:
+  path, suffix = _split_config_value(value)
+  if not path or os.path.exists(path):
+    return value
+  candidate = os.path.join(experiment_dir, path)
+  if os.path.exists(candidate):
+    return candidate + suffix
+  raise SystemExit(
+      f"error: --{flag}={value}: config file {path!r} not found; tried {os.path.abspath(path)} "
+      f"(from the working directory) and {os.path.abspath(candidate)} (in the experiment "
+      f"directory). Fix: pass a path that exists relative to the working directory or to "
+      f"{experiment_dir}.")
+
+
+def resolve_config_argv(
+    argv: Sequence[str], experiment_dir: str | os.PathLike[str], flag: str = "config",
+) -> list[str]:
+  """Returns `argv` with the `--config` file path resolved; see the module doc.
+
+  A path (the part before an optional `:arg`) that exists from the working directory is kept as
+  given; otherwise `experiment_dir/path` is used if it exists; otherwise the program exits
+  (`SystemExit`) with a message naming both places tried. Handles `--config=path`,
+  `--config path` and the single-dash forms; `--config.field=value` overrides and everything after
+  a bare `--` are left alone.
+
+  Args:
+    argv: the full command line, `sys.argv` (program name first).
+    experiment_dir: the experiment's directory, e.g. `os.path.dirname(__file__)`.
+    flag: the name given to `config_flags.DEFINE_config_file`.
+  """
+  experiment_dir = os.fspath(experiment_dir)
+  out = list(argv)
+  names = (f"--{flag}", f"-{flag}")
+  i = 1
+  while i < len(out):
+    token = out[i]
+    if token == "--":
+      break
+    name, eq, value = token.partition("=")
+    if name in names:
+      if eq:
+        out[i] = f"{name}={_resolve_path(value, experiment_dir, flag)}"
+      elif i + 1 < len(out):
+        out[i + 1] = _resolve_path(out[i + 1], experiment_dir, flag)
+        i += 1
+    i += 1
+  return out
+
+
+def _items(node: Any) -> Optional[Iterator[tuple[str, Any]]]:
+  """Key/value pairs of a config node (ConfigDict, FrozenConfigDict or dict), else None."""
+  if isinstance(node, (ml_collections.ConfigDict, ml_collections.FrozenConfigDict, Mapping)):
+    return iter(node.items())
+  return None
+
+
+def _unknown_fields(config: Any, reference: Any, prefix: str) -> Iterator[tuple[str, Any, str]]:
+  """Yields `(dotted field, value, fix)` for every field of `config` absent from `reference`."""
+  ref_items = _items(reference)
+  cfg_items = _items(config)
+  if ref_items is None or cfg_items is None:
+    return
+  ref = dict(ref_items)
+  if not ref:  # An empty reference dict is open: any keys allowed (e.g. free-form kwargs).
+    return
+  for key, value in cfg_items:
+    field = f"{prefix}{key}"
+    if key in ref:
+      yield from _unknown_fields(value, ref[key], field + ".")
+      continue
+    close = difflib.get_close_matches(str(key), [str(k) for k in ref], n=1, cutoff=0.6)
+    if close:
+      fix = f"did you mean '{prefix}{close[0]}'?"
+    else:
+      fix = f"valid fields{' of ' + prefix[:-1] if prefix else ''} are {sorted(map(str, ref))}"
+    yield field, value, fix
+
+
+def validate_config(config: Any, reference: ml_collections.ConfigDict) -> None:
+  """Raises `ConfigError` if `config` has a field (at any depth) that `reference` lacks.
+
+  `reference` is the experiment's full default config. Nested dicts are compared recursively; an
+  empty dict in `reference` accepts any keys. Neither argument is modified, so locked and frozen
+  configs are fine. The error is one line: field, value and the closest valid name as the fix;
+  further unknown fields are listed after it.
+  """
+  problems = list(_unknown_fields(config, reference, ""))
+  if not problems:
+    return
+  field, value, fix = problems[0]
+  if len(problems) > 1:
+    fix += f" (also unknown: {', '.join(p[0] for p in problems[1:])})"
+  raise ConfigError(field, value, "unknown field", fix)

@@ -1,0 +1,196 @@
+"""Multi-host start-up and shut-down: the one place podlab initialises JAX's distributed runtime.
+
+Every trainer calls `initialize()` first thing (before any other JAX call) and `finalize()` last:
+
+  from experiments.common import distributed
+
+  def main(argv):
+    info = distributed.initialize()          # TPU pod: auto-detected; laptop: no-op.
+    mesh = distributed.global_mesh()          # 1-D Mesh over every device of every host.
+    ...                                       # train, save checkpoints
+    checkpoint_manager.close()                # wait for this host's async writes
+    distributed.finalize()                    # barrier, then shut the runtime down
+
+How the processes find each other, first match wins per argument:
+
+  1. explicit arguments: `initialize(coordinator_address="10.0.0.1:1234", num_processes=2,
+     process_id=0)`;
+  2. environment variables, for launchers that cannot pass flags:
+       PODLAB_COORDINATOR     host:port of process 0's coordinator service, e.g. `10.0.0.1:1234`
+       PODLAB_NUM_PROCESSES   total number of processes, e.g. `2`
+       PODLAB_PROCESS_ID      this process' index in [0, PODLAB_NUM_PROCESSES)
+  3. nothing given: on a Cloud TPU VM `jax.distributed.initialize()` discovers the slice by itself;
+     anywhere else (CPU laptop, single GPU box) the run is single-process: nothing is initialised.
+
+Off TPU, a multi-process run needs all three values (JAX cannot discover them there). A local
+multi-process smoke test on one CPU, two shells:
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=2 JAX_PLATFORMS=cpu \
+    PODLAB_COORDINATOR=localhost:12355 PODLAB_NUM_PROCESSES=2 PODLAB_PROCESS_ID=0 \
+    python -m experiments.trm.main ...
+  (same with PODLAB_PROCESS_ID=1)
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from typing import Optional
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+import numpy as np
+
+ENV_COORDINATOR = "PODLAB_COORDINATOR"
+ENV_NUM_PROCESSES = "PODLAB_NUM_PROCESSES"
+ENV_PROCESS_ID = "PODLAB_PROCESS_ID"
+
+MESH_AXIS = "devices"
+"""Name of the single axis of `global_mesh()` and `local_mesh()`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedInfo:
+  """What `initialize()` found: the process topology of this run."""
+  process_index: int
+  process_count: int
+  local_device_count: int
+  device_count: int
+  device_kinds: tuple[str, ...]
+  platform: str
+
+
+def _env_int(name: str) -> Optional[int]:
+  raw = os.environ.get(name)
+  if raw is None or raw.strip() == "":
+    return None
+  try:
+    return int(raw)
+  except ValueError:
+    raise ValueError(
+        f"environment variable {name}={raw!r} is not an integer. "
+        f"Fix: export {name}=<int> or unset it.") from None
+
+
+def _on_cloud_tpu_vm() -> bool:
+  """True on a Cloud TPU VM (TPU chips on the PCI bus and libtpu installed), without starting JAX.
+
+  Uses the flag JAX itself sets on import for its own TPU cluster detection; falls back to looking
+  for TPU device files when that private flag is unavailable.
+  """
+  platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+  if platforms and "tpu" not in platforms.split(","):
+    return False
+  try:
+    from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top
+    return bool(cloud_tpu_init.running_in_cloud_tpu_vm)
+  except (ImportError, AttributeError):
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def initialize(
+    coordinator_address: Optional[str] = None,
+    num_processes: Optional[int] = None,
+    process_id: Optional[int] = None,
+) -> DistributedInfo:
+  """Starts JAX's distributed runtime when the run spans several processes; see the module doc.
+
+  Must run before any other JAX call that touches devices. Calling it again after a successful
+  initialisation (or after someone else initialised the runtime) only logs the topology again.
+
+  Args:
+    coordinator_address: `host:port` of process 0's coordinator; falls back to $PODLAB_COORDINATOR.
+    num_processes: number of processes; falls back to $PODLAB_NUM_PROCESSES.
+    process_id: this process' index; falls back to $PODLAB_PROCESS_ID.
+
+  Returns:
+    The topology (process index/count, local/global device counts and kinds). The same facts are
+    logged with absl logging.
+
+  Raises:
+    ValueError: some but not all of the three values given off TPU, or inconsistent values.
+  """
+  if coordinator_address is None:
+    coordinator_address = os.environ.get(ENV_COORDINATOR) or None
+  if num_processes is None:
+    num_processes = _env_int(ENV_NUM_PROCESSES)
+  if process_id is None:
+    process_id = _env_int(ENV_PROCESS_ID)
+  given = {
+      "coordinator_address": coordinator_address,
+      "num_processes": num_processes,
+      "process_id": process_id,
+  }
+  if num_processes is not None and num_processes < 1:
+    raise ValueError(f"num_processes={num_processes}: must be >= 1. Fix: pass the process count.")
+  if (num_processes is not None and process_id is not None
+      and not 0 <= process_id < num_processes):
+    raise ValueError(
+        f"process_id={process_id}: must be in [0, num_processes={num_processes}). "
+        "Fix: number the processes 0..num_processes-1.")
+
+  if jax.distributed.is_initialized():
+    logging.info("distributed: JAX runtime already initialised; not initialising again.")
+  elif any(v is not None for v in given.values()):
+    missing = [k for k, v in given.items() if v is None]
+    if missing and not _on_cloud_tpu_vm():
+      env = {"coordinator_address": ENV_COORDINATOR, "num_processes": ENV_NUM_PROCESSES,
+             "process_id": ENV_PROCESS_ID}
+      raise ValueError(
+          f"distributed.initialize: got {given} but {', '.join(missing)} is missing; off TPU all "
+          "three are needed. Fix: pass them or set "
+          + ", ".join(env[k] for k in missing) + ".")
+    logging.info("distributed: jax.distributed.initialize(%s)", given)
+    jax.distributed.initialize(**given)
+  elif _on_cloud_tpu_vm():
+    logging.info("distributed: Cloud TPU VM detected; jax.distributed.initialize() auto-detects.")
+    jax.distributed.initialize()
+  else:
+    logging.info("distributed: no coordinator given and not on TPU; running single-process.")
+
+  devices = jax.devices()
+  info = DistributedInfo(
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+      local_device_count=jax.local_device_count(),
+      device_count=jax.device_count(),
+      device_kinds=tuple(sorted({d.device_kind for d in devices})),
+      platform=devices[0].platform,
+  )
+  logging.info(
+      "distributed: process %d/%d, %d local / %d global devices, kinds %s (platform %s)",
+      info.process_index, info.process_count, info.local_device_count, info.device_count,
+      ", ".join(info.device_kinds), info.platform)
+  return info
+
+
+def finalize(barrier_name: str = "podlab_finalize") -> None:
+  """Waits for every process, then shuts the distributed runtime down (no-op single-process).
+
+  Close checkpoint managers *before* calling this: the barrier then guarantees no host exits while
+  another still writes its part of a checkpoint.
+  """
+  if jax.process_count() > 1:
+    logging.info("distributed: process %d waiting at barrier %r", jax.process_index(), barrier_name)
+    multihost_utils.sync_global_devices(barrier_name)
+  if jax.distributed.is_initialized():
+    logging.info("distributed: shutting down the JAX distributed runtime")
+    jax.distributed.shutdown()
+
+
+def global_mesh() -> Mesh:
+  """1-D mesh over all devices of all processes, axis `'devices'`.
+
+  Devices are ordered by (process index, device id), so each process owns one contiguous block of
+  the axis: row `i` of a host-local `[local_device_count, ...]` array lands at global row
+  `process_index * local_device_count + i` when sharded `P('devices')`.
+  """
+  devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+  return Mesh(np.array(devices), (MESH_AXIS,))
+
+
+def local_mesh() -> Mesh:
+  """1-D mesh over this process' devices (in `jax.local_devices()` order), axis `'devices'`."""
+  return Mesh(np.array(jax.local_devices()), (MESH_AXIS,))
