@@ -1,0 +1,494 @@
+"""tf.data input pipeline: per-host split, on-the-fly Sudoku augmentation, device-shaped batches.
+
+Training stream (`create_train_iterator`): each host reads its own disjoint shard of the split
+(`tfds.split_for_jax_process`, shards cover the split) into memory. Step k of the stream is a pure
+function of (seed, process_index, k):
+  epoch = k // steps_per_epoch, b = k % steps_per_epoch,
+  rows  = index_shuffle(b * B_host + [0, B_host), key(seed, process_index, "perm", epoch)),
+  batch = augment(data[rows], key(seed, process_index, "augment", k)),
+with stateless TF random ops (`tf.random.experimental.index_shuffle`, `stateless_uniform`), so each
+epoch visits every example of the shard at most once (exactly once when the shard size is a multiple
+of B_host) in a seeded random order, every visit gets a fresh random augmentation (nothing is
+written to disk), and `start_step=k` starts at step k with no replay: the iterator is exactly the
+tail of the uninterrupted one. steps_per_epoch = (N // process_count) // B_host, computed from the
+total split size so every host agrees (the trailing partial batch of each epoch is dropped).
+The shard is held in memory (uint8 where the values fit; the full 3.8M-puzzle Sudoku-Extreme train
+split is ~0.6 GB on one host) and captured by the tf.data graph.
+
+Sudoku augmentation (TF ops, one random group element per example, same map on inputs and labels):
+digit permutation (pad and blank fixed), transpose with p = 0.5, a permutation of the bands and of
+the rows within each band, and of the stacks and the columns within each stack. It is the
+distribution of `input_pipeline.sudoku.sample_transform` (the numpy reference). A fresh group
+element per visit is what the reference's "pick one of 1000 materialised augmentations" converges
+to, without the finite-sample repeats and without writing anything.
+
+Evaluation (`create_eval_iterator`): no augmentation, split order, optional seeded fixed subset;
+every host yields the same number of batches (`num_batches`, from the total size), the last ones
+padded (inputs 0 = pad, labels -100, index -1) and marked by `mask` False.
+
+Batches are numpy dicts with leading dims [local_device_count, per_device_batch]:
+  inputs int32 [D, b, 81], labels int32 [D, b, 81], puzzle_identifiers int32 [D, b],
+  index int64 [D, b] (row in the split), and for eval mask bool [D, b];
+  per_device_batch = global_batch_size // (process_count * local_device_count).
+
+Synopsis:
+  it = create_train_iterator("/tmp/tfds", "sudoku_generated", {"config": "medium"},
+                             global_batch_size=768, process_index=jax.process_index(),
+                             process_count=jax.process_count(),
+                             local_device_count=jax.local_device_count(), seed=0, start_step=step)
+  batch = next(it)                                             # batch["inputs"]: [D, b, 81]
+  ev = create_eval_iterator("/tmp/tfds", "sudoku_generated", {"config": "medium"},
+                            global_batch_size=768, process_index=..., process_count=...,
+                            local_device_count=..., subset_size=None)
+  for batch in ev: ...                                         # ev.num_batches batches per host
+
+  source = DataSource.from_config(config.dataset, seed=config.seed)   # a trainer's shortcut
+  it = source.train_iterator(global_batch_size=768, local_device_count=4, start_step=step)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from input_pipeline import datasets
+from input_pipeline import prepare
+from input_pipeline import sudoku
+
+_ALG = "philox"
+_TAG_PERMUTATION = 1
+_TAG_AUGMENTATION = 2
+
+Batch = dict[str, np.ndarray]
+
+# --------------------------------------------------------------------------------------------
+# Batch arithmetic.
+
+
+def per_device_batch_size(global_batch_size: int, process_count: int,
+                          local_device_count: int) -> int:
+  """global_batch_size // (process_count * local_device_count); raises if it does not divide."""
+  devices = process_count * local_device_count
+  if global_batch_size <= 0 or devices <= 0 or global_batch_size % devices:
+    lower = max(devices, global_batch_size // max(devices, 1) * devices)
+    raise ValueError(
+        f"global_batch_size={global_batch_size} must be a positive multiple of process_count * "
+        f"local_device_count = {process_count} * {local_device_count} = {devices}; use e.g. "
+        f"global_batch_size={lower} or {lower + devices}")
+  return global_batch_size // devices
+
+
+def train_steps_per_epoch(num_examples: int, global_batch_size: int, process_count: int) -> int:
+  """Steps per epoch of the training stream: (N // process_count) // per-host batch."""
+  per_host = global_batch_size // process_count
+  return (num_examples // process_count) // per_host
+
+
+def num_eval_batches(num_examples: int, global_batch_size: int, process_count: int) -> int:
+  """Eval batches per host for `num_examples` examples in total (the same on every host)."""
+  per_host = global_batch_size // process_count
+  return math.ceil(math.ceil(num_examples / process_count) / per_host)
+
+
+# --------------------------------------------------------------------------------------------
+# Sudoku augmentation in TF.
+
+
+def fold_in(key: tf.Tensor, *data: Any) -> tf.Tensor:
+  """Derive a stateless seed [2] int64 from `key` [2] and integers (Philox, device independent)."""
+  key = tf.cast(key, tf.int64)
+  for d in data:
+    key = tf.random.experimental.stateless_fold_in(key, tf.cast(d, tf.int64), alg=_ALG)
+  return key
+
+
+def base_key(seed: int, process_index: int) -> tf.Tensor:
+  """The stream's root seed [2] for (seed, process_index)."""
+  return fold_in(tf.constant([0, seed], tf.int64), process_index)
+
+
+def _random_permutations(keys: tf.Tensor) -> tf.Tensor:
+  """Uniform random permutations along the last axis: argsort of i.i.d. int64 keys [..., n]."""
+  return tf.argsort(keys, axis=-1, stable=True, direction="ASCENDING")
+
+
+def sample_sudoku_transforms(key: tf.Tensor, batch_size: int) -> dict[str, tf.Tensor]:
+  """A random augmentation per example: the parameters of `sudoku.SudokuTransform`.
+
+  Returns:
+    digit_perm int32 [B, 9], transpose bool [B], row_perm int32 [B, 9], col_perm int32 [B, 9]
+    (row_perm[3a + b] = 3 * band_perm[a] + rows_in_band[a, b]; col_perm likewise).
+  """
+  u = tf.random.stateless_uniform([batch_size, 34], seed=key, minval=None, maxval=None,
+                                  dtype=tf.int64, alg=_ALG)  # [B, 34] i.i.d. full-range keys
+  digit_perm = _random_permutations(u[:, 0:9])  # [B, 9]
+  transpose = u[:, 9] < 0  # [B], p = 1/2
+  bands = _random_permutations(u[:, 10:13])  # [B, 3]
+  rows = _random_permutations(tf.reshape(u[:, 13:22], [-1, 3, 3]))  # [B, 3, 3]
+  stacks = _random_permutations(u[:, 22:25])  # [B, 3]
+  cols = _random_permutations(tf.reshape(u[:, 25:34], [-1, 3, 3]))  # [B, 3, 3]
+  row_perm = tf.reshape(3 * bands[:, :, None] + rows, [-1, 9])  # [B, 9]
+  col_perm = tf.reshape(3 * stacks[:, :, None] + cols, [-1, 9])  # [B, 9]
+  return dict(digit_perm=tf.cast(digit_perm, tf.int32), transpose=transpose,
+              row_perm=tf.cast(row_perm, tf.int32), col_perm=tf.cast(col_perm, tf.int32))
+
+
+def apply_sudoku_transforms(tokens: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
+  """Apply per-example transforms to tokens [B, 81] (negative labels such as -100 stay put)."""
+  rows = params["row_perm"][:, :, None]  # [B, 9, 1]
+  cols = params["col_perm"][:, None, :]  # [B, 1, 9]
+  positions = tf.where(params["transpose"][:, None, None], cols * 9 + rows, rows * 9 + cols)
+  positions = tf.reshape(positions, [-1, sudoku.NUM_CELLS])  # [B, 81]
+  moved = tf.gather(tokens, positions, batch_dims=1)  # [B, 81]
+  batch = tf.shape(tokens)[0]
+  fixed = tf.broadcast_to(tf.constant([sudoku.PAD_ID, sudoku.BLANK_ID], tf.int32), [batch, 2])
+  table = tf.concat([fixed, 2 + params["digit_perm"]], axis=1)  # [B, 11]
+  mapped = tf.gather(table, tf.maximum(moved, 0), batch_dims=1)  # [B, 81]
+  return tf.where(moved < 0, moved, mapped)
+
+
+def augment_sudoku_batch(batch: Mapping[str, tf.Tensor], key: tf.Tensor) -> dict[str, tf.Tensor]:
+  """One random transform per example, applied to `inputs` and `labels` [B, 81]."""
+  params = sample_sudoku_transforms(key, tf.shape(batch["inputs"])[0])
+  out = dict(batch)
+  out["inputs"] = apply_sudoku_transforms(batch["inputs"], params)
+  out["labels"] = apply_sudoku_transforms(batch["labels"], params)
+  return out
+
+
+_AUGMENTATIONS = {"sudoku": augment_sudoku_batch}
+
+# --------------------------------------------------------------------------------------------
+# Loading a host's examples into memory.
+
+
+def _prepared_builder(data_dir: str, dataset_name: str,
+                      builder_kwargs: Optional[Mapping[str, Any]]) -> tfds.core.DatasetBuilder:
+  builder = datasets.get_builder(dataset_name, data_dir, builder_kwargs)
+  if not builder.is_prepared():
+    raise FileNotFoundError(
+        f"{builder.info.full_name} is not prepared in {data_dir}; run "
+        f"`python -m input_pipeline.prepare --dataset={dataset_name} --data_dir={data_dir} "
+        f"--builder_kwargs='{json.dumps(dict(builder_kwargs or {}))}'` "
+        "(or input_pipeline.prepare.prepare) first")
+  return builder
+
+
+def _narrow(array: np.ndarray) -> np.ndarray:
+  """Store integer features in the smallest dtype holding their values (memory of the shard)."""
+  if array.size == 0 or array.dtype.kind not in "iu":
+    return array
+  lo, hi = int(array.min()), int(array.max())
+  for dtype in (np.uint8, np.int8, np.int16, np.int32):
+    info = np.iinfo(dtype)
+    if info.min <= lo and hi <= info.max and np.dtype(dtype).itemsize < array.dtype.itemsize:
+      return array.astype(dtype)
+  return array
+
+
+def _empty_arrays(builder: tfds.core.DatasetBuilder) -> dict[str, np.ndarray]:
+  """Zero-row arrays with the builder's feature shapes and dtypes."""
+  return {name: np.zeros((0,) + tuple(spec.shape), spec.np_dtype)
+          for name, spec in builder.info.features.items()}
+
+
+def load_split(builder: tfds.core.DatasetBuilder, split: Any) -> dict[str, np.ndarray]:
+  """All examples of `split` (a TFDS split spec) as numpy arrays, sorted by `index`."""
+  ds = builder.as_dataset(split=split, shuffle_files=False,
+                          read_config=tfds.ReadConfig(try_autocache=False))
+  chunks: dict[str, list[np.ndarray]] = {}
+  for batch in tfds.as_numpy(ds.batch(65536)):
+    for name, value in batch.items():
+      chunks.setdefault(name, []).append(value)
+  out = _empty_arrays(builder)
+  for name, values in chunks.items():
+    out[name] = np.concatenate(values)
+  order = np.argsort(out["index"], kind="stable")
+  return {name: value[order] for name, value in out.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# Training.
+
+
+def create_train_dataset(
+    data_dir: str,
+    dataset_name: str,
+    builder_kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    global_batch_size: int,
+    process_index: int,
+    process_count: int,
+    local_device_count: int,
+    seed: int,
+    start_step: int = 0,
+    split: str = "train",
+    augment: bool = True,
+) -> tf.data.Dataset:
+  """The infinite training stream of this host from `start_step` on (see the module docstring).
+
+  Args:
+    data_dir: TFDS data dir the dataset was prepared into (`input_pipeline.prepare`).
+    dataset_name: "sudoku_generated" or "sudoku_extreme".
+    builder_kwargs: {"config": "<preset>"} or config knobs (`input_pipeline.datasets`).
+    global_batch_size: examples per step over all hosts.
+    process_index, process_count: this host and the number of hosts (jax.process_*).
+    local_device_count: devices of this host (jax.local_device_count()).
+    seed: the stream's seed.
+    start_step: first step to yield (exact resume: equals the uninterrupted stream from there).
+    split: the split to train on.
+    augment: apply the dataset's random augmentation.
+  Returns:
+    A dataset of dicts of tensors with leading dims [local_device_count, per_device_batch].
+  """
+  per_device = per_device_batch_size(global_batch_size, process_count, local_device_count)
+  if not 0 <= process_index < process_count:
+    raise ValueError(
+        f"process_index={process_index} must lie in [0, process_count={process_count})")
+  if start_step < 0:
+    raise ValueError(f"start_step={start_step} must be >= 0")
+  builder = _prepared_builder(data_dir, dataset_name, builder_kwargs)
+  total = builder.info.splits[split].num_examples
+  per_host = per_device * local_device_count
+  steps_per_epoch = train_steps_per_epoch(total, global_batch_size, process_count)
+  if steps_per_epoch == 0:
+    raise ValueError(
+        f"split {split!r} of {builder.info.full_name} has {total} examples: fewer than one batch "
+        f"of {per_host} per host for {process_count} hosts; lower global_batch_size="
+        f"{global_batch_size}")
+  host_split = tfds.split_for_jax_process(split, process_index=process_index,
+                                          process_count=process_count)
+  arrays = load_split(builder, host_split)
+  num_local = int(arrays["index"].shape[0])
+  data = {name: tf.constant(_narrow(value)) for name, value in arrays.items()}
+  dtypes = {name: tf.as_dtype(value.dtype) for name, value in arrays.items()}
+  augment_fn = None
+  if augment:
+    augment_fn = _AUGMENTATIONS[datasets.get_metadata(dataset_name)["augmentation"]]
+  root = base_key(seed, process_index)
+  perm_root = fold_in(root, _TAG_PERMUTATION)
+  aug_root = fold_in(root, _TAG_AUGMENTATION)
+
+  def make_batch(step: tf.Tensor) -> dict[str, tf.Tensor]:
+    epoch = step // steps_per_epoch
+    b = step % steps_per_epoch
+    positions = b * per_host + tf.range(per_host, dtype=tf.int64)  # [B_host]
+    rows = tf.random.experimental.index_shuffle(
+        positions, seed=fold_in(perm_root, epoch), max_index=tf.constant(num_local - 1, tf.int64))
+    batch = {name: tf.cast(tf.gather(value, rows), dtypes[name]) for name, value in data.items()}
+    if augment_fn is not None:
+      batch = augment_fn(batch, fold_in(aug_root, step))
+    return {name: tf.reshape(value, [local_device_count, per_device] + value.shape[1:].as_list())
+            for name, value in batch.items()}
+
+  ds = tf.data.Dataset.counter(start=start_step, dtype=tf.int64)
+  ds = ds.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  options = tf.data.Options()
+  options.deterministic = True
+  return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def create_train_iterator(
+    data_dir: str,
+    dataset_name: str,
+    builder_kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    global_batch_size: int,
+    process_index: int,
+    process_count: int,
+    local_device_count: int,
+    seed: int,
+    start_step: int = 0,
+    split: str = "train",
+    augment: bool = True,
+) -> Iterator[Batch]:
+  """Numpy batches of `create_train_dataset`: step `start_step`, `start_step + 1`, ... forever."""
+  ds = create_train_dataset(
+      data_dir, dataset_name, builder_kwargs, global_batch_size=global_batch_size,
+      process_index=process_index, process_count=process_count,
+      local_device_count=local_device_count, seed=seed, start_step=start_step, split=split,
+      augment=augment)
+  return ds.as_numpy_iterator()
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation.
+
+
+class EvalIterator:
+  """Re-iterable eval batches of one host; every host yields `num_batches` batches.
+
+  Attributes:
+    num_batches: batches per pass (equal on every host).
+    num_examples: real examples in the eval set over all hosts.
+    num_local_examples: real examples of this host (the rest of its batches is padding).
+  """
+
+  def __init__(self, arrays: dict[str, np.ndarray], num_batches: int, num_examples: int,
+               local_device_count: int, per_device: int):
+    self.num_batches = num_batches
+    self.num_examples = num_examples
+    self.num_local_examples = int(arrays["index"].shape[0])
+    self._local_device_count = local_device_count
+    self._per_device = per_device
+    self._arrays = _pad_eval(arrays, num_batches * local_device_count * per_device)
+
+  def __len__(self) -> int:
+    return self.num_batches
+
+  def __iter__(self) -> Iterator[Batch]:
+    per_host = self._local_device_count * self._per_device
+    for i in range(self.num_batches):
+      sl = slice(i * per_host, (i + 1) * per_host)
+      yield {name: value[sl].reshape((self._local_device_count, self._per_device) + value.shape[1:])
+             for name, value in self._arrays.items()}
+
+
+def _pad_eval(arrays: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
+  """Pad every feature to `size` rows and add `mask` (False on padding)."""
+  n = int(arrays["index"].shape[0])
+  pad_values = {"labels": sudoku.IGNORE_LABEL_ID, "index": -1}
+  out = {}
+  for name, value in arrays.items():
+    padded = np.full((size,) + value.shape[1:], pad_values.get(name, 0), value.dtype)
+    padded[:n] = value
+    out[name] = padded
+  out["mask"] = np.arange(size) < n
+  return out
+
+
+def eval_subset_indices(num_examples: int, subset_size: Optional[int],
+                        subset_seed: int) -> np.ndarray:
+  """Sorted split rows of the fixed eval subset (all rows when `subset_size` is None)."""
+  if subset_size is None or subset_size >= num_examples:
+    return np.arange(num_examples, dtype=np.int64)
+  if subset_size < 0:
+    raise ValueError(f"subset_size={subset_size} must be >= 0 or None")
+  rng = np.random.default_rng(subset_seed)
+  return np.sort(rng.choice(num_examples, size=subset_size, replace=False)).astype(np.int64)
+
+
+def create_eval_iterator(
+    data_dir: str,
+    dataset_name: str,
+    builder_kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    global_batch_size: int,
+    process_index: int,
+    process_count: int,
+    local_device_count: int,
+    split: str = "test",
+    subset_size: Optional[int] = None,
+    subset_seed: int = 0,
+) -> EvalIterator:
+  """This host's eval batches of `split` (or of a seeded fixed subset of it), padded and masked.
+
+  The full split is cut with `tfds.split_for_jax_process`; a subset (sorted rows drawn with
+  `numpy.random.default_rng(subset_seed)`, the same on every host) is cut into contiguous
+  near-equal chunks. Batches follow the split order.
+  """
+  per_device = per_device_batch_size(global_batch_size, process_count, local_device_count)
+  if not 0 <= process_index < process_count:
+    raise ValueError(
+        f"process_index={process_index} must lie in [0, process_count={process_count})")
+  builder = _prepared_builder(data_dir, dataset_name, builder_kwargs)
+  total = builder.info.splits[split].num_examples
+  if subset_size is None or subset_size >= total:
+    num_examples = total
+    arrays = load_split(builder, tfds.split_for_jax_process(
+        split, process_index=process_index, process_count=process_count))
+  else:
+    rows = np.array_split(eval_subset_indices(total, subset_size, subset_seed),
+                          process_count)[process_index]
+    num_examples = subset_size
+    if rows.size:
+      arrays = load_split(builder, f"{split}[{int(rows[0])}:{int(rows[-1]) + 1}]")
+      keep = np.isin(arrays["index"], rows)
+      arrays = {name: value[keep] for name, value in arrays.items()}
+    else:
+      arrays = _empty_arrays(builder)
+  batches = num_eval_batches(num_examples, global_batch_size, process_count)
+  return EvalIterator(arrays, batches, num_examples, local_device_count, per_device)
+
+
+# --------------------------------------------------------------------------------------------
+# A job's dataset.
+
+
+@dataclasses.dataclass
+class DataSource:
+  """One dataset of one job: where it lives, its config and this host's place in the job.
+
+  Builds the iterators above with the job's constant arguments filled in and keeps eval sets in
+  memory between evaluations.
+  """
+  name: str
+  data_dir: str
+  builder_kwargs: dict[str, Any]
+  seed: int
+  process_index: int
+  process_count: int
+  _eval_cache: dict = dataclasses.field(default_factory=dict, repr=False)
+
+  @classmethod
+  def from_config(cls, dataset_config: Any, seed: int, process_index: Optional[int] = None,
+                  process_count: Optional[int] = None) -> "DataSource":
+    """From a config section with `name`, `data_dir`, `builder_kwargs` (knobs) and optionally
+    `builder_config` (a preset name, "" = none), `manual_dir` and `prepare_if_missing`.
+
+    process_index / process_count default to jax.process_index() / jax.process_count().
+    """
+    kwargs = dataset_config.get("builder_kwargs") or {}
+    kwargs = dict(kwargs.to_dict() if hasattr(kwargs, "to_dict") else kwargs)
+    if dataset_config.get("builder_config", ""):
+      kwargs["config"] = dataset_config.get("builder_config")
+    if process_index is None or process_count is None:
+      import jax  # pylint: disable=g-import-not-at-top
+      process_index, process_count = jax.process_index(), jax.process_count()
+    source = cls(name=dataset_config.get("name"), data_dir=dataset_config.get("data_dir"),
+                 builder_kwargs=kwargs, seed=seed, process_index=process_index,
+                 process_count=process_count)
+    datasets.make_config(source.name, kwargs)  # validate the knobs before anything is read
+    if dataset_config.get("prepare_if_missing", False):
+      prepare.prepare(source.name, source.data_dir, kwargs,
+                      dataset_config.get("manual_dir", "") or None)
+    return source
+
+  def metadata(self) -> dict:
+    """`datasets.get_metadata` of this dataset (with split sizes once it is prepared)."""
+    return datasets.get_metadata(self.name, self.builder_kwargs, self.data_dir)
+
+  def num_examples(self, split: str) -> int:
+    """Examples in `split` over all hosts."""
+    builder = _prepared_builder(self.data_dir, self.name, self.builder_kwargs)
+    return builder.info.splits[split].num_examples
+
+  def train_iterator(self, *, global_batch_size: int, local_device_count: int,
+                     start_step: int = 0, split: str = "train",
+                     augment: bool = True) -> Iterator[Batch]:
+    """`create_train_iterator` for this host, from `start_step` on."""
+    return create_train_iterator(
+        self.data_dir, self.name, self.builder_kwargs, global_batch_size=global_batch_size,
+        process_index=self.process_index, process_count=self.process_count,
+        local_device_count=local_device_count, seed=self.seed, start_step=start_step,
+        split=split, augment=augment)
+
+  def eval_batches(self, split: str = "test", *, global_batch_size: int, local_device_count: int,
+                   subset_size: Optional[int] = None, subset_seed: int = 0) -> EvalIterator:
+    """`create_eval_iterator` for this host (cached); `subset_size` None or 0 = the full split."""
+    subset = subset_size or None
+    key = (split, global_batch_size, local_device_count, subset, subset_seed)
+    if key not in self._eval_cache:
+      self._eval_cache[key] = create_eval_iterator(
+          self.data_dir, self.name, self.builder_kwargs, global_batch_size=global_batch_size,
+          process_index=self.process_index, process_count=self.process_count,
+          local_device_count=local_device_count, split=split, subset_size=subset,
+          subset_seed=subset_seed)
+    return self._eval_cache[key]
