@@ -1,0 +1,763 @@
+"""Import and export TRM checkpoints in the reference PyTorch `state_dict` format.
+
+The reference implementation saves `model.state_dict()` with `torch.save` (docs/trm-reference.md,
+section 8): keys `model.inner.*` (prefixed `_orig_mod.` when the run used torch.compile), torch Linear
+weights stored (out, in), H_init/L_init in bfloat16 and the puzzle-embedding table as
+`model.inner.puzzle_emb.weights`. This module maps that format to podlab's
+(params, state, puzzle_table) of `modules.trm.TRMModel(config).init(...)` / `.init_puzzle_table()`
+and back, bitwise, and runs single ACT steps on imported weights.
+
+Key mapping (block i in 0..L_layers-1; "T" = transposed, torch (out, in) <-> Haiku (in, out)):
+  model.inner.embed_tokens.embedding_weight  <->  params["trm/~/embed_tokens"]["embedding"]
+  model.inner.embed_pos.embedding_weight     <->  params["trm/~/embed_pos"]["embedding"] (learned)
+  model.inner.lm_head.weight                 <->  params["trm/~/lm_head"]["w"] (T)
+  model.inner.q_head.weight / .bias          <->  params["trm/~/q_head"]["w"] (T) / ["b"]
+  model.inner.L_level.layers.i.<sub>.<proj>.weight
+      <->  params["trm/~/L_level/~/layers_i/<sub>/<proj>"]["w"] (T)
+      <sub>.<proj>: self_attn.qkv_proj, self_attn.o_proj (attention) or mlp_t.gate_up_proj,
+      mlp_t.down_proj (token MLP); mlp.gate_up_proj, mlp.down_proj (both variants)
+  model.inner.H_init / L_init (bfloat16)     <->  state["trm"]["H_init"] / ["L_init"] (bfloat16)
+  model.inner.puzzle_emb.weights             <->  puzzle_table [N, E] float32 (absent when E = 0)
+
+Public API:
+  load_state_dict(path) -> dict[str, np.ndarray]         torch.load(weights_only=True); needs torch.
+  save_state_dict(state_dict, path)                      torch.save of tensors only; needs torch.
+  infer_config(state_dict, **overrides) -> TRMConfig     shapes -> config; overrides for the rest.
+  reference_key_shapes(config) -> {key: (shape, dtype)}  the exact key set a config expects.
+  adam_param_count(state_dict) -> int                    the reference's printed parameter count.
+  import_reference(state_dict, config) -> (params, state, puzzle_table)
+  export_reference(params, state, puzzle_table, config, *, compiled_prefix=False) -> state_dict
+  load_reference_checkpoint(path, config) -> (params, state, puzzle_table)
+  initial_carry(config, batch) -> ACTCarry               (re-exported from modules.trm)
+  act_step(config, params, state, puzzle_table, carry, batch, *, dtype="float32", training=False,
+           rng=None) -> (carry, {"logits", "q_halt_logits", "q_continue_logits"})
+  ReferenceCheckpointError                               mismatch between a checkpoint and a config.
+
+PyTorch is optional (`pip install 'podlab[torch]'`, i.e. torch==2.13.0); only `load_state_dict`,
+`save_state_dict` and the CLI's file reading/writing need it. Everything else takes plain
+`dict[str, np.ndarray]` (torch tensors are accepted too and converted).
+
+Synopsis (a notebook; the path is a reference checkpoint, e.g. Sudoku TRM-MLP):
+
+  import jax.numpy as jnp
+  from experiments.trm import reference_checkpoint as rc
+
+  sd = rc.load_state_dict("step_65104.pt")                   # {key: np.ndarray}, `_orig_mod.` stripped
+  config = rc.infer_config(sd, H_cycles=3, L_cycles=6)       # seq_len/mlp_t/... from the shapes
+  params, state, table = rc.import_reference(sd, config)
+  batch = {"inputs": jnp.ones((2, config.seq_len), jnp.int32),
+           "labels": jnp.full((2, config.seq_len), 2, jnp.int32),
+           "puzzle_identifiers": jnp.zeros((2,), jnp.int32)}
+  carry = rc.initial_carry(config, batch)
+  for _ in range(config.halt_max_steps):                     # evaluation: halt_max_steps ACT steps
+    carry, out = rc.act_step(config, params, state, table, carry, batch, dtype="bfloat16")
+  predictions = out["logits"].argmax(-1)                     # [2, L]
+  sd2 = rc.export_reference(params, state, table, config, compiled_prefix=True)
+  rc.save_state_dict(sd2, "/tmp/roundtrip.pt")
+
+Command line:
+
+  python -m experiments.trm.reference_checkpoint inspect CKPT.pt [--num_heads 8 ...]
+  python -m experiments.trm.reference_checkpoint import CKPT.pt --out DIR [config overrides]
+  python -m experiments.trm.reference_checkpoint export DIR --out CKPT.pt [--compiled_prefix]
+
+`import` writes an orbax PyTree checkpoint {"params", "state", "puzzle_table"} at DIR with the
+TRMConfig in its custom metadata ("trm_config"); `export` reads it back (the stored config, updated by
+any overrides). Fields that no weight shape reveals (H_cycles, L_cycles, halt_max_steps, num_heads,
+halt_exploration_prob, forward_dtype; rope vs none without learned positions) take the TRMConfig
+defaults unless overridden; seq_len must be given for attention checkpoints without learned
+positions (no stored shape holds it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+import os
+import re
+import sys
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from modules import layers
+from modules import trm
+from modules.trm import ACTCarry, TRMConfig, initial_carry
+
+__all__ = [
+    "ACTCarry", "ReferenceCheckpointError", "TRMConfig", "act_step", "adam_param_count",
+    "export_reference", "import_reference", "infer_config", "initial_carry",
+    "load_reference_checkpoint", "load_state_dict", "main", "reference_key_shapes",
+    "save_state_dict",
+]
+
+StateDict = Dict[str, np.ndarray]
+
+COMPILED_PREFIX = "_orig_mod."
+INNER = "model.inner."
+K_EMBED = INNER + "embed_tokens.embedding_weight"
+K_POS = INNER + "embed_pos.embedding_weight"
+K_TABLE = INNER + "puzzle_emb.weights"
+K_H_INIT = INNER + "H_init"
+K_L_INIT = INNER + "L_init"
+_LAYER_RE = re.compile(r"^model\.inner\.L_level\.layers\.(\d+)\.")
+
+TORCH_INSTALL_HINT = ("PyTorch is needed to read/write reference checkpoints: "
+                      "pip install 'podlab[torch]' (or .venv/bin/pip install torch==2.13.0)")
+
+# Adam-parameter counts of the published models (docs/trm-reference.md, section 5).
+PUBLISHED_PARAM_COUNTS = {
+    5_028_866: "TRM-MLP Sudoku", 6_828_034: "TRM-Att Sudoku", 6_822_914: "TRM-Att Maze",
+    6_829_058: "TRM-Att ARC", 18_795_522: "TRM-MLP Maze", 18_801_666: "TRM-MLP ARC",
+}
+
+# Fields no weight shape reveals; the help text and `inspect` say so.
+NOT_INFERABLE = ("H_cycles", "L_cycles", "halt_max_steps", "num_heads", "halt_exploration_prob",
+                 "forward_dtype", "rms_norm_eps", "rope_theta", "remat")
+
+
+class ReferenceCheckpointError(ValueError):
+  """A state_dict does not match a TRMConfig (or podlab trees do not); the message lists every
+  missing/unexpected/mis-shaped key and the likely config fix."""
+
+
+# --------------------------------------------------------------------------------------------------
+# torch <-> numpy (torch imported lazily: it is an optional dependency).
+# --------------------------------------------------------------------------------------------------
+
+
+def _import_torch():
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(TORCH_INSTALL_HINT) from e
+  return torch
+
+
+def _tensor_to_numpy(t: Any) -> np.ndarray:
+  """A torch tensor -> numpy, bitwise (bfloat16 -> ml_dtypes.bfloat16 through an int16 view)."""
+  t = t.detach().cpu().contiguous()
+  if str(t.dtype) == "torch.bfloat16":
+    import torch  # pylint: disable=g-import-not-at-top  (torch is present: t is a tensor)
+    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+  return t.numpy().copy()
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+  if type(value).__module__.startswith("torch"):
+    return _tensor_to_numpy(value)
+  return np.asarray(value)
+
+
+def _numpy_to_tensor(torch, key: str, x: Any):
+  x = np.array(x, copy=True)
+  if x.dtype == ml_dtypes.bfloat16:
+    return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+  if x.dtype not in (np.float32, np.float64, np.float16, np.int32, np.int64, np.bool_):
+    raise ReferenceCheckpointError(f"save_state_dict: {key} has dtype {x.dtype}, which torch cannot "
+                                   "hold: use float32 (or bfloat16 for H_init/L_init)")
+  return torch.from_numpy(x)
+
+
+def _normalize(state_dict: Mapping[str, Any]) -> StateDict:
+  """Strips `_orig_mod.` and converts values to numpy; rejects a key present with and without it."""
+  if not isinstance(state_dict, Mapping):
+    raise ReferenceCheckpointError(
+        f"expected a state_dict (a mapping of key -> tensor), got {type(state_dict).__name__}")
+  out: StateDict = {}
+  for key, value in state_dict.items():
+    if not isinstance(key, str):
+      raise ReferenceCheckpointError(f"state_dict key {key!r} is not a string")
+    name = key[len(COMPILED_PREFIX):] if key.startswith(COMPILED_PREFIX) else key
+    if name in out:
+      raise ReferenceCheckpointError(
+          f"key {name!r} appears both with and without the {COMPILED_PREFIX!r} prefix: keep one")
+    if isinstance(value, Mapping):
+      raise ReferenceCheckpointError(
+          f"state_dict[{key!r}] is a nested mapping, not a tensor: pass the model's flat state_dict "
+          f"(e.g. ckpt[{key!r}] if the file wraps it)")
+    out[name] = _to_numpy(value)
+  return out
+
+
+def load_state_dict(path: str | os.PathLike) -> StateDict:
+  """Reads a reference checkpoint: {key: np.ndarray}, keys without the `_orig_mod.` prefix.
+
+  Uses `torch.load(path, map_location="cpu", weights_only=True)` (never unpickles arbitrary objects).
+  bfloat16 tensors come back as `ml_dtypes.bfloat16` arrays, bitwise. Raises ImportError with the
+  install hint when torch is missing, FileNotFoundError for a missing file.
+  """
+  torch = _import_torch()
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"reference checkpoint {path!r} does not exist")
+  raw = torch.load(path, map_location="cpu", weights_only=True)
+  if not isinstance(raw, Mapping):
+    raise ReferenceCheckpointError(
+        f"{path}: expected a state_dict (mapping of key -> tensor), got {type(raw).__name__}")
+  for key, value in raw.items():
+    if not isinstance(value, torch.Tensor):
+      raise ReferenceCheckpointError(
+          f"{path}: state_dict[{key!r}] is a {type(value).__name__}, not a tensor: save the model's "
+          "flat state_dict (torch.save(model.state_dict(), path))")
+  return _normalize(raw)
+
+
+def save_state_dict(state_dict: Mapping[str, Any], path: str | os.PathLike) -> None:
+  """torch.save of {key: tensor} (tensors only, loadable with weights_only=True); keys as given."""
+  torch = _import_torch()
+  tensors = {k: _numpy_to_tensor(torch, k, v) for k, v in state_dict.items()}
+  torch.save(tensors, os.fspath(path))
+
+
+# --------------------------------------------------------------------------------------------------
+# The key layout of a config (derived from podlab's own parameter tree, so it cannot drift).
+# --------------------------------------------------------------------------------------------------
+
+
+class _Entry(NamedTuple):
+  key: str                     # reference key (no `_orig_mod.`)
+  group: str                   # "params" | "state" | "table"
+  module: str                  # Haiku module name ("" for the table)
+  name: str                    # Haiku leaf name
+  shape: Tuple[int, ...]       # reference (torch) shape
+  dtype: np.dtype
+  transpose: bool
+
+
+_LEAF_NAMES = {"w": "weight", "b": "bias", "embedding": "embedding_weight"}
+
+
+def _reference_key(module: str, name: str) -> Tuple[str, bool]:
+  """Haiku (module, leaf) -> (reference key, transpose?)."""
+  parts = [p for p in module.split("/") if p != "~"]
+  if not parts or parts[0] != "trm" or name not in _LEAF_NAMES:
+    raise ReferenceCheckpointError(
+        f"podlab parameter {module}/{name} has no reference counterpart: expected modules under "
+        f"'trm/~/' with leaves {sorted(_LEAF_NAMES)}")
+  parts = [re.sub(r"^layers_(\d+)$", r"layers.\1", p) for p in parts[1:]]
+  return INNER + ".".join(parts + [_LEAF_NAMES[name]]), name == "w"
+
+
+@functools.lru_cache(maxsize=64)
+def _entries(config: TRMConfig) -> Tuple[_Entry, ...]:
+  model = trm.TRMModel(config)
+  params, state = jax.eval_shape(model.init, jax.random.key(0))
+  out = []
+  for module, leaves in params.items():
+    for name, leaf in leaves.items():
+      key, transpose = _reference_key(module, name)
+      shape = tuple(leaf.shape[::-1]) if transpose else tuple(leaf.shape)
+      out.append(_Entry(key, "params", module, name, shape, np.dtype(leaf.dtype), transpose))
+  for module, leaves in state.items():
+    for name, leaf in leaves.items():
+      if module != "trm" or name not in ("H_init", "L_init"):
+        raise ReferenceCheckpointError(f"unexpected podlab state {module}/{name}")
+      out.append(_Entry(INNER + name, "state", module, name, tuple(leaf.shape),
+                        np.dtype(leaf.dtype), False))
+  if config.prefix_len:
+    out.append(_Entry(K_TABLE, "table", "", "", (config.num_puzzle_identifiers, config.emb_ndim),
+                      np.dtype(np.float32), False))
+  return tuple(out)
+
+
+def reference_key_shapes(config: TRMConfig) -> Dict[str, Tuple[Tuple[int, ...], str]]:
+  """{reference key: (torch shape, dtype name)} exactly as `config` expects (no `_orig_mod.`)."""
+  return {e.key: (e.shape, e.dtype.name) for e in _entries(config)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Config inference and mismatch diagnosis.
+# --------------------------------------------------------------------------------------------------
+
+
+def _layer_indices(keys) -> List[int]:
+  return sorted({int(m.group(1)) for k in keys if (m := _LAYER_RE.match(k))})
+
+
+def _infer_fields(sd: Mapping[str, np.ndarray],
+                  puzzle_emb_len: int = 16) -> Dict[str, Tuple[Any, str]]:
+  """What the shapes reveal: {field: (value, reason)}. `puzzle_emb_len` sets the prefix for seq_len."""
+  out: Dict[str, Tuple[Any, str]] = {}
+  emb = sd.get(K_EMBED)
+  if emb is None or emb.ndim != 2:
+    return out
+  V, D = emb.shape
+  out["vocab_size"] = (V, f"{K_EMBED} has shape {tuple(emb.shape)}")
+  out["hidden_size"] = (D, f"{K_EMBED} has shape {tuple(emb.shape)}")
+  idx = _layer_indices(sd)
+  if idx:
+    out["L_layers"] = (idx[-1] + 1, f"blocks L_level.layers.0..{idx[-1]} found")
+  if any(".mlp_t." in k for k in sd):
+    out["mlp_t"] = (True, "mlp_t keys found")
+  elif any(".self_attn." in k for k in sd):
+    out["mlp_t"] = (False, "self_attn keys found (no mlp_t keys)")
+  table = sd.get(K_TABLE)
+  if table is not None and table.ndim == 2:
+    N, E = table.shape
+    out["num_puzzle_identifiers"] = (N, f"{K_TABLE} has shape {tuple(table.shape)}")
+    out["puzzle_emb_ndim"] = (None if E == D else E, f"{K_TABLE} has shape {tuple(table.shape)}")
+    prefix = puzzle_emb_len or -(-E // D)
+  else:
+    out["puzzle_emb_ndim"] = (0, f"no {K_TABLE}")
+    prefix = 0
+  if K_POS in sd:
+    out["pos_encodings"] = ("learned", f"{K_POS} found")
+  total, why = None, ""
+  gate_t = sd.get(INNER + "L_level.layers.0.mlp_t.gate_up_proj.weight")
+  if gate_t is not None and gate_t.ndim == 2:
+    total, why = gate_t.shape[1], "layers.0.mlp_t.gate_up_proj.weight"
+  elif K_POS in sd and sd[K_POS].ndim == 2:
+    total, why = sd[K_POS].shape[0], "embed_pos.embedding_weight"
+  if total is not None:
+    out["seq_len"] = (total - prefix,
+                      f"{why} has S={total} positions, minus {prefix} puzzle prefix slots")
+  gate = sd.get(INNER + "L_level.layers.0.mlp.gate_up_proj.weight")
+  if gate is not None and gate.ndim == 2 and gate.shape[0] % 2 == 0:
+    inner = gate.shape[0] // 2
+    expansion = 4.0 if layers.swiglu_width(D, 4.0) == inner else inner * 1.5 / D
+    out["expansion"] = (expansion, f"layers.0.mlp.gate_up_proj.weight has 2*{inner} rows")
+  return out
+
+
+def infer_config(state_dict: Mapping[str, Any], **overrides: Any) -> TRMConfig:
+  """A TRMConfig from a reference state_dict's shapes, updated by `overrides` (TRMConfig fields).
+
+  Inferred: vocab_size, hidden_size, L_layers, mlp_t, num_puzzle_identifiers, puzzle_emb_ndim,
+  pos_encodings="learned" (when embed_pos is stored), expansion, and seq_len where a shape holds S
+  (mlp_t or learned positions; S minus puzzle_emb_len, default 16). Not inferable, so defaults unless
+  overridden: H_cycles (3), L_cycles (6; Maze/ARC recipes use 4), halt_max_steps (16), num_heads (8),
+  pos_encodings rope vs none (default "none" for mlp_t, "rope" for attention), seq_len for attention
+  without learned positions (required then), forward_dtype, halt_exploration_prob.
+  """
+  names = {f.name for f in dataclasses.fields(TRMConfig)}
+  unknown = sorted(set(overrides) - names)
+  if unknown:
+    raise ReferenceCheckpointError(f"unknown TRMConfig field(s) {unknown}: valid fields are "
+                                   f"{sorted(names)}")
+  sd = _normalize(state_dict)
+  fields = _infer_fields(sd, overrides.get("puzzle_emb_len", 16))
+  if "hidden_size" not in fields:
+    raise ReferenceCheckpointError(
+        f"cannot infer a config: {K_EMBED} (shape (vocab, hidden)) is missing or not 2-D; is this a "
+        "TRM reference checkpoint? keys: " + ", ".join(sorted(sd)[:8]))
+  values = {k: v for k, (v, _) in fields.items()}
+  values.update(overrides)
+  mlp_t = values.get("mlp_t", False)
+  values.setdefault("pos_encodings", "none" if mlp_t else "rope")
+  D = values["hidden_size"]
+  if "num_heads" not in values:
+    if D % 8 == 0:
+      values["num_heads"] = 8
+    elif mlp_t:
+      values["num_heads"] = 1                    # unused by token-MLP blocks
+    else:
+      raise ReferenceCheckpointError(
+          f"num_heads cannot be inferred (hidden_size={D} is not a multiple of the default 8): pass "
+          "num_heads=... (head dim = hidden_size / num_heads)")
+  if "seq_len" not in values:
+    raise ReferenceCheckpointError(
+        "seq_len cannot be inferred from an attention checkpoint without learned positions: pass "
+        "seq_len=... (Sudoku 81, Maze/ARC 900)")
+  try:
+    return TRMConfig(**values)
+  except (TypeError, ValueError) as e:
+    raise ReferenceCheckpointError(f"inferred config fields {values} are invalid: {e}") from e
+
+
+def _config_summary(config: TRMConfig) -> str:
+  return (f"TRMConfig(seq_len={config.seq_len}, vocab_size={config.vocab_size}, "
+          f"hidden_size={config.hidden_size}, L_layers={config.L_layers}, mlp_t={config.mlp_t}, "
+          f"pos_encodings={config.pos_encodings!r}, puzzle_emb_ndim={config.puzzle_emb_ndim}, "
+          f"puzzle_emb_len={config.puzzle_emb_len}, "
+          f"num_puzzle_identifiers={config.num_puzzle_identifiers}, expansion={config.expansion})")
+
+
+def _hints(sd: Mapping[str, np.ndarray], config: TRMConfig, missing: Sequence[str],
+           unexpected: Sequence[str]) -> List[str]:
+  hints: List[str] = []
+  fields = _infer_fields(sd, config.puzzle_emb_len)
+  for field, (value, reason) in fields.items():
+    current = getattr(config, field)
+    if field == "puzzle_emb_ndim":                    # None means hidden_size: compare the widths
+      differs = (config.hidden_size if value is None else value) != config.emb_ndim
+    else:
+      differs = value != current
+    if differs:
+      hints.append(f"{reason}: set {field}={value!r} (config has {current!r})")
+  if K_POS in missing and "pos_encodings" not in fields:
+    hints.append(f"no {K_POS} in the checkpoint: set pos_encodings='rope' or 'none' "
+                 f"(config has {config.pos_encodings!r})")
+  if not hints and (missing or unexpected):
+    hints.append("the checkpoint's keys do not follow docs/trm-reference.md section 8")
+  return hints
+
+
+def _check(sd: Mapping[str, np.ndarray], config: TRMConfig) -> List[str]:
+  """Problems of a normalized state_dict against `config` (empty list when it matches)."""
+  entries = _entries(config)
+  expected = {e.key: e for e in entries}
+  missing = [k for k in expected if k not in sd]
+  unexpected = sorted(k for k in sd if k not in expected)
+  problems = []
+  for k in missing:
+    e = expected[k]
+    problems.append(f"  missing: {k} (expected shape {e.shape} {e.dtype.name})")
+  for k in unexpected:
+    problems.append(f"  unexpected: {k} (shape {tuple(sd[k].shape)} {sd[k].dtype})")
+  for k, e in expected.items():
+    if k not in sd:
+      continue
+    got = sd[k]
+    if tuple(got.shape) != e.shape:
+      problems.append(f"  wrong shape: {k} expected {e.shape}, got {tuple(got.shape)}")
+    if got.dtype != e.dtype:
+      why = (" (the reference stores H_init/L_init in the bfloat16 forward dtype)"
+             if e.group == "state" else "")
+      problems.append(f"  wrong dtype: {k} expected {e.dtype.name}, got {got.dtype}{why}")
+  if problems:
+    hints = _hints(sd, config, missing, unexpected)
+    problems.append("likely fix: " + ("; ".join(hints) if hints else "none found"))
+  return problems
+
+
+# --------------------------------------------------------------------------------------------------
+# Import / export.
+# --------------------------------------------------------------------------------------------------
+
+
+def import_reference(state_dict: Mapping[str, Any],
+                     config: TRMConfig) -> Tuple[hk.Params, hk.State, Optional[jax.Array]]:
+  """Reference state_dict -> podlab (params, state, puzzle_table).
+
+  state_dict: {key: np.ndarray or torch.Tensor}, keys with or without `_orig_mod.`.
+  Returns params (float32, Linear weights transposed to (in, out)), state {"trm": {H_init, L_init}}
+  (bfloat16) and the puzzle table [N, E] float32 (None when config.puzzle_emb_ndim == 0), as jnp
+  arrays, bitwise equal to the stored values. Raises ReferenceCheckpointError listing every missing,
+  unexpected, mis-shaped or mis-typed key with the likely config fix.
+  """
+  sd = _normalize(state_dict)
+  problems = _check(sd, config)
+  if problems:
+    raise ReferenceCheckpointError(
+        f"reference state_dict does not match {_config_summary(config)}:\n" + "\n".join(problems))
+  params: Dict[str, Dict[str, jax.Array]] = {}
+  state: Dict[str, Dict[str, jax.Array]] = {}
+  table = None
+  for e in _entries(config):
+    value = sd[e.key]
+    if e.transpose:
+      value = np.ascontiguousarray(value.T)
+    value = jnp.asarray(value, dtype=e.dtype)
+    if e.group == "params":
+      params.setdefault(e.module, {})[e.name] = value
+    elif e.group == "state":
+      state.setdefault(e.module, {})[e.name] = value
+    else:
+      table = value
+  return params, state, table
+
+
+def _flat_podlab(params: Mapping, state: Mapping) -> Dict[Tuple[str, str, str], np.ndarray]:
+  flat = {}
+  for group, tree in (("params", params), ("state", state)):
+    if not isinstance(tree, Mapping):
+      raise ReferenceCheckpointError(f"{group} must be a Haiku mapping {{module: {{name: array}}}}, "
+                                     f"got {type(tree).__name__}")
+    for module, leaves in tree.items():
+      if not isinstance(leaves, Mapping):
+        raise ReferenceCheckpointError(f"{group}[{module!r}] must map leaf names to arrays")
+      for name, leaf in leaves.items():
+        flat[(group, module, name)] = np.asarray(leaf)
+  return flat
+
+
+def export_reference(params: hk.Params, state: hk.State, puzzle_table: Optional[Any],
+                     config: TRMConfig, *, compiled_prefix: bool = False) -> StateDict:
+  """podlab (params, state, puzzle_table) -> reference state_dict {key: np.ndarray}.
+
+  Exactly the keys of `reference_key_shapes(config)` (prefixed `_orig_mod.` when `compiled_prefix`,
+  as torch.compile'd runs save them); float32 weights in torch (out, in) layout, H_init/L_init
+  bfloat16. `import_reference(export_reference(...), config)` gives back the inputs bitwise.
+  """
+  flat = _flat_podlab(params, state)
+  entries = _entries(config)
+  problems = []
+  seen = set()
+  out: StateDict = {}
+  for e in entries:
+    if e.group == "table":
+      if puzzle_table is None:
+        problems.append(f"  missing: puzzle_table (expected shape {e.shape} float32; "
+                        "config.puzzle_emb_ndim > 0)")
+        continue
+      value = np.asarray(puzzle_table)
+      where = "puzzle_table"
+    else:
+      where = f"{e.group}[{e.module!r}][{e.name!r}]"
+      ident = (e.group, e.module, e.name)
+      if ident not in flat:
+        problems.append(f"  missing: {where} (for {e.key})")
+        continue
+      seen.add(ident)
+      value = flat[ident]
+      if e.transpose:
+        value = value.T
+    if tuple(value.shape) != e.shape:
+      got = tuple(value.shape[::-1]) if e.transpose else tuple(value.shape)
+      want = tuple(e.shape[::-1]) if e.transpose else e.shape
+      problems.append(f"  wrong shape: {where} expected {want}, got {got}")
+      continue
+    if value.dtype != e.dtype:
+      problems.append(f"  wrong dtype: {where} expected {e.dtype.name}, got {value.dtype}")
+      continue
+    out[(COMPILED_PREFIX if compiled_prefix else "") + e.key] = np.ascontiguousarray(value)
+  for ident in sorted(set(flat) - seen):
+    problems.append(f"  unexpected: {ident[0]}[{ident[1]!r}][{ident[2]!r}]")
+  if puzzle_table is not None and not config.prefix_len:
+    problems.append("  unexpected: puzzle_table (config.puzzle_emb_ndim == 0: pass None)")
+  if problems:
+    raise ReferenceCheckpointError(
+        f"podlab trees do not match {_config_summary(config)}:\n" + "\n".join(problems))
+  return out
+
+
+def load_reference_checkpoint(path: str | os.PathLike, config: TRMConfig
+                              ) -> Tuple[hk.Params, hk.State, Optional[jax.Array]]:
+  """`import_reference(load_state_dict(path), config)`."""
+  return import_reference(load_state_dict(path), config)
+
+
+# --------------------------------------------------------------------------------------------------
+# Running imported weights.
+# --------------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=32)
+def _act_step_fn(config: TRMConfig, training: bool):
+  model = trm.TRMModel(config)
+
+  def step(params, state, puzzle_table, carry, batch, rng):
+    dt = config.dtype
+    carry = carry._replace(z_H=carry.z_H.astype(dt), z_L=carry.z_L.astype(dt))
+    return model.act_step(params, state, puzzle_table, carry, batch, training=training, rng=rng)
+
+  return jax.jit(step)
+
+
+def act_step(config: TRMConfig, params: hk.Params, state: hk.State,
+             puzzle_table: Optional[jax.Array], carry: ACTCarry, batch: Mapping[str, Any], *,
+             dtype: str = "float32", training: bool = False,
+             rng: Optional[jax.Array] = None) -> Tuple[ACTCarry, Dict[str, jax.Array]]:
+  """One ACT step of `modules.trm.TRMModel` with the forward dtype chosen here.
+
+  batch: {"inputs": [B, L] int, "labels": [B, L] int, "puzzle_identifiers": [B] int} (the keys of
+  `carry.current_data`). carry: an ACTCarry (`initial_carry(config, batch)` to start); its z_H/z_L
+  are cast to `dtype`. dtype: "float32" (to compare with a float32 reference) or "bfloat16" (the
+  reference's training/eval dtype). training=True applies Q-halting with exploration and needs `rng`.
+  Returns (new carry, {"logits" [B, L, V] in dtype, "q_halt_logits" [B], "q_continue_logits" [B]
+  float32}). Jitted and cached per (config, dtype, training).
+  """
+  if dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"act_step dtype={dtype!r}: use 'float32' or 'bfloat16'")
+  if training and config.halt_max_steps > 1 and rng is None:
+    raise ValueError("act_step(training=True) needs rng=jax.random.key(...) for halting exploration")
+  fn = _act_step_fn(dataclasses.replace(config, forward_dtype=dtype), bool(training))
+  return fn(params, state, puzzle_table, carry, dict(batch), rng)
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line.
+# --------------------------------------------------------------------------------------------------
+
+
+def adam_param_count(state_dict: Mapping[str, Any]) -> int:
+  """Scalars of the Adam-trained weights: every key but H_init, L_init and the puzzle table (the
+  count the reference prints; 5,028,866 for Sudoku TRM-MLP). `_orig_mod.` prefixes are ignored."""
+  skip = {K_H_INIT, K_L_INIT, K_TABLE}
+  return int(sum(math.prod(np.shape(v)) for k, v in state_dict.items()
+                 if k.removeprefix(COMPILED_PREFIX) not in skip))
+
+
+def _parse_bool(text: str) -> bool:
+  low = text.lower()
+  if low in ("1", "true", "yes", "y", "on"):
+    return True
+  if low in ("0", "false", "no", "n", "off"):
+    return False
+  raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
+
+
+def _parse_optional_int(text: str) -> Optional[int]:
+  return None if text.lower() in ("none", "null") else int(text)
+
+
+_FIELD_PARSERS = {"int": int, "float": float, "str": str, "bool": _parse_bool,
+                  "Optional[int]": _parse_optional_int}
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+  group = parser.add_argument_group(
+      "TRMConfig overrides (fields no weight shape reveals - " + ", ".join(NOT_INFERABLE) +
+      " - take the TRMConfig defaults unless given; seq_len is required for attention checkpoints "
+      "without learned positions; rope vs none cannot be told apart)")
+  for f in dataclasses.fields(TRMConfig):
+    parse = _FIELD_PARSERS.get(str(f.type))
+    if parse is None:
+      raise TypeError(f"TRMConfig.{f.name} has type {f.type!r}: add a parser in {__name__}")
+    default = "" if f.default is dataclasses.MISSING else f"; TRMConfig default {f.default!r}"
+    if f.name in NOT_INFERABLE:
+      note = f"not inferable{default}"
+    elif f.name == "seq_len":
+      note = "inferred as S - prefix for mlp_t or learned positions; required otherwise"
+    elif f.name == "pos_encodings":
+      note = "'learned' when embed_pos is stored; else 'none' for mlp_t, 'rope' for attention"
+    elif f.name == "puzzle_emb_len":
+      note = f"prefix slots P, not stored{default}"
+    else:
+      note = "inferred from the shapes"
+    group.add_argument(f"--{f.name}", type=parse, default=argparse.SUPPRESS,
+                       help=f"TRMConfig.{f.name}: {note}")
+
+
+def _overrides(args: argparse.Namespace) -> Dict[str, Any]:
+  names = {f.name for f in dataclasses.fields(TRMConfig)}
+  return {k: v for k, v in vars(args).items() if k in names}
+
+
+def _inspect(args: argparse.Namespace) -> int:
+  sd = load_state_dict(args.checkpoint)
+  print(f"checkpoint: {args.checkpoint}")
+  print(f"keys ({len(sd)}):")
+  width = max(len(k) for k in sd) if sd else 0
+  for k in sorted(sd):
+    print(f"  {k:<{width}}  {str(tuple(sd[k].shape)):<14} {sd[k].dtype}")
+  overrides = _overrides(args)
+  fields = _infer_fields(sd, overrides.get("puzzle_emb_len", 16))
+  print("inferred from the shapes:")
+  for name, (value, reason) in fields.items():
+    print(f"  {name}={value!r}  ({reason})")
+  count = adam_param_count(sd)
+  published = PUBLISHED_PARAM_COUNTS.get(count)
+  print(f"Adam parameters: {count:,}" +
+        (f" (= the published {published} count)" if published else ""))
+  if K_TABLE in sd:
+    print(f"puzzle-embedding table: {tuple(sd[K_TABLE].shape)} (not an Adam parameter)")
+  try:
+    config = infer_config(sd, **overrides)
+  except ReferenceCheckpointError as e:
+    print(f"config: not complete: {e}")
+    return 1
+  print(f"config (inferred + overrides): {config}")
+  print("not inferable (defaults unless overridden): " +
+        ", ".join(f"{n}={getattr(config, n)!r}" for n in NOT_INFERABLE))
+  problems = _check(sd, config)
+  if problems:
+    print("does NOT match that config:\n" + "\n".join(problems))
+    return 1
+  print("matches that config: importable")
+  return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  sd = load_state_dict(args.checkpoint)
+  config = infer_config(sd, **_overrides(args))
+  params, state, table = import_reference(sd, config)
+  out = os.path.abspath(args.out)
+  if os.path.exists(out) and not args.force:
+    raise FileExistsError(f"--out {out} exists: choose a new directory or pass --force")
+  tree = {"params": params, "state": state, "puzzle_table": table}
+  ocp.PyTreeCheckpointer().save(
+      out, tree, force=args.force,
+      custom_metadata={"trm_config": dataclasses.asdict(config),
+                       "source": os.path.abspath(args.checkpoint)})
+  print(f"wrote podlab params/state/puzzle_table to {out} ({adam_param_count(sd):,} Adam "
+        f"parameters)\nconfig: {config}")
+  return 0
+
+
+def _restore_podlab(directory: str) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"podlab checkpoint directory {directory!r} does not exist")
+  ckpt = ocp.PyTreeCheckpointer()
+  meta = ckpt.metadata(directory)
+  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                              meta.item_metadata.tree)
+  tree = ckpt.restore(directory, args=ocp.args.PyTreeRestore(restore_args=restore_args))
+  custom = meta.custom_metadata or {}
+  return tree, custom.get("trm_config")
+
+
+def _export(args: argparse.Namespace) -> int:
+  tree, stored = _restore_podlab(os.path.abspath(args.checkpoint))
+  for item in ("params", "state"):
+    if item not in tree:
+      raise ReferenceCheckpointError(f"{args.checkpoint}: no {item!r} item (items: {sorted(tree)}): "
+                                     "expected what `import` writes")
+  table = tree.get("puzzle_table")
+  overrides = _overrides(args)
+  if stored is not None:
+    config = TRMConfig(**{**stored, **overrides})
+  else:                                                   # no stored config: infer from the shapes
+    flat = {}
+    for (group, module, name), value in _flat_podlab(tree["params"], tree["state"]).items():
+      key, transpose = ((INNER + name, False) if group == "state"
+                        else _reference_key(module, name))
+      flat[key] = value.T if transpose else value
+    if table is not None:
+      flat[K_TABLE] = np.asarray(table)
+    config = infer_config(flat, **overrides)
+  sd = export_reference(tree["params"], tree["state"], table, config,
+                        compiled_prefix=args.compiled_prefix)
+  save_state_dict(sd, args.out)
+  count = adam_param_count(sd)
+  print(f"wrote {len(sd)} tensors ({count:,} Adam parameters) to {args.out}\nconfig: {config}")
+  return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="python -m experiments.trm.reference_checkpoint",
+      description="Inspect, import or export TRM checkpoints in the reference PyTorch format.")
+  sub = parser.add_subparsers(dest="command", required=True)
+  p = sub.add_parser("inspect", help="print keys/shapes, the inferred config and the parameter count")
+  p.add_argument("checkpoint", help="reference checkpoint (.pt state_dict)")
+  _add_config_flags(p)
+  p = sub.add_parser("import", help="reference .pt -> podlab orbax PyTree checkpoint directory")
+  p.add_argument("checkpoint", help="reference checkpoint (.pt state_dict)")
+  p.add_argument("--out", required=True, help="output directory (orbax PyTree checkpoint)")
+  p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+  _add_config_flags(p)
+  p = sub.add_parser(
+      "export", help="podlab orbax directory (from `import`) -> reference .pt",
+      description="Writes a reference .pt from a podlab orbax directory. The TRMConfig stored by "
+      "`import` is used (flags below replace its fields); without one it is inferred from the shapes.")
+  p.add_argument("checkpoint", help="podlab orbax PyTree checkpoint directory")
+  p.add_argument("--out", required=True, help="output .pt file")
+  p.add_argument("--compiled_prefix", action="store_true",
+                 help="prefix keys with `_orig_mod.` as torch.compile'd reference runs do")
+  _add_config_flags(p)
+  return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """CLI entry point; returns the exit status (0 ok, 1 error). argv excludes the program name."""
+  args = _parser().parse_args(argv)
+  command = {"inspect": _inspect, "import": _import, "export": _export}[args.command]
+  try:
+    return command(args)
+  except (ReferenceCheckpointError, ImportError, FileNotFoundError, FileExistsError) as e:
+    print(f"reference_checkpoint {args.command}: error: {e}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
