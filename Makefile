@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.podlab-installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-slow run bench clean-venv
+.PHONY: venv test test-slow run bench params clean-venv
+RUN_WORKDIR ?= workdirs/cpu_demo
 
 venv: $(STAMP)
 
@@ -22,6 +23,22 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+# Trains the embedded default (TRM-MLP on generated Sudoku, CPU) and prints the evaluation table.
+# The dataset is generated on first use; re-running resumes from $(RUN_WORKDIR) (rm -rf it to restart).
+run: $(STAMP)
+	$(PY) -m experiments.trm.main --config=configs/cpu_demo.py --workdir=$(RUN_WORKDIR)
+
+# Parameter counts of the six reference TRM configs, from the model code.
+params: $(STAMP)
+	$(PY) -m experiments.trm.params
+
+BENCH_ARGS ?=
+# Benchmarks the real TRM training step (Sudoku TRM-MLP/Att): compile s, ms/step, examples/s, RSS,
+# compiled memory, analytic FLOP/s vs the measured matmul peak. Hours at full size on a CPU; narrow it
+# with BENCH_ARGS='--models=mlp --dtypes=bfloat16 --batches=64', smoke test with BENCH_ARGS=--quick.
+bench: $(STAMP)
+	$(PY) -m experiments.trm.bench $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -27,9 +27,9 @@ drawn. The difficulty knobs:
     hidden singles alone, r > 0 = the complete search tree of the singles-propagating MRV solver has
     r branching nodes (guesses). E.g. `min_rating=1` keeps only puzzles that need search.
 Puzzle i is a pure function of (seed, stream, i, knobs), so the output is identical whatever
-`num_workers` is. Measured on the 2-core development machine (AMD EPYC, Python 3.11, shared with
-other jobs): 10,000 puzzles at the default `givens=30` took 20.7 s with num_workers=1 and 16.1 s
-with num_workers=2. Per puzzle and worker: givens=36 ~2 ms, 30 ~2 ms, 26 ~6-8 ms, 24 ~16 ms, 24 with
+`num_workers` is. Measured on the 2-core development machine (AMD EPYC, Python 3.11, idle): 10,000
+puzzles took 15.6 s with num_workers=1 and 8.4 s with 2 spawned workers at the default `givens=30`,
+7.7 s and 4.0 s at `givens=45` (the `make run` dataset). Per puzzle and worker: givens=36 ~2 ms, 30 ~2 ms, 26 ~6-8 ms, 24 ~16 ms, 24 with
 min_rating=1 ~57 ms (about half of the 24-clue puzzles need search).
 
 Augmentation (numpy reference of the reference recipe's Sudoku augmentation): a digit permutation
@@ -535,8 +535,10 @@ def generate_puzzles(n: int, seed: int, givens: int = 30, *, min_rating: int = 0
   if num_workers == 1:
     results = [_generate_range(t) for t in tasks]
   else:
-    # Workers run pure Python (no TF); fork is cheap and avoids re-importing the caller's __main__.
-    ctx = multiprocessing.get_context("fork")
+    # "spawn": the caller may already run JAX/TF threads, and forking a multithreaded process can
+    # deadlock. Spawned workers start clean, but re-import the caller's __main__: call this from a
+    # script guarded by `if __name__ == "__main__":` (as every podlab entry point is).
+    ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(num_workers) as pool:
       results = pool.map(_generate_range, tasks, chunksize=1)
   puzzles = np.frombuffer(b"".join(r[0] for r in results), np.uint8).reshape(n, NUM_CELLS)

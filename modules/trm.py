@@ -252,6 +252,7 @@ class TRMInner(hk.Module):
     cfg = self.config
     x = self.input_embeddings(inputs, puzzle_rows)               # [B, S, D]
     rope = self.rope()
+    z_H, z_L = jax.lax.stop_gradient(z_H), jax.lax.stop_gradient(z_L)  # the carry is a constant
     if cfg.H_cycles > 1:
       # T-1 cycles WITHOUT gradient: parameters and inputs enter as constants, so no residuals are
       # stored and nothing flows back through these cycles.
@@ -260,7 +261,6 @@ class TRMInner(hk.Module):
         def cycle(_, z):
           return self.latent_recursion(*z, x_const, rope)
         z_H, z_L = hk.fori_loop(0, cfg.H_cycles - 1, cycle, (z_H, z_L))
-      z_H, z_L = jax.lax.stop_gradient(z_H), jax.lax.stop_gradient(z_L)
     z_H, z_L = self.latent_recursion(z_H, z_L, x, rope)          # the cycle WITH gradient
     logits = self.lm_head(z_H)[:, cfg.prefix_len:]               # [B, L, V]
     q = self.q_head(z_H[:, 0]).astype(jnp.float32)               # [B, 2]

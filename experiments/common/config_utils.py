@@ -144,3 +144,32 @@ def validate_config(config: Any, reference: ml_collections.ConfigDict) -> None:
   if len(problems) > 1:
     fix += f" (also unknown: {', '.join(p[0] for p in problems[1:])})"
   raise ConfigError(field, value, "unknown field", fix)
+
+
+def parse_arg(arg: Optional[str], **defaults: Any) -> ml_collections.ConfigDict:
+  """Typed `get_config(arg)` arguments, big_vision style: "batch=6144,local" -> ConfigDict.
+
+  Each key must be one of `defaults`; its value is converted to the default's type ("true"/"false" or
+  a bare key for booleans). An unknown key or a value of the wrong type raises ConfigError.
+  """
+  out = ml_collections.ConfigDict(dict(defaults))
+  for item in filter(None, (arg or "").split(",")):
+    key, has_value, raw = item.partition("=")
+    key = key.strip()
+    if key not in defaults:
+      close = difflib.get_close_matches(key, list(defaults), n=1)
+      raise ConfigError(f"arg:{key}", raw, "unknown config argument",
+                        f"use one of {sorted(defaults)}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    default = defaults[key]
+    try:
+      if isinstance(default, bool):
+        value = True if not has_value else {"true": True, "false": False, "1": True, "0": False}[raw.lower()]
+      elif default is None:
+        value = raw
+      else:
+        value = type(default)(raw)
+    except (KeyError, ValueError):
+      raise ConfigError(f"arg:{key}", raw, f"expected a {type(default).__name__}",
+                        f"write e.g. {key}={default}") from None
+    out[key] = value
+  return out

@@ -98,6 +98,7 @@ def act_loss_and_metrics(
     steps: jax.Array,  # [B] int
     loss_divisor: Any,
     ignore_index: int = IGNORE_LABEL_ID,
+    row_mask: jax.Array | None = None,  # [B] bool
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Loss and metrics of one ACT step (reference section 2), for one device's batch.
 
@@ -140,12 +141,17 @@ def act_loss_and_metrics(
     steps: [B] int, ACT steps taken by each row (after this step).
     loss_divisor: divisor of the returned loss (the per-device batch size).
     ignore_index: label value of ignored positions.
+    row_mask: optional [B] bool; rows where it is False (evaluation padding) contribute nothing to the
+      losses or the metrics.
 
   Returns:
     (loss, metrics): the float32 scalar loss to differentiate and a dict of float32 scalar sums.
   """
   del q_continue  # Continue-loss mode is not supported (see the docstring).
   valid = labels != ignore_index  # [B, L]
+  if row_mask is not None:
+    valid = valid & row_mask[:, None]
+    labels = jnp.where(valid, labels, ignore_index)
   n_valid = jnp.sum(valid, axis=-1, dtype=jnp.int32)  # [B]
   divisor = jnp.maximum(n_valid, 1).astype(jnp.float32)  # [B]
 
@@ -159,7 +165,10 @@ def act_loss_and_metrics(
   exact = n_correct == n_valid  # [B]
 
   q_halt = q_halt.astype(jnp.float32)  # [B]
-  q_halt_loss = _pairwise_sum(_bce_with_logits(q_halt, exact.astype(jnp.float32)))  # []
+  row_q_loss = _bce_with_logits(q_halt, exact.astype(jnp.float32))  # [B]
+  if row_mask is not None:
+    row_q_loss = jnp.where(row_mask, row_q_loss, 0.0)
+  q_halt_loss = _pairwise_sum(row_q_loss)  # []
   total = lm_loss + 0.5 * q_halt_loss
   loss = total / jnp.asarray(loss_divisor, jnp.float32)
 

@@ -8,7 +8,7 @@ Configs: presets `easy` (36 givens), `medium` (30 givens, the default), `hard` (
 `extreme` (24 givens, rating >= 1, i.e. needs search), each 10,000 train / 1,000 test, seed 0; any
 other combination via `make_config(...)`, named after its knobs (e.g. `g28_r0-any_n5000_t1000_s3`).
 Preparing 10,000 + 1,000 puzzles takes ~20 s (easy, medium), ~1.5 min (hard) and ~10 min (extreme)
-of CPU, split over `num_workers` processes (default: the usable CPUs, at most 8).
+of CPU, in one process by default (`num_workers` > 1 spreads it over spawned processes).
 
 Features (shared with `sudoku_extreme`): `inputs` int32 [81] puzzle tokens (1 blank, 2..10 digits),
 `labels` int32 [81] solution tokens, `puzzle_identifiers` int32 scalar (0), `index` int64 scalar
@@ -157,7 +157,7 @@ class SudokuGenerated(LocalCodePath, tfds.core.GeneratorBasedBuilder):
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     del dl_manager  # nothing to download
     c: SudokuGeneratedConfig = self.builder_config
-    workers = self._num_workers or sudoku.default_num_workers()
+    workers = self._num_workers or 1   # no subprocesses from a process running TF/JAX threads
     kw = dict(givens=c.givens, min_rating=c.min_rating, max_rating=c.max_rating,
               num_workers=workers)
     train = sudoku.generate_puzzles(c.train_size, c.seed, stream="train", **kw)

@@ -1,0 +1,91 @@
+"""The one parallel-step wrapper of podlab: `pmap` over this host's devices, collectives over all hosts.
+
+JAX 0.10's `pmap` is `jit(shard_map)`. State that is the same on every device (parameters, optimizer
+state, EMA) is passed with `in_axes=None` and returned with `out_axes=None`: it stays replicated on the
+devices between steps, with no per-device copies made by the caller. Per-device values (the batch, the
+TRM ACT carry, metrics) have a leading axis of length `jax.local_device_count()`. Collectives
+(`lax.pmean`/`psum`/`all_gather` over `AXIS`) span every device of every host.
+
+Synopsis:
+
+  import jax, jax.numpy as jnp
+  from experiments.common import parallel
+
+  def step(w, x):                                  # w replicated, x per device
+    g = jax.lax.pmean(jnp.sum(x) * w, parallel.AXIS)
+    return w - 0.1 * g, jnp.sum(x)
+  p_step = parallel.pmap_step(step, replicated_in=(0,), replicated_out=(0,))
+  w = parallel.replicate(jnp.ones(3))
+  x = jnp.ones((jax.local_device_count(), 2))
+  w, s = p_step(w, x)                              # w: replicated [3]; s: [local_devices]
+  parallel.unreplicate(w)                          # host numpy copy of the replicated value
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+AXIS = "batch"
+
+
+def local_mesh() -> Mesh:
+  """1-D mesh over this process's devices (the devices a pmapped step runs on)."""
+  return Mesh(np.array(jax.local_devices()), (AXIS,))
+
+
+def replicate(tree: Any) -> Any:
+  """Puts every leaf on all local devices, replicated (no leading device axis)."""
+  return jax.device_put(tree, NamedSharding(local_mesh(), PartitionSpec()))
+
+
+def shard(tree: Any) -> Any:
+  """Puts host arrays with leading axis `local_device_count` onto the local devices, one slice each."""
+  return jax.device_put(tree, NamedSharding(local_mesh(), PartitionSpec(AXIS)))
+
+
+def unreplicate(tree: Any) -> Any:
+  """Host numpy copy of a replicated value: reads one device's copy (not `x[0]`, which gathers)."""
+  def one(x):
+    if isinstance(x, jax.Array) and len(x.addressable_shards) > 1 and x.sharding.is_fully_replicated:
+      return np.asarray(x.addressable_shards[0].data)
+    return np.asarray(x)
+  return jax.tree.map(one, tree)
+
+
+def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (),
+              replicated_out: Sequence[int] = (), num_args: int | None = None,
+              num_outputs: int | None = None, donate_argnums: Sequence[int] = ()) -> Callable[..., Any]:
+  """`jax.pmap(fn)` over local devices with axis name `AXIS`.
+
+  Args:
+    fn: the per-device step.
+    replicated_in: positions of arguments that are the same on every device (`in_axes=None`).
+    replicated_out: positions of outputs (fn must return a tuple) that are the same on every device
+      (`out_axes=None`); the others get a leading device axis.
+    num_args / num_outputs: counts, inferred from fn's positional signature / replicated_out when None.
+    donate_argnums: arguments whose buffers may be reused for outputs (state updated in place).
+  """
+  if num_args is None:
+    import inspect
+    num_args = len(inspect.signature(fn).parameters)
+  in_axes = tuple(None if i in replicated_in else 0 for i in range(num_args))
+  if num_outputs is None:
+    num_outputs = max(replicated_out, default=-1) + 1
+  out_axes: Any = tuple(None if i in replicated_out else 0 for i in range(num_outputs))
+  if not replicated_out and num_outputs <= 1:
+    out_axes = 0
+  return jax.pmap(fn, axis_name=AXIS, in_axes=in_axes, out_axes=out_axes,
+                  donate_argnums=tuple(donate_argnums))
+
+
+def device_indices() -> np.ndarray:
+  """Global index of each local device ([local_device_count] int32), passed INTO pmapped steps.
+
+  Follows jaxline: the host and device ids are inputs of the step (for per-device RNG), not read inside.
+  """
+  n = jax.local_device_count()
+  return (jax.process_index() * n + np.arange(n)).astype(np.int32)

@@ -1,0 +1,60 @@
+r"""Trains and evaluates TRM: flags, logging and distributed init around `train.train_and_evaluate`.
+
+  python -m experiments.trm.main --config=configs/cpu_demo.py --workdir=workdirs/cpu_demo
+  python -m experiments.trm.main --config=configs/sudoku_mlp.py --config.dataset.manual_dir=DIR \
+      --workdir=gs://BUCKET/trm/sudoku_mlp
+  python -m experiments.trm.main --config=configs/v4_64.py   # on every worker of a v4-64 slice
+
+`--config` paths are resolved from the current directory first, then inside experiments/trm/.
+Fields are overridden with `--config.FIELD=VALUE` (e.g. `--config.lr=3e-4`).
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from experiments.common import config_utils
+from experiments.common import distributed
+
+EXPERIMENT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (path[:arg]).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None,
+                               "Where checkpoints, TensorBoard metrics and the final table go "
+                               "(local path or gs://). Default: workdirs/<config name>.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "host:port of process 0 for multi-process runs off TPU.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (off TPU).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (off TPU).")
+
+
+def default_workdir(config_arg: str) -> str:
+  name = os.path.splitext(os.path.basename(config_arg.split(":")[0]))[0]
+  return os.path.join("workdirs", name)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  from experiments.trm import train  # after distributed init: importing TF/JAX state is fine before
+  workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].value_as_string or "config")
+  logging.info("workdir: %s", workdir)
+  try:
+    train.train_and_evaluate(_CONFIG.value, workdir)
+  except config_utils.ConfigError as e:
+    logging.error("%s", e)
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  finally:
+    distributed.finalize()
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main, argv=config_utils.resolve_config_argv(sys.argv, EXPERIMENT_DIR))

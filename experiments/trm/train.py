@@ -1,0 +1,365 @@
+"""TRM training and evaluation: `train_and_evaluate(config, workdir)`.
+
+The loop: a `pmap` step over this host's devices with `lax.pmean` of gradients across every device of
+every host; the ACT carry stays on the devices across optimizer steps (one optimizer step = one ACT step
+for every slot); per-device RNG is derived from (seed, step, global device index), all passed in; EMA of
+the Adam parameters every step; periodic evaluation with the EMA weights; CLU writers (TensorBoard on
+process 0), `ReportProgress` (steps/s, ETA), hparams; orbax checkpoints (periodic, keep N, async, final
+save forced) resumed automatically from the workdir; a final evaluation table printed and written to
+`<workdir>/final_eval.json`.
+
+Synopsis (tests call it with a tiny config):
+
+  from experiments.trm import train
+  from experiments.trm.configs import cpu_demo
+  config = cpu_demo.get_config("smoke")
+  results = train.train_and_evaluate(config, "/tmp/trm_demo")     # {"test": {"exact_accuracy": ...}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import time
+from typing import Any, Dict, Iterator, NamedTuple, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import tensorflow as tf
+from absl import logging
+from clu import parameter_overview
+from clu import periodic_actions
+
+from experiments.common import checkpointing
+from experiments.common import config_utils
+from experiments.common import metrics as metrics_lib
+from experiments.common import optim
+from experiments.common import parallel
+from experiments.trm import losses
+from experiments.trm.configs import base as base_config
+from input_pipeline import pipeline
+from modules import trm
+
+RATIO_METRICS = ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")
+LOSS_METRICS = ("lm_loss", "q_halt_loss")
+EVAL_COLUMNS = ("exact_accuracy", "accuracy", "q_halt_accuracy", "steps", "lm_loss", "q_halt_loss",
+                "count")
+
+
+class TrainState(NamedTuple):
+  """Everything that is the same on every device; replicated on the devices, saved in checkpoints."""
+  step: jax.Array                 # [] int32, optimizer steps done
+  params: Any                     # Adam parameters (float32)
+  opt_state: Any                  # AdamATan2 state
+  ema: Any                        # EMA of params (== params when config.ema is off)
+  puzzle_table: Optional[jax.Array]  # [N, E] float32, trained by sparse SignSGD (None if E = 0)
+  sign_state: Any                 # SignSGD state (step count), None if E = 0
+  model_state: Any                # {"trm": {"H_init", "L_init"}} fixed vectors
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration.
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Checks field names against the base config and the values against each other.
+
+  Raises config_utils.ConfigError with the field, the value and the fix. Dataset-dependent checks
+  happen in `model_config` and `_check_devices`.
+  """
+  reference = base_config.get_config()
+  reference.dataset.builder_kwargs = ml_collections.ConfigDict()   # builder-specific: free-form
+  config_utils.validate_config(config, reference)
+  E = config_utils.ConfigError
+  if config.global_batch_size <= 0:
+    raise E("global_batch_size", config.global_batch_size, "must be positive", "use e.g. 768")
+  for field in ("log_every_steps", "checkpoint_every_steps"):
+    if config[field] <= 0:
+      raise E(field, config[field], "must be positive", "use e.g. 100")
+  if config.eval_every_steps <= 0 and config.eval_interval_epochs <= 0:
+    raise E("eval_every_steps", config.eval_every_steps,
+            "no evaluation interval: eval_interval_epochs is also <= 0",
+            "set --config.eval_every_steps=N or --config.eval_interval_epochs=N")
+  if not 0.0 <= config.ema_rate < 1.0:
+    raise E("ema_rate", config.ema_rate, "must be in [0, 1)", "use 0.999 (the reference)")
+  if config.eval_subset < 0:
+    raise E("eval_subset", config.eval_subset, "must be >= 0", "use 0 (full test set) or a size")
+
+
+def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any]) -> trm.TRMConfig:
+  """TRMConfig from the config's model fields and the dataset's metadata."""
+  fields = dict(config.model.to_dict())
+  try:
+    return trm.TRMConfig(seq_len=int(metadata["seq_len"]), vocab_size=int(metadata["vocab_size"]),
+                         num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]), **fields)
+  except ValueError as e:   # TRMConfig names the field, the value and the fix
+    raise config_utils.ConfigError("model", "", str(e), "change the named model field") from None
+
+
+def _check_devices(config: ml_collections.ConfigDict) -> Tuple[int, int]:
+  """(local device count, per-device batch); clear errors for a mismatching machine or batch."""
+  n_global, n_local = jax.device_count(), jax.local_device_count()
+  if config.num_devices > 0 and config.num_devices != n_global:
+    raise config_utils.ConfigError(
+        "num_devices", config.num_devices,
+        f"this config is written for {config.num_devices} JAX devices but this run has {n_global} "
+        f"({jax.process_count()} process(es) x {n_local} {jax.devices()[0].platform} device(s))",
+        f"run it on a matching slice, or override with --config.num_devices={n_global} (check "
+        f"global_batch_size={config.global_batch_size} too), or use --dry_run to compile it here "
+        f"with fake devices")
+  if config.global_batch_size % n_global:
+    raise config_utils.ConfigError(
+        "global_batch_size", config.global_batch_size,
+        f"not divisible by the {n_global} devices",
+        f"use a multiple of {n_global}, e.g. {max(n_global, config.global_batch_size // n_global * n_global)}")
+  return n_local, config.global_batch_size // n_global
+
+
+def num_train_steps(config: ml_collections.ConfigDict, num_train_examples: int) -> int:
+  """Reference 4.5: int(epochs * total_groups * mean_puzzle_examples / global_batch_size)."""
+  if config.total_steps > 0:
+    return int(config.total_steps)
+  return int(config.epochs * num_train_examples / config.global_batch_size)
+
+
+def eval_every_steps(config: ml_collections.ConfigDict, num_train_examples: int) -> int:
+  if config.eval_every_steps > 0:
+    return int(config.eval_every_steps)
+  return max(1, int(config.eval_interval_epochs * num_train_examples / config.global_batch_size))
+
+
+# --------------------------------------------------------------------------------------------------
+# State, optimizers and the parallel steps.
+
+def make_optimizers(config: ml_collections.ConfigDict, total_steps: int):
+  """(AdamATan2 for the model, sparse SignSGD for the puzzle table), each with its warm-up + cosine."""
+  schedule = functools.partial(optim.warmup_cosine_schedule, warmup_steps=config.lr_warmup_steps,
+                               total_steps=total_steps, min_ratio=config.lr_min_ratio)
+  adam = optim.adam_atan2(schedule(config.lr), b1=config.beta1, b2=config.beta2,
+                          weight_decay=config.weight_decay)
+  sign = optim.sparse_signsgd(schedule(config.puzzle_emb_lr), config.puzzle_emb_weight_decay)
+  return adam, sign
+
+
+def init_state(model: trm.TRMModel, adam, sign, seed: int) -> TrainState:
+  params, model_state = model.init(jax.random.key(seed))
+  has_table = model.config.prefix_len > 0
+  table = model.init_puzzle_table() if has_table else None     # None: no puzzle embedding
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=adam.init(params),
+                    ema=optim.ema_init(params), puzzle_table=table,
+                    sign_state=sign.init(table) if has_table else None, model_state=model_state)
+
+
+def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.ConfigDict,
+                    per_device_batch: int):
+  """The per-device training step (pmapped by the caller).
+
+  (state, carry, batch, device_index) -> (state, carry, metric sums psummed over all devices).
+  """
+  cfg = model.config
+
+  def train_step(state: TrainState, carry: trm.ACTCarry, batch, device_index):
+    step = state.step + 1                                        # 1-based optimizer step
+    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), step), device_index)
+    carry = trm.act_reset(carry, batch, *model.latents(state.model_state))
+    data = carry.current_data
+    rows = model.puzzle_rows(state.puzzle_table, data)           # [B, E] or None
+
+    def loss_fn(params, rows):
+      z_H, z_L, logits, q_halt, q_cont = model.inner(params, state.model_state, carry.z_H, carry.z_L,
+                                                     data["inputs"], rows)
+      new_carry = trm.act_halt(cfg, carry._replace(z_H=z_H, z_L=z_L), q_halt, training=True, rng=rng)
+      loss, sums = losses.act_loss_and_metrics(logits, data["labels"], q_halt, q_cont,
+                                               new_carry.halted, new_carry.steps,
+                                               loss_divisor=per_device_batch)
+      return loss, (new_carry, sums)
+
+    (_, (carry, sums)), (g_params, g_rows) = jax.value_and_grad(
+        loss_fn, argnums=(0, 1), has_aux=True)(state.params, rows)
+    g_params = jax.lax.pmean(g_params, parallel.AXIS)
+    updates, opt_state = adam.update(g_params, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    table, sign_state = state.puzzle_table, state.sign_state
+    if rows is not None:
+      ids, grads = optim.all_gather_rows(data["puzzle_identifiers"], g_rows, parallel.AXIS)
+      table, sign_state = sign.update(table, ids, grads, sign_state)
+    ema = optim.ema_update(state.ema, params, config.ema_rate) if config.ema else params
+    sums = jax.lax.psum(sums, parallel.AXIS)
+    sums["grad_norm"] = optax.global_norm(g_params)
+    new_state = TrainState(step=step, params=params, opt_state=opt_state, ema=ema,
+                           puzzle_table=table, sign_state=sign_state, model_state=state.model_state)
+    return new_state, carry, sums
+
+  return train_step
+
+
+def make_eval_step(model: trm.TRMModel, per_device_batch: int):
+  """Per-device evaluation of one padded batch: a fresh carry, exactly halt_max_steps ACT steps, metric
+  sums of the LAST step over non-padding rows (psummed over all devices)."""
+  cfg = model.config
+
+  def eval_step(params, model_state, table, batch):
+    mask = batch["mask"]
+    data = {k: v for k, v in batch.items() if k != "mask"}
+    carry = model.initial_carry(data)
+
+    def body(_, c):
+      c, _ = model.act_step(params, model_state, table, c, data, training=False)
+      return c
+    carry = jax.lax.fori_loop(0, cfg.halt_max_steps - 1, body, carry)
+    carry, out = model.act_step(params, model_state, table, carry, data, training=False)
+    _, sums = losses.act_loss_and_metrics(
+        out["logits"], carry.current_data["labels"], out["q_halt_logits"], out["q_continue_logits"],
+        carry.halted & mask, carry.steps, loss_divisor=per_device_batch, row_mask=mask)
+    return jax.lax.psum(sums, parallel.AXIS)
+
+  return eval_step
+
+
+def evaluate(p_eval_step, state: TrainState, eval_batches, use_ema: bool) -> Dict[str, float]:
+  """Runs the padded evaluation batches; returns ratios (losses per evaluated example)."""
+  acc = metrics_lib.SumAccumulator()
+  params = state.ema if use_ema else state.params
+  for batch in eval_batches:
+    acc.add(p_eval_step(params, state.model_state, state.puzzle_table, parallel.shard(
+        {k: v for k, v in batch.items() if k in ("inputs", "labels", "puzzle_identifiers", "mask")})))
+  sums = acc.pop()
+  count = sums.get("count", 0.0)
+  return metrics_lib.ratios(sums, count_key="count", ratio_keys=RATIO_METRICS,
+                            divisors={k: count for k in LOSS_METRICS})
+
+
+# --------------------------------------------------------------------------------------------------
+# The loop.
+
+def _model_batch(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+  return {k: batch[k] for k in ("inputs", "labels", "puzzle_identifiers")}
+
+
+def log_parameter_table(state: TrainState) -> str:
+  table = parameter_overview.get_parameter_overview(parallel.unreplicate(state.params))
+  n_adam = trm.adam_param_count(state.params)
+  text = f"{table}\nAdam parameters: {n_adam:,}\n"
+  if state.puzzle_table is None:
+    text += "Puzzle-embedding table: none (puzzle_emb_ndim = 0)"
+  else:
+    text += (f"Puzzle-embedding table (SignSGD, not counted above): "
+             f"{tuple(state.puzzle_table.shape)} = {int(np.prod(state.puzzle_table.shape)):,}")
+  for line in text.splitlines():
+    logging.info("%s", line)
+  return text
+
+
+def _flat_hparams(config: ml_collections.ConfigDict) -> Dict[str, Any]:
+  out = {}
+  def walk(prefix, node):
+    for k, v in node.items():
+      if isinstance(v, (dict, ml_collections.ConfigDict)):
+        walk(f"{prefix}{k}.", v)
+      else:
+        out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+  walk("", config.to_dict())
+  return out
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, Dict[str, float]]:
+  """Trains TRM as configured, evaluates with the EMA weights, returns the final evaluation table."""
+  validate_config(config)
+  tf.io.gfile.makedirs(workdir)
+  n_local, per_device_batch = _check_devices(config)
+  ds = config.dataset
+  data = pipeline.DataSource.from_config(ds, seed=config.seed)
+  model = trm.TRMModel(model_config(config, data.metadata()))
+  num_train = data.num_examples(ds.train_split)
+  total_steps = num_train_steps(config, num_train)
+  eval_every = eval_every_steps(config, num_train)
+  adam, sign = make_optimizers(config, total_steps)
+  logging.info("TRM: %d train examples, %d steps (%d per epoch), global batch %d = %d processes x %d "
+               "devices x %d", num_train, total_steps, max(1, num_train // config.global_batch_size),
+               config.global_batch_size, jax.process_count(), n_local, per_device_batch)
+
+  state = init_state(model, adam, sign, config.seed)
+  carry = jax.tree.map(lambda x: np.stack([np.asarray(x)] * n_local),
+                       model.initial_carry(model.example_batch(per_device_batch)))
+  ckpt = checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints"),
+                                         max_to_keep=config.keep_checkpoints,
+                                         save_interval_steps=config.checkpoint_every_steps,
+                                         enable_async=config.async_checkpoints)
+  restored = ckpt.restore(replicated_like=state, per_device_like=carry)
+  if restored is not None:
+    start_step, state, carry = restored
+    logging.info("Resumed from %s at step %d", ckpt.directory, start_step)
+  else:
+    start_step = 0
+  param_text = log_parameter_table(state)
+
+  state = parallel.replicate(state)
+  carry = parallel.shard(carry)
+  device_index = parallel.shard(parallel.device_indices())
+  p_train_step = parallel.pmap_step(make_train_step(model, adam, sign, config, per_device_batch),
+                                    replicated_in=(0,), replicated_out=(0,), num_args=4,
+                                    num_outputs=3, donate_argnums=(0, 1))
+  p_eval_step = parallel.pmap_step(make_eval_step(model, per_device_batch),
+                                   replicated_in=(0, 1, 2), num_args=4)
+
+  writer = metrics_lib.create_writer(workdir)
+  if start_step == 0:
+    writer.write_hparams(_flat_hparams(config))
+    writer.write_texts(0, {"parameters": f"```\n{param_text}\n```"})
+  hooks = [periodic_actions.ReportProgress(num_train_steps=total_steps, writer=writer,
+                                           every_steps=config.log_every_steps)]
+  train_iter = data.train_iterator(global_batch_size=config.global_batch_size,
+                                   local_device_count=n_local, start_step=start_step)
+  acc = metrics_lib.SumAccumulator()
+
+  def run_eval(step: int, full: bool) -> Dict[str, float]:
+    subset = 0 if full else config.eval_subset
+    batches = data.eval_batches(ds.test_split, global_batch_size=config.global_batch_size,
+                                local_device_count=n_local, subset_size=subset)
+    results = evaluate(p_eval_step, state, batches, use_ema=config.ema)
+    writer.write_scalars(step, {f"eval/{k}": v for k, v in results.items()})
+    logging.info("eval at step %d (%s): %s", step, "full test set" if full else f"subset {subset}",
+                 {k: round(v, 4) for k, v in results.items()})
+    return results
+
+  logging.info("Training from step %d to %d", start_step, total_steps)
+  for step in range(start_step + 1, total_steps + 1):
+    batch = parallel.shard(_model_batch(next(train_iter)))
+    state, carry, sums = p_train_step(state, carry, batch, device_index)
+    acc.add(sums)
+    for hook in hooks:
+      hook(step)
+    if step % config.log_every_steps == 0 or step == total_steps:
+      n = acc.num_steps
+      sums = acc.pop()
+      grad_norm = sums.pop("grad_norm", 0.0) / max(n, 1)
+      scalars = metrics_lib.ratios(sums, count_key="count", ratio_keys=RATIO_METRICS,
+                                   divisors={k: config.global_batch_size * n for k in LOSS_METRICS},
+                                   prefix="train/")
+      scalars["train/grad_norm"] = grad_norm
+      scalars["train/lr"] = float(optim.warmup_cosine_lr(step, config.lr, config.lr_warmup_steps,
+                                                         total_steps, config.lr_min_ratio))
+      writer.write_scalars(step, scalars)
+    if step % eval_every == 0 and step != total_steps:
+      run_eval(step, full=config.eval_subset == 0)
+    if step % config.checkpoint_every_steps == 0 or step == total_steps:
+      ckpt.save(step, replicated=state, per_device=carry, force=step == total_steps)
+
+  results: Dict[str, Dict[str, float]] = {}
+  if config.final_eval and total_steps > 0:
+    results["test"] = run_eval(total_steps, full=True)
+    table = metrics_lib.format_table(results, EVAL_COLUMNS)
+    logging.info("Final evaluation (EMA weights: %s) at step %d:\n%s", config.ema, total_steps, table)
+    if jax.process_index() == 0:
+      print(f"\nFinal evaluation at step {total_steps} ({'EMA' if config.ema else 'raw'} weights):\n"
+            f"{table}\n", flush=True)
+    metrics_lib.write_json(os.path.join(workdir, "final_eval.json"),
+                           {"step": total_steps, **results})
+  writer.flush()
+  ckpt.wait_until_finished()
+  ckpt.close()
+  return results

@@ -1,0 +1,162 @@
+"""End-to-end tests of the TRM trainer on tiny configs (4 fake CPU devices, see conftest.py)."""
+
+import glob
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from experiments.common import config_utils
+from experiments.common import parallel
+from experiments.trm import train
+from experiments.trm.configs import base, cpu_demo, sudoku_att, sudoku_mlp, v4_64
+from input_pipeline import sudoku
+from modules import trm
+
+TRM_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
+                       "trm")
+
+
+def _smoke_config(tmp_path, **overrides):
+  c = cpu_demo.get_config("smoke")
+  c.dataset.data_dir = str(tmp_path / "tfds")
+  for k, v in overrides.items():
+    node = c
+    *path, last = k.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = v
+  return c
+
+
+def _event_scalars(workdir):
+  """{tag: {step: value}} from every TensorBoard event file in workdir."""
+  out = {}
+  for path in sorted(glob.glob(os.path.join(workdir, "events.out.tfevents.*"))):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.HasField("tensor") and value.metadata.plugin_data.plugin_name == "scalars":
+          out.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+  return out
+
+
+def test_train_writes_metrics_checkpoints_table_and_resumes(tmp_path):
+  workdir = str(tmp_path / "run")
+  config = _smoke_config(tmp_path)
+  results = train.train_and_evaluate(config, workdir)
+
+  # Final table: every test puzzle counted once (40 puzzles in 3 padded batches of 16 on 4 devices).
+  assert results["test"]["count"] == 40
+  for key in ("exact_accuracy", "accuracy", "q_halt_accuracy", "steps", "lm_loss", "q_halt_loss"):
+    assert np.isfinite(results["test"][key])
+  assert results["test"]["steps"] == config.model.halt_max_steps   # evaluation runs every step
+  with open(os.path.join(workdir, "final_eval.json")) as f:
+    saved = json.load(f)
+  assert saved["step"] == 6 and saved["test"]["count"] == 40
+
+  # TensorBoard: train and eval scalars at the logged steps, progress, learning rate.
+  scalars = _event_scalars(workdir)
+  for tag in ("train/lm_loss", "train/q_halt_loss", "train/lr", "train/grad_norm", "train/count",
+              "eval/exact_accuracy", "eval/accuracy", "eval/count", "steps_per_sec"):
+    assert tag in scalars, (tag, sorted(scalars))
+  assert sorted(scalars["train/lm_loss"]) == [2, 4, 6]
+  assert sorted(scalars["eval/exact_accuracy"]) == [3, 6]
+  assert scalars["train/lr"][2] == pytest.approx(config.lr * 2 / config.lr_warmup_steps, rel=1e-6)
+
+  # Checkpoints every 3 steps (keep 2), the last one forced.
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3", "6"]
+
+  # A second run on the same workdir with more steps resumes at step 6 and only runs 7..9.
+  config.total_steps = 9
+  train.train_and_evaluate(config, workdir)
+  steps_logged = sorted(_event_scalars(workdir)["train/lm_loss"])
+  assert steps_logged == [2, 4, 6, 8, 9]
+  assert "9" in os.listdir(os.path.join(workdir, "checkpoints"))
+
+
+def test_training_on_a_fixed_batch_lowers_the_loss():
+  config = cpu_demo.get_config("smoke")
+  config.model.halt_max_steps = 1          # every step is a fresh ACT episode on the same puzzles
+  config.lr = 3e-3
+  config.lr_warmup_steps = 1
+  model = trm.TRMModel(train.model_config(config, sudoku.METADATA))
+  adam, sign = train.make_optimizers(config, total_steps=30)
+  n = jax.local_device_count()
+  per_device = 4
+  puzzles, solutions = sudoku.generate_puzzles(n * per_device, seed=3, givens=45)
+  batch = {"inputs": sudoku.grid_to_tokens(puzzles).reshape(n, per_device, 81).astype(np.int32),
+           "labels": sudoku.grid_to_tokens(solutions).reshape(n, per_device, 81).astype(np.int32),
+           "puzzle_identifiers": np.zeros((n, per_device), np.int32)}
+  state = parallel.replicate(train.init_state(model, adam, sign, seed=0))
+  carry = parallel.shard(jax.tree.map(lambda x: np.stack([np.asarray(x)] * n),
+                                      model.initial_carry(model.example_batch(per_device))))
+  step = parallel.pmap_step(train.make_train_step(model, adam, sign, config, per_device),
+                            replicated_in=(0,), replicated_out=(0,), num_args=4, num_outputs=3)
+  batch, dev = parallel.shard(batch), parallel.shard(parallel.device_indices())
+  losses = []
+  for _ in range(30):
+    state, carry, sums = step(state, carry, batch, dev)
+    host = parallel.unreplicate(sums)
+    losses.append(float(np.asarray(host["lm_loss"]).reshape(-1)[0]) / (n * per_device))
+  assert losses[-1] < 0.6 * losses[0], losses
+  # Every row halts after one step and is counted: metrics count the whole global batch.
+  assert float(np.asarray(host["count"]).reshape(-1)[0]) == n * per_device
+  assert int(parallel.unreplicate(state.step)) == 30
+
+
+@pytest.mark.parametrize("module,arg", [(base, None), (sudoku_mlp, None), (sudoku_att, None),
+                                        (v4_64, None), (v4_64, "batch=6144"), (cpu_demo, None),
+                                        (cpu_demo, "smoke")])
+def test_every_config_validates(module, arg):
+  config = module.get_config(arg) if arg else module.get_config()
+  train.validate_config(config)
+  if module is v4_64:
+    assert config.num_devices == 32
+    assert config.global_batch_size == (6144 if arg else 768)
+    assert config.model.mlp_t and config.ema
+
+
+def test_reference_recipe_fields():
+  c = sudoku_mlp.get_config()
+  assert (c.model.mlp_t, c.model.pos_encodings, c.epochs, c.lr, c.puzzle_emb_lr) == (
+      True, "none", 50000, 1e-4, 1e-4)
+  assert (c.weight_decay, c.puzzle_emb_weight_decay, c.global_batch_size, c.ema) == (
+      1.0, 1.0, 768, True)
+  # Reference 4.5: 65,104 steps at batch 768 on 1000 training puzzles x 50000 epochs.
+  assert train.num_train_steps(c, 1000) == 65104
+  a = sudoku_att.get_config()
+  assert (a.model.mlp_t, a.model.pos_encodings) == (False, "rope")
+
+
+def test_config_errors_name_field_value_and_fix():
+  c = cpu_demo.get_config("smoke")
+  c.unlock()
+  c.model.hiden_size = 3
+  with pytest.raises(config_utils.ConfigError, match=r"hiden_size.*hidden_size"):
+    train.validate_config(c)
+
+  c = v4_64.get_config()
+  with pytest.raises(config_utils.ConfigError) as e:
+    train._check_devices(c)
+  msg = str(e.value)
+  assert "num_devices=32" in msg and "4" in msg and "--config.num_devices=4" in msg
+
+  c = cpu_demo.get_config("smoke")
+  c.global_batch_size = 18
+  with pytest.raises(config_utils.ConfigError, match=r"global_batch_size=18.*multiple of 4"):
+    train._check_devices(c)
+
+  c = cpu_demo.get_config("smoke")
+  c.model.num_heads = 3
+  with pytest.raises(config_utils.ConfigError, match="num_heads"):
+    train.model_config(c, sudoku.METADATA)
+
+
+def test_config_path_resolves_inside_the_experiment(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  argv = config_utils.resolve_config_argv(["main", "--config=configs/v4_64.py:batch=6144"], TRM_DIR)
+  assert argv[1] == f"--config={os.path.join(TRM_DIR, 'configs', 'v4_64.py')}:batch=6144"
