@@ -12,10 +12,10 @@ RUN_WORKDIR ?= workdirs/cpu_demo
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -U pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,torch]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,torch]'
 	@touch $@
 
 test: $(STAMP)

@@ -95,7 +95,7 @@ def test_training_on_a_fixed_batch_lowers_the_loss():
   carry = parallel.shard(jax.tree.map(lambda x: np.stack([np.asarray(x)] * n),
                                       model.initial_carry(model.example_batch(per_device))))
   step = parallel.pmap_step(train.make_train_step(model, adam, sign, config, per_device),
-                            replicated_in=(0,), replicated_out=(0,), num_args=4, num_outputs=3)
+                            replicated_in=(0,), out_axes=(None, 0, 0))
   batch, dev = parallel.shard(batch), parallel.shard(parallel.device_indices())
   losses = []
   for _ in range(30):

@@ -14,7 +14,7 @@ Synopsis:
   def step(w, x):                                  # w replicated, x per device
     g = jax.lax.pmean(jnp.sum(x) * w, parallel.AXIS)
     return w - 0.1 * g, jnp.sum(x)
-  p_step = parallel.pmap_step(step, replicated_in=(0,), replicated_out=(0,))
+  p_step = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0))
   w = parallel.replicate(jnp.ones(3))
   x = jnp.ones((jax.local_device_count(), 2))
   w, s = p_step(w, x)                              # w: replicated [3]; s: [local_devices]
@@ -23,6 +23,7 @@ Synopsis:
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Sequence
 
 import jax
@@ -56,28 +57,20 @@ def unreplicate(tree: Any) -> Any:
   return jax.tree.map(one, tree)
 
 
-def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (),
-              replicated_out: Sequence[int] = (), num_args: int | None = None,
-              num_outputs: int | None = None, donate_argnums: Sequence[int] = ()) -> Callable[..., Any]:
+def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_axes: Any = 0,
+              donate_argnums: Sequence[int] = ()) -> Callable[..., Any]:
   """`jax.pmap(fn)` over local devices with axis name `AXIS`.
 
   Args:
-    fn: the per-device step.
-    replicated_in: positions of arguments that are the same on every device (`in_axes=None`).
-    replicated_out: positions of outputs (fn must return a tuple) that are the same on every device
-      (`out_axes=None`); the others get a leading device axis.
-    num_args / num_outputs: counts, inferred from fn's positional signature / replicated_out when None.
+    fn: the per-device step (positional arguments only).
+    replicated_in: positions of arguments that are the same on every device (`in_axes=None`); the
+      others carry a leading device axis.
+    out_axes: as in `jax.pmap`: None for outputs that are the same on every device (they stay
+      replicated, with no device axis), 0 for per-device outputs; a tuple for a tuple of outputs.
     donate_argnums: arguments whose buffers may be reused for outputs (state updated in place).
   """
-  if num_args is None:
-    import inspect
-    num_args = len(inspect.signature(fn).parameters)
+  num_args = len(inspect.signature(fn).parameters)
   in_axes = tuple(None if i in replicated_in else 0 for i in range(num_args))
-  if num_outputs is None:
-    num_outputs = max(replicated_out, default=-1) + 1
-  out_axes: Any = tuple(None if i in replicated_out else 0 for i in range(num_outputs))
-  if not replicated_out and num_outputs <= 1:
-    out_axes = 0
   return jax.pmap(fn, axis_name=AXIS, in_axes=in_axes, out_axes=out_axes,
                   donate_argnums=tuple(donate_argnums))
 

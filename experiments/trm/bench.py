@@ -302,8 +302,7 @@ def compile_step(model: str, dtype: str, per_device_batch: int, *, remat: bool =
   batch = parallel.shard(random_batch(n_local, per_device_batch, config.seed))
   device_index = parallel.shard(parallel.device_indices())
   p_step = parallel.pmap_step(train.make_train_step(net, adam, sign, config, per_device_batch),
-                              replicated_in=(0,), replicated_out=(0,), num_args=4, num_outputs=3,
-                              donate_argnums=(0, 1))
+                              replicated_in=(0,), out_axes=(None, 0, 0), donate_argnums=(0, 1))
   t0 = time.perf_counter()
   compiled = p_step.lower(state, carry, batch, device_index).compile()
   compile_s = time.perf_counter() - t0

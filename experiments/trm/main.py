@@ -47,7 +47,7 @@ def main(argv):
   logging.info("workdir: %s", workdir)
   try:
     train.train_and_evaluate(_CONFIG.value, workdir)
-  except config_utils.ConfigError as e:
+  except (config_utils.ConfigError, FileNotFoundError) as e:   # bad config / dataset not prepared
     logging.error("%s", e)
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

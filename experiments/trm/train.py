@@ -301,10 +301,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   carry = parallel.shard(carry)
   device_index = parallel.shard(parallel.device_indices())
   p_train_step = parallel.pmap_step(make_train_step(model, adam, sign, config, per_device_batch),
-                                    replicated_in=(0,), replicated_out=(0,), num_args=4,
-                                    num_outputs=3, donate_argnums=(0, 1))
+                                    replicated_in=(0,), out_axes=(None, 0, 0),
+                                    donate_argnums=(0, 1))
   p_eval_step = parallel.pmap_step(make_eval_step(model, per_device_batch),
-                                   replicated_in=(0, 1, 2), num_args=4)
+                                   replicated_in=(0, 1, 2), out_axes=0)
 
   writer = metrics_lib.create_writer(workdir)
   if start_step == 0:

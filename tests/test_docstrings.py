@@ -1,0 +1,29 @@
+"""The module synopses that are self-contained run as written (CLU style: a docstring synopsis that runs)."""
+
+import importlib
+import textwrap
+
+import pytest
+
+RUNNABLE = ["modules.layers", "modules.trm", "experiments.common.parallel",
+            "experiments.common.metrics", "experiments.common.optim", "experiments.trm.losses"]
+
+
+def synopsis(module_name: str) -> str:
+  doc = importlib.import_module(module_name).__doc__
+  head, sep, body = doc.partition("Synopsis")
+  assert sep, f"{module_name} has no synopsis"
+  body = body.split(":", 1)[1]
+  lines = []
+  for line in body.splitlines()[1:]:
+    if line and not line.startswith("  "):
+      break                                  # the synopsis ends at the next unindented paragraph
+    lines.append(line)
+  return textwrap.dedent("\n".join(lines))
+
+
+@pytest.mark.parametrize("module_name", RUNNABLE)
+def test_synopsis_runs(module_name):
+  code = synopsis(module_name)
+  assert code.strip()
+  exec(compile(code, f"<{module_name} synopsis>", "exec"), {})
