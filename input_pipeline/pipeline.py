@@ -295,27 +295,10 @@ def create_train_dataset(
   return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
-def create_train_iterator(
-    data_dir: str,
-    dataset_name: str,
-    builder_kwargs: Optional[Mapping[str, Any]] = None,
-    *,
-    global_batch_size: int,
-    process_index: int,
-    process_count: int,
-    local_device_count: int,
-    seed: int,
-    start_step: int = 0,
-    split: str = "train",
-    augment: bool = True,
-) -> Iterator[Batch]:
-  """Numpy batches of `create_train_dataset`: step `start_step`, `start_step + 1`, ... forever."""
-  ds = create_train_dataset(
-      data_dir, dataset_name, builder_kwargs, global_batch_size=global_batch_size,
-      process_index=process_index, process_count=process_count,
-      local_device_count=local_device_count, seed=seed, start_step=start_step, split=split,
-      augment=augment)
-  return ds.as_numpy_iterator()
+def create_train_iterator(*args: Any, **kwargs: Any) -> Iterator[Batch]:
+  """Numpy batches of `create_train_dataset` (same arguments): step `start_step`, `start_step + 1`,
+  ... forever."""
+  return create_train_dataset(*args, **kwargs).as_numpy_iterator()
 
 
 # --------------------------------------------------------------------------------------------
