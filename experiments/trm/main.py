@@ -42,7 +42,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  from experiments.trm import train  # after distributed init: importing TF/JAX state is fine before
+  from experiments.trm import train  # imported after jax.distributed.initialize, which must come first
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].value_as_string or "config")
   logging.info("workdir: %s", workdir)
   try:
