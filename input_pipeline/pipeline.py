@@ -173,9 +173,11 @@ def _prepared_builder(data_dir: str, dataset_name: str,
                       builder_kwargs: Optional[Mapping[str, Any]]) -> tfds.core.DatasetBuilder:
   builder = datasets.get_builder(dataset_name, data_dir, builder_kwargs)
   if not builder.is_prepared():
+    manual = (" --manual_dir=<folder with the public files>"
+              if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) else "")
     raise FileNotFoundError(
         f"{builder.info.full_name} is not prepared in {data_dir}; run "
-        f"`python -m input_pipeline.prepare --dataset={dataset_name} --data_dir={data_dir} "
+        f"`python -m input_pipeline.prepare --dataset={dataset_name} --data_dir={data_dir}{manual} "
         f"--builder_kwargs='{json.dumps(dict(builder_kwargs or {}))}'` "
         "(or input_pipeline.prepare.prepare) first")
   return builder

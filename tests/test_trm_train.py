@@ -160,3 +160,19 @@ def test_config_path_resolves_inside_the_experiment(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   argv = config_utils.resolve_config_argv(["main", "--config=configs/v4_64.py:batch=6144"], TRM_DIR)
   assert argv[1] == f"--config={os.path.join(TRM_DIR, 'configs', 'v4_64.py')}:batch=6144"
+
+
+def test_main_runs_the_used_by_command_and_names_the_device_mismatch(tmp_path):
+  """`python -m experiments.trm.main --config=configs/v4_64.py` from the repo root, on a machine that
+  is not a v4-64: it resolves the config inside experiments/trm/ and stops with the one-line error."""
+  import subprocess
+  import sys
+  repo = os.path.dirname(TRM_DIR.rstrip("/").rsplit("/", 1)[0])
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.trm.main", "--config=configs/v4_64.py",
+       f"--config.dataset.data_dir={tmp_path}"],
+      cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "error: config.num_devices=32" in proc.stderr
+  assert "--config.num_devices=4" in proc.stderr

@@ -43,7 +43,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   from experiments.trm import train  # imported after jax.distributed.initialize, which must come first
-  workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].value_as_string or "config")
+  workdir = _WORKDIR.value or default_workdir(config_flags.get_config_filename(flags.FLAGS["config"]))
   logging.info("workdir: %s", workdir)
   try:
     train.train_and_evaluate(_CONFIG.value, workdir)
