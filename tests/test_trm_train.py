@@ -176,3 +176,20 @@ def test_main_runs_the_used_by_command_and_names_the_device_mismatch(tmp_path):
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert "error: config.num_devices=32" in proc.stderr
   assert "--config.num_devices=4" in proc.stderr
+
+
+def test_dry_run_compiles_the_pod_config_on_this_machine():
+  """`--dry_run` compiles one v4-64 host's step with 4 fake devices and reports the pod layout."""
+  import subprocess
+  import sys
+  repo = os.path.dirname(TRM_DIR.rstrip("/").rsplit("/", 1)[0])
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="")
+  proc = subprocess.run([sys.executable, "-m", "experiments.trm.main", "--config=configs/v4_64.py",
+                         "--dry_run"], cwd=repo, env=env, capture_output=True, text=True, timeout=180)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = proc.stdout
+  assert "32 = 8 hosts x 4" in out
+  assert "global 768, per host 96, per device 24" in out
+  assert "total steps        65,104" in out
+  assert "Adam parameters    5,028,866" in out
+  assert "42.72 GFLOP/example" in out

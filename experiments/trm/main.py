@@ -31,6 +31,10 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "host:port of process 0 for multi-process runs off TPU.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (off TPU).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (off TPU).")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False,
+                             "Compile one host's training step of the config on this machine with "
+                             "the pod's per-host device count (fake CPU devices), print memory, "
+                             "FLOPs, batches and steps, and exit. Trains nothing.")
 
 
 def default_workdir(config_arg: str) -> str:
@@ -41,6 +45,9 @@ def default_workdir(config_arg: str) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _DRY_RUN.value:
+    dry_run()
+    return
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   from experiments.trm import train  # imported after jax.distributed.initialize, which must come first
   workdir = _WORKDIR.value or default_workdir(config_flags.get_config_filename(flags.FLAGS["config"]))
@@ -53,6 +60,26 @@ def main(argv):
     sys.exit(2)
   finally:
     distributed.finalize()
+
+
+def dry_run():
+  """Fake the pod host's devices on the CPU (before JAX starts its backends) and compile."""
+  config = _CONFIG.value
+  n = config.devices_per_host if config.devices_per_host > 0 else max(config.num_devices, 1)
+  os.environ["XLA_FLAGS"] = " ".join(
+      [f for f in os.environ.get("XLA_FLAGS", "").split()
+       if not f.startswith("--xla_force_host_platform_device_count")]
+      + [f"--xla_force_host_platform_device_count={n}"])
+  import jax
+  jax.config.update("jax_platforms", "cpu")
+  from experiments.trm import dry_run as dry_run_lib
+  try:
+    report = dry_run_lib.run(config)
+  except config_utils.ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  print(f"Dry run of {config_flags.get_config_filename(flags.FLAGS['config'])}:\n"
+        f"{dry_run_lib.format_report(report)}", flush=True)
 
 
 if __name__ == "__main__":

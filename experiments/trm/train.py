@@ -109,7 +109,7 @@ def _check_devices(config: ml_collections.ConfigDict) -> Tuple[int, int]:
         f"this config is written for {config.num_devices} JAX devices but this run has {n_global} "
         f"({jax.process_count()} process(es) x {n_local} {jax.devices()[0].platform} device(s))",
         f"run it on a matching slice, or override with --config.num_devices={n_global} (check "
-        f"global_batch_size={config.global_batch_size} too)")
+        f"global_batch_size={config.global_batch_size} too), or compile it here with --dry_run")
   if config.global_batch_size % n_global:
     raise config_utils.ConfigError(
         "global_batch_size", config.global_batch_size,

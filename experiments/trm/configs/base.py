@@ -79,6 +79,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.async_checkpoints = True
 
   # Hardware. num_devices > 0 states the JAX device count the recipe was written for; a different
-  # machine fails with a message saying how to override.
+  # machine fails with a message saying how to override. devices_per_host > 0 lets
+  # `main.py --dry_run` compile one host's step here with that many fake CPU devices.
   c.num_devices = -1
+  c.devices_per_host = -1                        # the pod's chips per host (used by --dry_run)
   return c

@@ -3,6 +3,7 @@
   launch/pod.sh stable-1                                        # every worker runs the line below
   python -m experiments.trm.main --config=configs/v4_64.py --workdir=gs://BUCKET/trm/v4_64
   python -m experiments.trm.main --config=configs/v4_64.py:batch=6144 ...   # a larger global batch
+  python -m experiments.trm.main --config=configs/v4_64.py --dry_run        # compile it on a laptop
 
 Arguments (typed, comma-separated): batch (global batch, default 768 = the published recipe, 24 per
 chip); devices (default 32). The TFDS data dir comes from $TFDS_DATA_DIR (the pod launcher sets it to
@@ -20,6 +21,7 @@ def get_config(arg=None):
   c = sudoku_mlp.get_config()
   c.global_batch_size = a.batch
   c.num_devices = a.devices
+  c.devices_per_host = 4                         # v4: 4 chips (JAX devices) per host
   c.eval_subset = 10000                          # fixed subsample during training, full set at the end
   c.checkpoint_every_steps = 500
   return c
