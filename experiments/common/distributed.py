@@ -7,8 +7,9 @@ Every trainer calls `initialize()` first thing (before any other JAX call) and `
   def main(argv):
     info = distributed.initialize()          # TPU pod: auto-detected; laptop: no-op.
     mesh = distributed.global_mesh()          # 1-D Mesh over every device of every host.
-    ...                                       # train, save checkpoints
-    checkpoint_manager.close()                # wait for this host's async writes
+    with distributed.fail_fast():             # a failing host exits at once (see fail_fast)
+      ...                                     # train, save checkpoints
+      checkpoint_manager.close()              # wait for this host's async writes
     distributed.finalize()                    # barrier, then shut the runtime down
 
 How the processes find each other, first match wins per argument:
@@ -19,11 +20,12 @@ How the processes find each other, first match wins per argument:
        PODLAB_COORDINATOR     host:port of process 0's coordinator service, e.g. `10.0.0.1:1234`
        PODLAB_NUM_PROCESSES   total number of processes, e.g. `2`
        PODLAB_PROCESS_ID      this process' index in [0, PODLAB_NUM_PROCESSES)
+       PODLAB_HEARTBEAT_TIMEOUT_S  optional (default 30): how long a dead process goes unnoticed
   3. nothing given: on a Cloud TPU VM `jax.distributed.initialize()` discovers the slice by itself;
      anywhere else (CPU laptop, single GPU box) the run is single-process: nothing is initialised.
 
-Off TPU, a multi-process run needs all three values (JAX cannot discover them there). A local
-multi-process smoke test on one CPU, two shells:
+Off TPU, a multi-process run needs all three values (JAX cannot discover them there).
+`launch/local.sh -n 2 -d 2` sets them for N local processes; by hand, two shells:
 
   XLA_FLAGS=--xla_force_host_platform_device_count=2 JAX_PLATFORMS=cpu \
     PODLAB_COORDINATOR=localhost:12355 PODLAB_NUM_PROCESSES=2 PODLAB_PROCESS_ID=0 \
@@ -32,10 +34,13 @@ multi-process smoke test on one CPU, two shells:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import os
-from typing import Optional
+import sys
+import traceback
+from typing import Iterator, Optional
 
 from absl import logging
 import jax
@@ -46,6 +51,13 @@ import numpy as np
 ENV_COORDINATOR = "PODLAB_COORDINATOR"
 ENV_NUM_PROCESSES = "PODLAB_NUM_PROCESSES"
 ENV_PROCESS_ID = "PODLAB_PROCESS_ID"
+ENV_HEARTBEAT_TIMEOUT = "PODLAB_HEARTBEAT_TIMEOUT_S"
+
+DEFAULT_HEARTBEAT_TIMEOUT_S = 30
+"""Seconds without a heartbeat after which the coordination service declares a process dead and
+terminates every other process (JAX's own default is 100 s). A process blocked in a collective whose
+peer died never returns by itself: this timeout is what bounds the hang. Heartbeats come from a
+background thread, so long compilations or steps do not trip it."""
 
 MESH_AXIS = "devices"
 """Name of the single axis of `global_mesh()` and `local_mesh()`."""
@@ -94,6 +106,7 @@ def initialize(
     coordinator_address: Optional[str] = None,
     num_processes: Optional[int] = None,
     process_id: Optional[int] = None,
+    heartbeat_timeout_s: Optional[int] = None,
 ) -> DistributedInfo:
   """Starts JAX's distributed runtime when the run spans several processes; see the module doc.
 
@@ -104,6 +117,10 @@ def initialize(
     coordinator_address: `host:port` of process 0's coordinator; falls back to $PODLAB_COORDINATOR.
     num_processes: number of processes; falls back to $PODLAB_NUM_PROCESSES.
     process_id: this process' index; falls back to $PODLAB_PROCESS_ID.
+    heartbeat_timeout_s: when one process dies (crash, kill, lost VM), every other process is
+      terminated with an error naming the unhealthy task after at most this many seconds, instead
+      of hanging in its next collective; falls back to $PODLAB_HEARTBEAT_TIMEOUT_S, then
+      DEFAULT_HEARTBEAT_TIMEOUT_S.
 
   Returns:
     The topology (process index/count, local/global device counts and kinds). The same facts are
@@ -118,6 +135,13 @@ def initialize(
     num_processes = _env_int(ENV_NUM_PROCESSES)
   if process_id is None:
     process_id = _env_int(ENV_PROCESS_ID)
+  if heartbeat_timeout_s is None:
+    heartbeat_timeout_s = _env_int(ENV_HEARTBEAT_TIMEOUT)
+  if heartbeat_timeout_s is None:
+    heartbeat_timeout_s = DEFAULT_HEARTBEAT_TIMEOUT_S
+  if heartbeat_timeout_s < 1:
+    raise ValueError(f"heartbeat_timeout_s={heartbeat_timeout_s}: must be >= 1 second. Fix: pass "
+                     f"a positive value or unset {ENV_HEARTBEAT_TIMEOUT}.")
   given = {
       "coordinator_address": coordinator_address,
       "num_processes": num_processes,
@@ -142,11 +166,13 @@ def initialize(
           f"distributed.initialize: got {given} but {', '.join(missing)} is missing; off TPU all "
           "three are needed. Fix: pass them or set "
           + ", ".join(env[k] for k in missing) + ".")
-    logging.info("distributed: jax.distributed.initialize(%s)", given)
-    jax.distributed.initialize(**given)
+    logging.info("distributed: jax.distributed.initialize(%s, heartbeat_timeout_seconds=%d)", given,
+                 heartbeat_timeout_s)
+    jax.distributed.initialize(**given, heartbeat_timeout_seconds=heartbeat_timeout_s)
   elif _on_cloud_tpu_vm():
-    logging.info("distributed: Cloud TPU VM detected; jax.distributed.initialize() auto-detects.")
-    jax.distributed.initialize()
+    logging.info("distributed: Cloud TPU VM detected; jax.distributed.initialize() auto-detects "
+                 "(heartbeat timeout %d s).", heartbeat_timeout_s)
+    jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s)
   else:
     logging.info("distributed: no coordinator given and not on TPU; running single-process.")
 
@@ -178,6 +204,39 @@ def finalize(barrier_name: str = "podlab_finalize") -> None:
   if jax.distributed.is_initialized():
     logging.info("distributed: shutting down the JAX distributed runtime")
     jax.distributed.shutdown()
+
+
+@contextlib.contextmanager
+def fail_fast() -> Iterator[None]:
+  """Makes a process that fails in a multi-process run exit at once, so that the run ends quickly.
+
+  Without it, a Python exception on one host ends in JAX's exit-time shutdown barrier, which waits
+  (up to 5 minutes) for hosts that are themselves blocked in a collective waiting for the failed
+  one: the whole run hangs. Inside this context, an exception (or a non-zero `sys.exit`) in a run
+  of more than one process prints the traceback, flushes the logs and calls `os._exit` (exit code:
+  the `sys.exit` code, 130 for Ctrl-C, else 1). The launcher's fail-fast (launch/local.sh,
+  launch/pod.sh) then stops the other processes, and without a launcher the coordination service
+  terminates them within the heartbeat timeout. Single-process runs re-raise unchanged.
+  """
+  try:
+    yield
+  except BaseException as e:  # pylint: disable=broad-except
+    if jax.process_count() <= 1 or (isinstance(e, SystemExit) and not e.code):
+      raise
+    if isinstance(e, SystemExit):
+      code = e.code if isinstance(e.code, int) else 1
+    elif isinstance(e, KeyboardInterrupt):
+      code = 130
+    else:
+      code = 1
+      traceback.print_exc()
+    logging.error("process %d of %d failed (%s: %s); exiting now with code %d. The other processes "
+                  "are stopped by the launcher, or by the runtime within the heartbeat timeout.",
+                  jax.process_index(), jax.process_count(), type(e).__name__, e, code)
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
 
 
 def global_mesh() -> Mesh:

@@ -52,14 +52,14 @@ def main(argv):
   from experiments.trm import train  # imported after jax.distributed.initialize, which must come first
   workdir = _WORKDIR.value or default_workdir(config_flags.get_config_filename(flags.FLAGS["config"]))
   logging.info("workdir: %s", workdir)
-  try:
-    train.train_and_evaluate(_CONFIG.value, workdir)
-  except (config_utils.ConfigError, FileNotFoundError) as e:   # bad config / dataset not prepared
-    logging.error("%s", e)
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  finally:
-    distributed.finalize()
+  with distributed.fail_fast():   # multi-process: a failing host exits now instead of hanging
+    try:
+      train.train_and_evaluate(_CONFIG.value, workdir)
+    except (config_utils.ConfigError, FileNotFoundError) as e:   # bad config / dataset not prepared
+      logging.error("%s", e)
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+  distributed.finalize()
 
 
 def dry_run():
