@@ -442,8 +442,16 @@ class DataSource:
                  process_count=process_count)
     datasets.make_config(source.name, kwargs)  # validate the knobs before anything is read
     if dataset_config.get("prepare_if_missing", False):
-      prepare.prepare(source.name, source.data_dir, kwargs,
-                      dataset_config.get("manual_dir", "") or None)
+      manual_dir = dataset_config.get("manual_dir", "") or None
+      import jax  # pylint: disable=g-import-not-at-top
+      if jax.process_count() > 1:
+        # Process 0 prepares first and the others wait: with a shared data_dir (gs://) they then
+        # find it prepared; with per-host local dirs each prepares its own copy after the barrier.
+        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+        if jax.process_index() == 0:
+          prepare.prepare(source.name, source.data_dir, kwargs, manual_dir)
+        multihost_utils.sync_global_devices(f"podlab_prepare_{source.name}")
+      prepare.prepare(source.name, source.data_dir, kwargs, manual_dir)
     return source
 
   def metadata(self) -> dict:

@@ -5,7 +5,8 @@ renames it to `<version>/` only after every split and `dataset_info.json` are wr
 leaves no half-written dataset behind (only an `.incomplete*` folder, which is never read); a second
 call finds the version folder and does nothing. Two processes preparing the same config at the same
 time race on the final rename; the loser finds the winner's (identical, deterministic) dataset and
-uses it. In a multi-host job on a shared data dir, still prefer preparing once beforehand.
+uses it. In a multi-host job `pipeline.DataSource.from_config` lets process 0 prepare first and the
+others wait at a barrier, so a shared data dir (gs://) is written once.
 
 Synopsis:
   python -m input_pipeline.prepare --dataset=sudoku_generated --data_dir=/tmp/tfds
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Mapping, Optional
 
 from absl import app
@@ -44,6 +46,8 @@ def prepare(dataset_name: str, data_dir: str | os.PathLike,
   if builder.is_prepared():
     logging.info("%s already prepared in %s", builder.info.full_name, builder.data_dir)
     return builder
+  if not sys.stderr.isatty():
+    tfds.disable_progress_bar()    # carriage-return progress bars garble log files and pod output
   download_config = tfds.download.DownloadConfig(
       manual_dir=None if manual_dir is None else os.fspath(manual_dir),
       try_download_gcs=False,
