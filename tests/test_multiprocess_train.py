@@ -1,20 +1,48 @@
-"""The pmapped TRM train step gives the same result on 2 processes x 2 devices as on 1 process x 4.
+"""The pmapped TRM train and eval steps give the same result on 1 x 1, 1 x 4 and 2 x 2 devices.
 
-Both layouts run tests/_mp_train_worker.py in subprocesses (this test process already has 4 fake
-devices from conftest.py and cannot start a distributed runtime) on the same global batches, with the
-puzzle embedding on: gradients pmean'd over all devices of all hosts, the SignSGD row gradients and ids
-all-gathered across hosts (with ids repeated across hosts), metrics psummed.
+Three layouts (processes x devices per process) run tests/_mp_train_worker.py in subprocesses
+(this test process already has 4 fake devices from conftest.py and cannot start a distributed
+runtime), all at once, on the same global batches of 8, with the same seed and the puzzle embedding
+on: 1 x 1 (8 rows per device, every collective has one participant), 1 x 4 and 2 x 2 (2 rows per
+device; gradients pmean'd over all devices of all hosts, the SignSGD row gradients and ids
+all-gathered across hosts, with ids repeated across hosts, metrics psummed).
 
-The collectives are exact: the cross-host pmean/psum/all_gather give bit-identical results in both
-layouts, and so does the SignSGD table. The parameters are not bitwise equal: XLA's CPU code for one
-gradient (the channel-MLP down-projection weight) depends on the number of devices IN THE PROCESS
-(1 process x 2 devices matches 2 x 2 bitwise, 1 x 4 differs by ~1 ulp, with no collective involved),
-and AdamATan2 amplifies such ulps for entries whose gradients nearly cancel across steps (~2e-6 after 4
-steps at lr 2e-3). Parameters and EMA are therefore compared with an absolute tolerance of 1% of one
-learning-rate step; a real bug moves them far more (process 1 taking the wrong rows: ~1e-2).
+Tolerances, from measured differences (run with -s to print them):
+
+* 1 x 4 vs 2 x 2: the collectives are exact: the cross-host pmean/psum/all_gather give bit-identical
+  results in both layouts, and so does the SignSGD table. The parameters are not bitwise equal: XLA's
+  CPU code for one gradient (the channel-MLP down-projection weight) depends on the number of devices
+  IN THE PROCESS (1 process x 2 devices matches 2 x 2 bitwise, 1 x 4 differs by ~1 ulp, with no
+  collective involved), and AdamATan2 amplifies such ulps for entries whose gradients nearly cancel
+  across steps (max |diff| ~1.7e-6 after 4 steps at lr 2e-3).
+* 1 x 1 vs the others: with 8 rows per device instead of 2, every float32 sum over the batch (the
+  gradient contraction over rows, the loss and metric sums) runs in a different order, and the pmean
+  over 4 devices becomes one sum over 8 rows, so gradients differ by a few ulps everywhere; AdamATan2
+  again turns near-cancelling entries into parameter differences of ~1e-6. The SignSGD table only
+  sees the sign of each id's summed row gradient and came out bit-identical in every pair (a flipped
+  sign would move an entry by 2 lr = 2e-2; it is compared to 1e-7).
+
+Parameters and EMA are compared with an absolute tolerance of 1% of one learning-rate step (2e-5) in
+every pair: a real bug moves them far more (process 1 taking the wrong rows: ~1e-2). Train metrics
+are float32 sums, measured within 4e-7 relative, compared to 2e-6; their integer-valued ones (counts)
+must match exactly.
+
+Evaluation (after training, on every host): the trainer's own data path (`DataSource.eval_batches`: a
+13-example test split cut per host by `tfds.split_for_jax_process` and padded to whole global batches
+of 8, the padding masked), `train.make_eval_step` pmapped as in train.py, and `train.evaluate`, with
+the EMA weights (what the trainer reports) and with the raw weights. In every layout `count` must be
+exactly 13 although 16 rows were fed, the hosts must have evaluated disjoint rows that cover the
+split, and the ratios must agree across layouts and with a direct computation on the 13 real
+examples (one unpadded batch, no pmap, no hosts) to 2e-6 relative: measured at most 2.4e-7, ~2
+float32 ulps (the evaluated weights differ by the parameter differences above, and the batch sums
+are float32 sums of different lengths). Exact accuracy, q-halt accuracy and steps are ratios of
+integer counts, compared exactly. The padding rows carry label -100, so they drop out of `count`
+even unmasked; what the mask guards is the q-halt loss: evaluating the same batches with the mask
+forced on gives q_halt_loss 1.16 instead of 0.0067 (measured), far outside the tolerance.
 
   .venv/bin/python -m pytest tests/test_multiprocess_train.py -q -s     # -s prints the differences
 """
+import itertools
 import os
 import pathlib
 import socket
@@ -27,12 +55,20 @@ import pytest
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO_ROOT / "tests" / "_mp_train_worker.py"
-TIMEOUT_S = 150                    # all workers together; they normally finish in well under a minute
+TIMEOUT_S = 300                    # all 4 workers together: 1-1.6 min on 2 (idle to busy) cores
+LAYOUTS = {"1x1": (1, 1), "1x4": (1, 4), "2x2": (2, 2)}   # name: (processes, devices per process)
+GLOBAL_BATCH = 8                   # the worker's
 ABSENT_IDS = (4, 7)                # never in the worker's batches
+EVAL_SIZE = 13                     # the worker's test split (not a multiple of GLOBAL_BATCH)
 RTOL = 1e-5
 ATOL_PARAMS = 2e-5                 # 1% of one step at the worker's lr 2e-3 (see the module doc)
+RTOL_METRICS = 2e-6                # float32 sums: measured <= 4e-7 relative
 ATOL_METRICS = 1e-7
+ATOL_TABLE = 1e-7                  # a sign flip moves an entry by 2e-2 (see the module doc)
+RTOL_EVAL = 2e-6                   # measured <= 2.4e-7 relative (see the module doc)
 COUNT_METRICS = ("count", "exact_accuracy", "q_halt_accuracy", "steps")   # integer sums: exact
+EVAL_PREFIXES = ("eval/", "eval_raw/")
+EVAL_EXACT = ("count", "exact_accuracy", "q_halt_accuracy", "steps")      # ratios of integers
 
 
 def _free_port() -> int:
@@ -86,56 +122,137 @@ def _max_diff(a, b, prefix):
              for k in keys)
 
 
-def _assert_close(a, b, prefix, what, atol):
+def _assert_close(a, b, prefix, what, atol, rtol=RTOL):
   names = a["param_names"]
   for k in sorted(k for k in a if k.startswith(prefix)):
     x, y = a[k], b[k]
     assert x.shape == y.shape and x.dtype == y.dtype, (what, k, x.shape, y.shape)
     label = names[int(k.split("/")[1])] if prefix in ("params/", "ema/") else k
     np.testing.assert_allclose(
-        x, y, rtol=RTOL, atol=atol,
+        x, y, rtol=rtol, atol=atol,
         err_msg=f"{what} {prefix}{label}: max |diff| {np.max(np.abs(x - y)):.3g} "
                 f"(overall max over {prefix}: {_max_diff(a, b, prefix):.3g})")
 
 
-def test_two_processes_train_like_one(tmp_path):
+def _check_eval(name, hosts):
+  """One layout's evaluation: each host evaluated its own real rows, padding excluded, same result."""
+  first = hosts[0]
+  processes = int(first["layout"][0])
+  assert len(hosts) == processes
+  # The hosts' real rows are disjoint and cover the split; padding rows were fed but not counted.
+  assert all(h["eval_index"].size for h in hosts), name      # every host had real rows
+  index = np.concatenate([h["eval_index"] for h in hosts])
+  assert sorted(index.tolist()) == list(range(EVAL_SIZE)), (name, [h["eval_index"] for h in hosts])
+  fed = sum(int(h["eval_host_rows"]) for h in hosts)
+  assert fed == int(first["eval_num_batches"]) * GLOBAL_BATCH > EVAL_SIZE, (name, fed)
+  for h in hosts:
+    assert int(h["eval_num_batches"]) == int(first["eval_num_batches"]), name
+    assert int(h["eval_num_examples"]) == EVAL_SIZE, name
+    np.testing.assert_array_equal(h["eval_inputs"], first["eval_inputs"], err_msg=name)
+    np.testing.assert_array_equal(h["eval_labels"], first["eval_labels"], err_msg=name)
+  assert first["eval_inputs"].shape[0] == EVAL_SIZE
+  for prefix in EVAL_PREFIXES:
+    # `count` is the number of real examples (13), not of the rows fed (16).
+    count = float(first[f"{prefix}count"])
+    assert count == EVAL_SIZE != fed, (name, prefix, count)
+    # psummed over all hosts: every host has the same metrics, bit for bit.
+    for h in hosts[1:]:
+      for k in (k for k in first if k.startswith(prefix)):
+        assert float(h[k]) == float(first[k]), (name, k, float(h[k]), float(first[k]))
+    # Equal to the direct computation on the real examples (no padding, no pmap).
+    direct = prefix.replace("eval", "direct")
+    assert float(first[f"{direct}count"]) == EVAL_SIZE
+    _assert_eval_equal(first, prefix, first, direct, f"{name} {prefix} vs direct")
+
+
+def _assert_eval_equal(a, prefix_a, b, prefix_b, what):
+  keys_a = sorted(k[len(prefix_a):] for k in a if k.startswith(prefix_a))
+  keys_b = sorted(k[len(prefix_b):] for k in b if k.startswith(prefix_b))
+  assert keys_a == keys_b and "count" in keys_a and "lm_loss" in keys_a, (what, keys_a, keys_b)
+  for k in keys_a:
+    x, y = float(a[prefix_a + k]), float(b[prefix_b + k])
+    if k in EVAL_EXACT:
+      assert x == y, (what, k, x, y)
+    else:
+      assert np.isfinite(x) and abs(x - y) <= RTOL_EVAL * abs(y), (what, k, x, y, abs(x - y))
+
+
+def _eval_diff(a, b, prefix, prefix_b=None):
+  """max |a[prefix k] - b[prefix_b k]| over the evaluation metrics k (prefix_b: default prefix)."""
+  prefix_b = prefix_b or prefix
+  return max(abs(float(a[k]) - float(b[prefix_b + k[len(prefix):]]))
+             for k in a if k.startswith(prefix))
+
+
+def test_layouts_train_and_evaluate_alike(tmp_path):
   start = time.monotonic()
-  one_path, two_path = tmp_path / "1x4.npz", tmp_path / "2x2.npz"
-  procs = [("1x4 p0", p) for p in _launch(1, 4, one_path, tmp_path)]
-  procs += [(f"2x2 p{i}", p) for i, p in enumerate(_launch(2, 2, two_path, tmp_path))]
+  paths = {name: tmp_path / f"{name}.npz" for name in LAYOUTS}
+  procs = []
+  for name, (processes, devices) in LAYOUTS.items():
+    procs += [(f"{name} p{i}", p) for i, p in enumerate(_launch(processes, devices, paths[name],
+                                                                   tmp_path))]
   _wait_all(procs)
-  one, two = _load(one_path), _load(two_path)
-  two_p1 = _load(f"{two_path}.process1.npz")
+  took = time.monotonic() - start
+  runs = {name: [_load(path)] + [_load(f"{path}.process{p}.npz")
+                                 for p in range(1, LAYOUTS[name][0])]
+          for name, path in paths.items()}
+  res = {name: hosts[0] for name, hosts in runs.items()}
 
-  # Same inputs and structure in both layouts.
-  np.testing.assert_array_equal(one["batch_ids"], two["batch_ids"])
-  np.testing.assert_array_equal(one["param_names"], two["param_names"])
-  assert int(one["sign_count"]) == int(two["sign_count"]) == one["batch_ids"].shape[0]
+  # Same inputs and structure in every layout; the split of the global batch is the intended one.
+  for name, (processes, devices) in LAYOUTS.items():
+    np.testing.assert_array_equal(res[name]["layout"],
+                                  [processes, devices, GLOBAL_BATCH // (processes * devices)])
+    np.testing.assert_array_equal(res[name]["batch_ids"], res["1x4"]["batch_ids"])
+    np.testing.assert_array_equal(res[name]["param_names"], res["1x4"]["param_names"])
+    np.testing.assert_array_equal(res[name]["eval_inputs"], res["1x4"]["eval_inputs"])
+    np.testing.assert_array_equal(res[name]["eval_labels"], res["1x4"]["eval_labels"])
+    assert int(res[name]["sign_count"]) == res[name]["batch_ids"].shape[0]
 
-  diffs = {p: _max_diff(one, two, p) for p in ("params/", "ema/", "puzzle_table", "metric/")}
+  pairs = list(itertools.combinations(LAYOUTS, 2))
+  print()
+  for a, b in pairs:
+    diffs = {p: _max_diff(res[a], res[b], p)
+             for p in ("params/", "ema/", "puzzle_table", "metric/")}
+    diffs.update({p: _eval_diff(res[a], res[b], p) for p in EVAL_PREFIXES})
+    print(f"max |{a} - {b}|: " + ", ".join(f"{k} {v:.3g}" for k, v in diffs.items()))
+  for name in LAYOUTS:
+    print(f"max |{name} eval - direct|: " + ", ".join(
+        f"{p} {_eval_diff(res[name], res[name], p, p.replace('eval', 'direct')):.3g}"
+        for p in EVAL_PREFIXES))
+  two, two_p1 = runs["2x2"]
   host_diffs = {p: _max_diff(two, two_p1, p) for p in ("params/", "ema/", "puzzle_table")}
-  print(f"\nmax |1x4 - 2x2|: {diffs}; max |2x2 process 0 - process 1|: {host_diffs}; "
-        f"workers took {time.monotonic() - start:.1f}s")
+  print(f"max |2x2 process 0 - process 1|: {host_diffs}; eval: "
+        + ", ".join(f"{k} {float(v):.6g}" for k, v in res["1x4"].items() if k.startswith("eval/"))
+        + f"; workers took {took:.1f}s")
 
   # The puzzle table: sign updates, equal up to rounding.
-  table_one, table_two = one["puzzle_table"], two["puzzle_table"]
-  np.testing.assert_allclose(table_two, table_one, rtol=0, atol=1e-7,
-                             err_msg=f"puzzle tables differ: max |diff| {diffs['puzzle_table']:.3g}")
-  # Not vacuous: every id that occurred was updated, the others were not touched.
-  present = sorted(set(one["batch_ids"].reshape(-1).tolist()))
+  present = sorted(set(res["1x4"]["batch_ids"].reshape(-1).tolist()))
   assert not set(present) & set(ABSENT_IDS), present
-  for table in (table_one, table_two):
-    assert np.all(np.any(table[present] != 0, axis=1)), table[present]
-    assert np.all(table[list(ABSENT_IDS)] == 0), table[list(ABSENT_IDS)]
+  for name in LAYOUTS:
+    table = res[name]["puzzle_table"]
+    # Not vacuous: every id that occurred was updated, the others were not touched.
+    assert np.all(np.any(table[present] != 0, axis=1)), (name, table[present])
+    assert np.all(table[list(ABSENT_IDS)] == 0), (name, table[list(ABSENT_IDS)])
 
-  _assert_close(two, one, "params/", "2x2 vs 1x4", ATOL_PARAMS)
-  _assert_close(two, one, "ema/", "2x2 vs 1x4", ATOL_PARAMS)
-  _assert_close(two, one, "metric/", "2x2 vs 1x4", ATOL_METRICS)
-  for name in COUNT_METRICS:
-    np.testing.assert_array_equal(two[f"metric/{name}"], one[f"metric/{name}"], err_msg=name)
-  # Halted rows were counted (psum over both hosts; halt_max_steps 2: every slot halts by step 2).
-  assert np.sum(two["metric/count"][:2]) >= 8, two["metric/count"]
-  assert np.all(np.isfinite(two["metric/lm_loss"])), two["metric/lm_loss"]
+  for a, b in pairs:
+    what = f"{b} vs {a}"
+    np.testing.assert_allclose(
+        res[b]["puzzle_table"], res[a]["puzzle_table"], rtol=0, atol=ATOL_TABLE,
+        err_msg=f"{what}: puzzle tables differ: max |diff| "
+                f"{_max_diff(res[a], res[b], 'puzzle_table'):.3g}")
+    _assert_close(res[b], res[a], "params/", what, ATOL_PARAMS)
+    _assert_close(res[b], res[a], "ema/", what, ATOL_PARAMS)
+    _assert_close(res[b], res[a], "metric/", what, ATOL_METRICS, rtol=RTOL_METRICS)
+    for name in COUNT_METRICS:
+      np.testing.assert_array_equal(res[b][f"metric/{name}"], res[a][f"metric/{name}"],
+                                    err_msg=f"{what}: {name}")
+    for prefix in EVAL_PREFIXES:
+      _assert_eval_equal(res[b], prefix, res[a], prefix, f"{what} {prefix}")
+  for name in LAYOUTS:
+    # Halted rows were counted (psum over all devices; halt_max_steps 2: all slots halt by step 2).
+    assert np.sum(res[name]["metric/count"][:2]) >= GLOBAL_BATCH, (name, res[name]["metric/count"])
+    assert np.all(np.isfinite(res[name]["metric/lm_loss"])), (name, res[name]["metric/lm_loss"])
+    _check_eval(name, runs[name])
   # The two hosts of the 2 x 2 run hold the same replicated state, bit for bit.
   for k in sorted(k for k in two if k.startswith(("params/", "ema/", "puzzle_table"))):
     np.testing.assert_array_equal(two_p1[k], two[k], err_msg=f"2x2 process 1 vs process 0: {k}")
