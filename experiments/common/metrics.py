@@ -47,6 +47,23 @@ class SumAccumulator:
         lambda a, b: a + b, self._sums, dict(values))
     self.num_steps += 1
 
+  def state(self, keys: Iterable[str]) -> Dict[str, Any]:
+    """The running window as host values, to save in a checkpoint: {"sums": {k: float32 scalar for
+    each of `keys` (0 when nothing was added)}, "steps": int32}. Reads the device values."""
+    host = {} if self._sums is None else parallel.unreplicate(self._sums)
+    sums = {}
+    for k in keys:
+      v = host.get(k)
+      sums[k] = np.float32(0.0) if v is None else np.asarray(v, np.float32).reshape(-1)[0]
+    return {"sums": sums, "steps": np.int32(self.num_steps)}
+
+  def restore(self, state: Mapping[str, Any], local_device_count: int) -> None:
+    """Continues a window saved by `state()`: the next `pop()` gives what it would have given had
+    the run not been interrupted (same float32 additions in the same order)."""
+    self.num_steps = int(state["steps"])
+    self._sums = None if self.num_steps == 0 else {
+        k: np.full((local_device_count,), v, np.float32) for k, v in state["sums"].items()}
+
   def pop(self) -> Dict[str, float]:
     """Host floats of the sums so far (replicated/per-device values are read once), then resets."""
     if self._sums is None:

@@ -57,6 +57,14 @@ def unreplicate(tree: Any) -> Any:
   return jax.tree.map(one, tree)
 
 
+def first_local(x: Any) -> np.ndarray:
+  """Host copy of the first local device's part of `x` (a per-device output keeps its length-1
+  device axis); no cross-device gather, unlike `x[0]`."""
+  if isinstance(x, jax.Array):
+    return np.asarray(x.addressable_shards[0].data)
+  return np.asarray(x)
+
+
 def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_axes: Any = 0,
               donate_argnums: Sequence[int] = ()) -> Callable[..., Any]:
   """`jax.pmap(fn)` over local devices with axis name `AXIS`.
