@@ -41,18 +41,22 @@ evaluator).
 
 A checkpoint that is complete but unreadable (files deleted or truncated, a different pytree
 structure or shapes than the templates, a different device topology) raises `CheckpointError`
-naming the checkpoint path.
+naming the checkpoint path; `restore_latest(..., fallback=True)` moves it aside instead and resumes
+from the previous one.
 """
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Optional
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 import numpy as np
 import orbax.checkpoint as ocp
+import tensorflow as tf
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
 from experiments.common import distributed
@@ -164,8 +168,8 @@ class CheckpointManager:
     Args:
       directory: local path (made absolute) or a `gs://` URL.
       max_to_keep: newest checkpoints kept; older ones are deleted. None keeps all.
-      save_interval_steps: `save` writes only when `step % save_interval_steps == 0` (or `force`,
-        or at a preemption sync point JAX signals on TPU).
+      save_interval_steps: `save` writes only when `step % save_interval_steps == 0` (or `force`:
+        final and preemption saves).
       enable_async: write in a background thread; `save` returns once arrays are copied to host.
       cleanup_tmp_directories: delete leftover tmp dirs of interrupted saves on start-up.
     """
@@ -181,10 +185,9 @@ class CheckpointManager:
     self._mesh = distributed.global_mesh()
     self._sharding = NamedSharding(self._mesh, PartitionSpec(distributed.MESH_AXIS))
     options = ocp.CheckpointManagerOptions(
-        save_decision_policy=ocp_policies.AnySavePolicy([
-            ocp_policies.FixedIntervalPolicy(save_interval_steps),
-            ocp_policies.PreemptionCheckpointingPolicy(),
-        ]),
+        # Preemption saves are forced by the trainer (experiments.common.preemption), which
+        # agrees on the step across hosts; orbax's own preemption policy would race with it.
+        save_decision_policy=ocp_policies.FixedIntervalPolicy(save_interval_steps),
         preservation_policy=ocp_policies.LatestN(n=max_to_keep),
         enable_async_checkpointing=enable_async,
         cleanup_tmp_directories=cleanup_tmp_directories,
@@ -346,6 +349,73 @@ class CheckpointManager:
       self._check_shapes(path, _PER_DEVICE, per_device, pd_specs)
     logging.info("checkpointing: restored step %d from %s", step, path)
     return step, replicated, per_device
+
+  def restore_latest(
+      self,
+      *,
+      replicated_like: PyTree,
+      per_device_like: PyTree,
+      fallback: bool = False,
+  ) -> Optional[tuple[int, PyTree, Optional[PyTree]]]:
+    """`restore()` of the newest complete checkpoint; None when there is none.
+
+    When the newest one cannot be restored (corrupt, truncated, wrong structure), raises
+    CheckpointError naming it, unless `fallback`: then that checkpoint is moved aside to
+    `<step>.unreadable-<time>` (kept for inspection, ignored from then on, so a restart never
+    loops on it) and the previous one is tried, and so on.
+    """
+    self._manager.wait_until_finished()
+    self._manager.reload()
+    steps = self.all_steps()
+    for step in reversed(steps):
+      result, error = None, None
+      try:
+        result = self.restore(step, replicated_like=replicated_like,
+                              per_device_like=per_device_like)
+      except CheckpointError as e:
+        error = e
+      if jax.process_count() > 1:   # every host must agree, or they would resume differently
+        ok = np.asarray(multihost_utils.process_allgather(np.int32(error is None))).reshape(-1)
+        if error is None and not ok.all():
+          error = CheckpointError(
+              f"checkpoint {_step_dir(self._directory, step)} could not be restored on "
+              f"process(es) {np.flatnonzero(ok == 0).tolist()} (see their logs).")
+      if error is None:
+        return result
+      if not fallback:
+        raise CheckpointError(
+            f"{error} To resume from the previous checkpoint instead, enable the fallback "
+            "(trainers: --config.restore_fallback=True), which moves this one aside.") from error
+      aside = self._set_aside(step)
+      logging.warning("checkpointing: %s; moved it aside to %s and trying the previous one", error,
+                      aside)
+    if steps:
+      raise CheckpointError(
+          f"none of the checkpoints {steps} in {self._directory} could be restored; all were moved "
+          "aside (*.unreadable-*). Fix: inspect them, or rerun to start from scratch.")
+    return None
+
+  def _set_aside(self, step: int) -> str:
+    """Renames checkpoint `step` to `<step>.unreadable-<unix time>` (process 0; all wait)."""
+    src = _step_dir(self._directory, step)
+    stamp = int(time.time())
+    if jax.process_count() > 1:
+      stamp = int(multihost_utils.broadcast_one_to_all(np.int32(stamp)))
+    dest = f"{src}.unreadable-{stamp}"
+    if jax.process_index() == 0:
+      if _is_url(src):      # object stores have no directory rename: copy, then delete
+        for root, _, files in tf.io.gfile.walk(src):
+          rel = root[len(src):].lstrip("/")
+          tf.io.gfile.makedirs(f"{dest}/{rel}" if rel else dest)
+          for name in files:
+            tf.io.gfile.copy(f"{root}/{name}", f"{dest}/{rel}/{name}" if rel else f"{dest}/{name}")
+        tf.io.gfile.rmtree(src)
+      else:
+        os.rename(src, dest)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"podlab_set_aside_{step}")
+    self._manager.reload()
+    return dest
 
   @staticmethod
   def _to_local(x: jax.Array) -> np.ndarray:
