@@ -45,6 +45,31 @@ class ConfigError(ValueError):
     super().__init__(f"config.{field}={value!r}: {problem}. Fix: {fix}")
 
 
+class WorkdirError(ValueError):
+  """The --workdir cannot be created or written; the message names it and the fix."""
+
+
+def check_workdir(workdir: str) -> None:
+  """Creates `workdir` (local path or gs://...) and proves it is writable, before any compute.
+
+  Writes and deletes a small probe file (per process, so every host checks its own access).
+  Raises WorkdirError with the path, the underlying error and the fix.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy; only trainers need it)
+  import jax  # pylint: disable=g-import-not-at-top
+  probe = f"{workdir.rstrip('/')}/.podlab-write-probe-{jax.process_index()}"
+  try:
+    tf.io.gfile.makedirs(workdir)
+    with tf.io.gfile.GFile(probe, "w") as f:
+      f.write("ok")
+    tf.io.gfile.remove(probe)
+  except (tf.errors.OpError, OSError) as e:
+    message = getattr(e, "message", None) or str(e)
+    raise WorkdirError(
+        f"--workdir={workdir!r}: cannot write there ({type(e).__name__}: {message.strip()}). Fix: "
+        "pass a writable local path or a gs:// bucket path you can write to") from None
+
+
 def _split_config_value(value: str) -> tuple[str, str]:
   """`'path.py:arg'` -> `('path.py', ':arg')`, splitting at the first ':' as config_flags does."""
   path, sep, arg = value.partition(":")

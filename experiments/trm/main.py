@@ -49,17 +49,31 @@ def main(argv):
     dry_run()
     return
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  from experiments.trm import train  # imported after jax.distributed.initialize, which must come first
+  # Imported after jax.distributed.initialize, which must come first.
+  from experiments.common import checkpointing  # pylint: disable=g-import-not-at-top
+  from experiments.trm import train  # pylint: disable=g-import-not-at-top
   workdir = _WORKDIR.value or default_workdir(config_flags.get_config_filename(flags.FLAGS["config"]))
   logging.info("workdir: %s", workdir)
+  preempted = None
   with distributed.fail_fast():   # multi-process: a failing host exits now instead of hanging
     try:
       train.train_and_evaluate(_CONFIG.value, workdir)
-    except (config_utils.ConfigError, FileNotFoundError) as e:   # bad config / dataset not prepared
+    except (config_utils.ConfigError, config_utils.WorkdirError, FileNotFoundError,
+            checkpointing.CheckpointError) as e:   # bad config/workdir/dataset/checkpoint
       logging.error("%s", e)
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
+    except train.NonFiniteError as e:
+      logging.error("%s", e)
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(3)
+    except train.Preempted as e:   # every host stopped after the same step and saved it
+      logging.warning("%s", e)
+      print(str(e), file=sys.stderr, flush=True)
+      preempted = e
   distributed.finalize()
+  if preempted is not None:
+    sys.exit(preempted.exit_code)
 
 
 def dry_run():

@@ -40,6 +40,7 @@ from experiments.common import config_utils
 from experiments.common import metrics as metrics_lib
 from experiments.common import optim
 from experiments.common import parallel
+from experiments.common import preemption
 from experiments.trm import losses
 from experiments.trm.configs import base as base_config
 from input_pipeline import pipeline
@@ -86,6 +87,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             "set --config.eval_every_steps=N or --config.eval_interval_epochs=N")
   if not 0.0 <= config.ema_rate < 1.0:
     raise E("ema_rate", config.ema_rate, "must be in [0, 1)", "use 0.999 (the reference)")
+  if config.nonfinite not in ("stop", "skip", "continue"):
+    raise E("nonfinite", config.nonfinite, "must be 'stop', 'skip' or 'continue'",
+            "use 'stop' (default: end the run at the first NaN/Inf step, keeping the last checkpoint)")
   if config.eval_subset < 0:
     raise E("eval_subset", config.eval_subset, "must be >= 0", "use 0 (full test set) or a size")
 
@@ -162,6 +166,7 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
   cfg = model.config
 
   def train_step(state: TrainState, carry: trm.ACTCarry, batch, device_index):
+    old_carry = carry
     step = state.step + 1                                        # 1-based optimizer step
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), step), device_index)
     carry = trm.act_reset(carry, batch, *model.latents(state.model_state))
@@ -183,14 +188,30 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
     updates, opt_state = adam.update(g_params, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     table, sign_state = state.puzzle_table, state.sign_state
+    rows_finite = jnp.array(True)
     if rows is not None:
       ids, grads = optim.all_gather_rows(data["puzzle_identifiers"], g_rows, parallel.AXIS)
       table, sign_state = sign.update(table, ids, grads, sign_state)
+      rows_finite = jnp.all(jnp.isfinite(grads))                 # gathered: same on every device
     ema = optim.ema_update(state.ema, params, config.ema_rate) if config.ema else params
     sums = jax.lax.psum(sums, parallel.AXIS)
     sums["grad_norm"] = optax.global_norm(g_params)
+    # Identical on every device (psummed / pmeaned / gathered values), so every device decides alike.
+    metrics_finite = (jnp.isfinite(sums["lm_loss"]) & jnp.isfinite(sums["q_halt_loss"])
+                      & jnp.isfinite(sums["grad_norm"]) & rows_finite)
+    # A finite loss and gradient can still overflow the update (e.g. a huge learning rate).
+    state_finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(
+        (params, opt_state, table))]))
+    finite = metrics_finite & state_finite
+    sums["nonfinite_steps"] = 1.0 - finite.astype(jnp.float32)
+    sums["nonfinite_state"] = 1.0 - state_finite.astype(jnp.float32)
     new_state = TrainState(step=step, params=params, opt_state=opt_state, ema=ema,
                            puzzle_table=table, sign_state=sign_state, model_state=state.model_state)
+    if config.nonfinite == "skip":
+      # Drop the update: everything but the step counter (data and RNG are step-indexed) stays.
+      keep = lambda new, old: jnp.where(finite, new, old)   # pylint: disable=unnecessary-lambda-assignment
+      new_state = jax.tree.map(keep, new_state, state._replace(step=step))
+      carry = jax.tree.map(keep, carry, old_carry)
     return new_state, carry, sums
 
   return train_step
@@ -265,10 +286,74 @@ def _flat_hparams(config: ml_collections.ConfigDict) -> Dict[str, Any]:
   return out
 
 
+class Preempted(Exception):
+  """The run stopped early on a signal after saving a checkpoint; rerunning the command resumes."""
+
+  def __init__(self, step: int, signal_name: str, checkpoint_dir: str):
+    self.step, self.signal_name, self.checkpoint_dir = step, signal_name, checkpoint_dir
+    self.exit_code = preemption.EXIT_CODES.get(signal_name, 143)
+    super().__init__(f"preempted by {signal_name} after step {step}: checkpoint {step} saved in "
+                     f"{checkpoint_dir}. Rerun the same command to resume from it.")
+
+
+class NonFiniteError(RuntimeError):
+  """A training step produced a NaN/Inf loss or gradient (config.nonfinite = "stop")."""
+
+
+# Order in which a non-finite step's metrics are named (the first non-finite one is reported).
+_NONFINITE_ORDER = ("lm_loss", "q_halt_loss", "grad_norm")
+
+
+def check_finite(step: int, sums: Dict[str, Any], *, config: ml_collections.ConfigDict,
+                 ckpt: checkpointing.CheckpointManager) -> None:
+  """Raises NonFiniteError naming the step and the first non-finite metric (nonfinite = "stop")."""
+  if config.nonfinite != "stop":
+    return
+  flag = float(np.asarray(parallel.first_local(sums["nonfinite_steps"])).reshape(-1)[0])
+  if flag == 0.0:
+    return
+  host = {k: float(np.asarray(parallel.first_local(v)).reshape(-1)[0]) for k, v in sums.items()}
+  names = [k for k in _NONFINITE_ORDER if not math.isfinite(host.get(k, 0.0))]
+  if names:
+    what = f"{names[0]} = {host[names[0]]}"
+  elif host.get("nonfinite_state", 0.0):
+    what = ("the updated parameters, optimizer state or puzzle table (loss and gradient were "
+            "finite: the update overflowed)")
+  else:
+    what = "the puzzle-embedding row gradients (SignSGD) are not finite"
+  ckpt.wait_until_finished()       # an earlier (good) save still in flight completes first
+  steps = ckpt.all_steps()
+  last = (f"the last good checkpoint is step {steps[-1]} in {ckpt.directory}" if steps
+          else f"no checkpoint was saved yet in {ckpt.directory}")
+  raise NonFiniteError(
+      f"step {step}: non-finite training metric: {what}. Stopped without saving; {last}. Fix: lower "
+      "the learning rate or check the data, or set --config.nonfinite=skip to skip such steps "
+      "(--config.nonfinite=continue keeps going, as the reference does).")
+
+
+TRAIN_METRICS = ("accuracy", "count", "exact_accuracy", "grad_norm", "lm_loss", "nonfinite_state",
+                 "nonfinite_steps", "q_halt_accuracy", "q_halt_loss", "steps")
+"""The metric sums a train step returns (saved with the running log window in checkpoints)."""
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, Dict[str, float]]:
-  """Trains TRM as configured, evaluates with the EMA weights, returns the final evaluation table."""
+  """Trains TRM as configured, evaluates with the EMA weights, returns the final evaluation table.
+
+  Raises:
+    Preempted: SIGTERM/SIGINT (from the start on, compilation included): the run finished its
+      current step, saved a checkpoint of it and stopped; the same call resumes.
+    NonFiniteError: a NaN/Inf loss or gradient with config.nonfinite = "stop".
+    config_utils.ConfigError, config_utils.WorkdirError, FileNotFoundError (dataset not prepared),
+    checkpointing.CheckpointError: bad input, named with the fix, before any compute.
+  """
+  with preemption.PreemptionGuard() as guard:
+    return _train_and_evaluate(config, workdir, guard)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                        guard: preemption.PreemptionGuard) -> Dict[str, Dict[str, float]]:
   validate_config(config)
-  tf.io.gfile.makedirs(workdir)
+  config_utils.check_workdir(workdir)
   n_local, per_device_batch = _check_devices(config)
   ds = config.dataset
   data = pipeline.DataSource.from_config(ds, seed=config.seed)
@@ -284,13 +369,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   state = init_state(model, adam, sign, config.seed)
   carry = jax.tree.map(lambda x: np.stack([np.asarray(x)] * n_local),
                        model.initial_carry(model.example_batch(per_device_batch)))
+  acc = metrics_lib.SumAccumulator()
   ckpt = checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints"),
                                          max_to_keep=config.keep_checkpoints,
                                          save_interval_steps=config.checkpoint_every_steps,
                                          enable_async=config.async_checkpoints)
-  restored = ckpt.restore(replicated_like=state, per_device_like=carry)
+  restored = ckpt.restore_latest(
+      replicated_like={"state": state, "window": acc.state(TRAIN_METRICS)}, per_device_like=carry,
+      fallback=config.restore_fallback)
   if restored is not None:
-    start_step, state, carry = restored
+    start_step, saved, carry = restored
+    state = saved["state"]
+    acc.restore(saved["window"], n_local)
     logging.info("Resumed from %s at step %d", ckpt.directory, start_step)
   else:
     start_step = 0
@@ -313,7 +403,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
                                            every_steps=config.log_every_steps)]
   train_iter = data.train_iterator(global_batch_size=config.global_batch_size,
                                    local_device_count=n_local, start_step=start_step)
-  acc = metrics_lib.SumAccumulator()
 
   def run_eval(step: int, full: bool) -> Dict[str, float]:
     subset = 0 if full else config.eval_subset
@@ -325,28 +414,51 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
                  {k: round(v, 4) for k, v in results.items()})
     return results
 
+  def write_train_metrics(step: int) -> None:
+    n = acc.num_steps
+    sums = acc.pop()
+    grad_norm = sums.pop("grad_norm", 0.0) / max(n, 1)
+    scalars = metrics_lib.ratios(sums, count_key="count", ratio_keys=RATIO_METRICS,
+                                 divisors={k: config.global_batch_size * n for k in LOSS_METRICS},
+                                 prefix="train/")
+    scalars["train/grad_norm"] = grad_norm
+    scalars["train/nonfinite_steps"] = sums.get("nonfinite_steps", 0.0)
+    scalars["train/lr"] = float(optim.warmup_cosine_lr(step, config.lr, config.lr_warmup_steps,
+                                                       total_steps, config.lr_min_ratio))
+    writer.write_scalars(step, scalars)
+
+  def save(step: int, force: bool) -> bool:
+    return ckpt.save(step, replicated={"state": state, "window": acc.state(TRAIN_METRICS)},
+                     per_device=carry, force=force)
+
+  guard_nonfinite = functools.partial(check_finite, config=config, ckpt=ckpt)
   logging.info("Training from step %d to %d", start_step, total_steps)
+  pending = None                        # (step, metric sums): checked one step late (no sync stall)
   for step in range(start_step + 1, total_steps + 1):
     batch = parallel.shard(_model_batch(next(train_iter)))
     state, carry, sums = p_train_step(state, carry, batch, device_index)
+    if pending is not None:
+      guard_nonfinite(*pending)
+    pending = (step, sums)
     acc.add(sums)
     for hook in hooks:
       hook(step)
     if step % config.log_every_steps == 0 or step == total_steps:
-      n = acc.num_steps
-      sums = acc.pop()
-      grad_norm = sums.pop("grad_norm", 0.0) / max(n, 1)
-      scalars = metrics_lib.ratios(sums, count_key="count", ratio_keys=RATIO_METRICS,
-                                   divisors={k: config.global_batch_size * n for k in LOSS_METRICS},
-                                   prefix="train/")
-      scalars["train/grad_norm"] = grad_norm
-      scalars["train/lr"] = float(optim.warmup_cosine_lr(step, config.lr, config.lr_warmup_steps,
-                                                         total_steps, config.lr_min_ratio))
-      writer.write_scalars(step, scalars)
+      guard_nonfinite(*pending)
+      write_train_metrics(step)
     if step % eval_every == 0 and step != total_steps:
+      guard_nonfinite(*pending)
       run_eval(step, full=config.eval_subset == 0)
     if step % config.checkpoint_every_steps == 0 or step == total_steps:
-      ckpt.save(step, replicated=state, per_device=carry, force=step == total_steps)
+      guard_nonfinite(*pending)       # never save a non-finite state
+      save(step, force=step == total_steps)
+    if step < total_steps and guard.should_stop(step):
+      guard_nonfinite(*pending)
+      save(step, force=True)
+      writer.flush()
+      ckpt.wait_until_finished()
+      ckpt.close()
+      raise Preempted(step, guard.signal_name, ckpt.directory)
 
   results: Dict[str, Dict[str, float]] = {}
   if config.final_eval and total_steps > 0:

@@ -77,6 +77,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 1000
   c.keep_checkpoints = 3
   c.async_checkpoints = True
+  c.restore_fallback = False      # podlab: newest checkpoint unreadable -> set aside, restore the previous
+  c.nonfinite = "stop"            # podlab: NaN/Inf loss or gradient: "stop" | "skip" the step | "continue"
 
   # Hardware. num_devices > 0 states the JAX device count the recipe was written for; a different
   # machine fails with a message saying how to override. devices_per_host > 0 lets
