@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.podlab-installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-slow run bench params clean-venv
+.PHONY: venv test test-slow run bench params faults clean-venv
 RUN_WORKDIR ?= workdirs/cpu_demo
 
 venv: $(STAMP)
@@ -39,6 +39,13 @@ BENCH_ARGS ?=
 # with BENCH_ARGS='--models=mlp --dtypes=bfloat16 --batches=64', smoke test with BENCH_ARGS=--quick.
 bench: $(STAMP)
 	$(PY) -m experiments.trm.bench $(BENCH_ARGS)
+
+FAULT_ARGS ?=
+# Fault injection: R trials of train -> SIGKILL (at a random step or during a checkpoint save) or
+# SIGTERM -> restart -> compare with an unbroken run; prints a table. Default 4 trials (~5 min here);
+# FAULT_ARGS='--trials=20', '--processes=2 --devices=2' for a 2-process run through launch/local.sh.
+faults: $(STAMP)
+	$(PY) -m experiments.trm.faults $(FAULT_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
