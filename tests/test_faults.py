@@ -25,17 +25,18 @@ from experiments.trm.configs import cpu_demo
 TOTAL = 12
 
 
-def _args(workdir, data_dir):
+EXTRA = [f"--config.total_steps={TOTAL}", "--config.log_every_steps=3", "--config.eval_every_steps=6"]
+
+
+def _cmd(workdir, data_dir, processes=1):
   """faults' training command with 12 steps, a checkpoint every 4 and a metric line every 3."""
-  return faults.train_args(str(workdir), str(data_dir)) + [
-      f"--config.total_steps={TOTAL}", "--config.log_every_steps=3", "--config.eval_every_steps=6"]
+  return faults.command(str(workdir), str(data_dir), processes, 2, str(workdir / "logs"), EXTRA)
 
 
 def test_kill_during_save_then_sigterm_then_resume_is_bitwise_identical(tmp_path):
-  import sys  # pylint: disable=g-import-not-at-top
   env = faults.environment(1, 2)
   data_dir = tmp_path / "tfds"
-  cmd = lambda w: [sys.executable, "-m", "experiments.trm.main"] + _args(w, data_dir)  # noqa: E731
+  cmd = lambda w: _cmd(w, data_dir)  # noqa: E731
   ref = faults.run(cmd(tmp_path / "ref"), env, log_path=str(tmp_path / "ref.log"))
   assert ref.returncode == 0, ref.output[-3000:]
   reference = faults.replicated_state(str(tmp_path / "ref"), TOTAL)
@@ -196,3 +197,30 @@ def test_unwritable_workdir_fails_before_anything_is_compiled(tmp_path):
 def test_nonfinite_option_is_validated(tmp_path):
   with pytest.raises(config_utils.ConfigError, match=r"config.nonfinite='ignore'.*'stop', 'skip'"):
     train.validate_config(_smoke(tmp_path, nonfinite="ignore"))
+
+
+def test_two_process_sigterm_stops_every_host_at_one_step_and_resumes_exactly(tmp_path):
+  """2 processes x 2 devices through launch/local.sh: SIGTERM reaches process 0 only; JAX's
+  preemption service makes both stop after the same step and save it; the rerun ends bitwise equal
+  to an unbroken 2 x 2 run."""
+  env = faults.environment(2, 2)
+  data_dir = tmp_path / "tfds"
+
+  cmd = lambda w: _cmd(w, data_dir, processes=2)  # noqa: E731
+
+  ref = faults.run(cmd(tmp_path / "ref"), env, log_path=str(tmp_path / "ref.log"))
+  assert ref.returncode == 0, ref.output[-3000:]
+  work = tmp_path / "run"
+  first = faults.run(cmd(work), env, kill_at_step=3, sig=signal.SIGTERM,
+                     log_path=str(tmp_path / "run1.log"),
+                     pid_file=str(work / "logs" / "state" / "worker-0.pid"))
+  assert first.returncode == 1, first.output[-3000:]          # local.sh: the processes exited 143
+  stops = [(work / "logs" / f"worker-{i}.log").read_text() for i in range(2)]
+  steps = [int(re.search(r"preempted by SIGTERM after step (\d+)", log).group(1)) for log in stops]
+  assert steps[0] == steps[1] >= 3, steps                      # the same step on both hosts
+  assert "exited with code 143" in first.output
+  assert max(faults.complete_steps(str(work))) == steps[0]
+  second = faults.run(cmd(work), env, log_path=str(tmp_path / "run2.log"))
+  assert second.returncode == 0 and second.resumed_from == steps[0], second.output[-3000:]
+  assert faults.same_arrays(faults.replicated_state(str(work), TOTAL),
+                            faults.replicated_state(str(tmp_path / "ref"), TOTAL))

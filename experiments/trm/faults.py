@@ -35,7 +35,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -58,11 +58,15 @@ def train_args(workdir: str, data_dir: str) -> List[str]:
           "--config.log_every_steps=1", "--config.eval_every_steps=12", "--config.keep_checkpoints=3"]
 
 
-def command(workdir: str, data_dir: str, processes: int, devices: int, log_dir: str) -> List[str]:
+def command(workdir: str, data_dir: str, processes: int, devices: int, log_dir: str,
+            extra: Sequence[str] = ()) -> List[str]:
+  """The user's command: python -m experiments.trm.main (or launch/local.sh for processes > 1)
+  with `train_args` and then `extra` (later flags override earlier ones)."""
+  args = train_args(workdir, data_dir) + list(extra)
   if processes == 1:
-    return [sys.executable, "-m", "experiments.trm.main"] + train_args(workdir, data_dir)
+    return [sys.executable, "-m", "experiments.trm.main"] + args
   return [os.path.join(REPO_ROOT, "launch", "local.sh"), "-n", str(processes), "-d", str(devices),
-          "--config", "", "--workdir", "", "--log-dir", log_dir, "--"] + train_args(workdir, data_dir)
+          "--config", "", "--workdir", "", "--log-dir", log_dir, "--"] + args
 
 
 def environment(processes: int, devices: int) -> Dict[str, str]:
