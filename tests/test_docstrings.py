@@ -6,7 +6,9 @@ import textwrap
 import pytest
 
 RUNNABLE = ["modules.layers", "modules.trm", "experiments.common.parallel",
-            "experiments.common.metrics", "experiments.common.optim", "experiments.trm.losses"]
+            "experiments.common.metrics", "experiments.common.optim", "experiments.common.preemption",
+            "input_pipeline.arc",
+            "experiments.trm.losses"]
 
 
 def synopsis(module_name: str) -> str:

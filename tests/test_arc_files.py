@@ -1,0 +1,68 @@
+"""input_pipeline.arc: the shipped ARC-AGI files read with the documented counts; malformed JSON is
+named with the file, the task id and the place."""
+import json
+
+import numpy as np
+import pytest
+
+from input_pipeline import arc
+
+# (set, tasks, test inputs) from ../shared/data/README.md.
+FACTS = [("training", 400, None), ("evaluation", 400, 419), ("concept", 160, 480),
+         ("training2", 1000, None), ("evaluation2", 120, 172)]
+
+
+@pytest.mark.parametrize("name, num_tasks, num_test", FACTS)
+def test_shipped_files_read_with_the_documented_counts(shared_data_dir, name, num_tasks, num_test):
+  tasks = arc.load_split(str(shared_data_dir / "arc"), name)
+  assert len(tasks) == num_tasks
+  if num_test is not None:
+    assert sum(len(t.test) for t in tasks.values()) == num_test
+  for task in tasks.values():
+    for pair in task.train + task.test:
+      for grid in (pair.input, pair.output):
+        assert grid.dtype == np.uint8 and grid.ndim == 2
+        assert 1 <= min(grid.shape) and max(grid.shape) <= 30 and grid.max() <= 9
+
+
+def _write(tmp_path, challenges, solutions=None):
+  (tmp_path / "arc-agi_x_challenges.json").write_text(
+      challenges if isinstance(challenges, str) else json.dumps(challenges))
+  if solutions is not None:
+    (tmp_path / "arc-agi_x_solutions.json").write_text(json.dumps(solutions))
+
+
+GOOD = {"train": [{"input": [[1, 2]], "output": [[2, 1]]}], "test": [{"input": [[0]]}]}
+
+
+@pytest.mark.parametrize("task, message", [
+    ({"train": [], "test": [{"input": [[0]]}]}, "task t1 train: expected a non-empty list of pairs"),
+    ({"train": GOOD["train"]}, "task t1: expected an object with keys 'train' and 'test', got ['train']"),
+    ({**GOOD, "train": [{"input": [[1, 2], [3]], "output": [[1]]}]},
+     "task t1 train[0] input row 1: 1 cells but row 0 has 2: not rectangular"),
+    ({**GOOD, "train": [{"input": [[1, 10]], "output": [[1]]}]},
+     "task t1 train[0] input row 0 column 1: 10 is not a colour 0..9"),
+    ({**GOOD, "train": [{"input": [[1]] * 31, "output": [[1]]}]},
+     "task t1 train[0] input: 31 rows; ARC grids have at most 30"),
+    ({**GOOD, "train": [{"input": [[1]]}]}, "task t1 train[0]: expected keys ['input', 'output']"),
+    ({**GOOD, "test": [{"input": "[[0]]"}]}, "task t1 test[0] input: a grid must be a non-empty list of rows, got str"),
+])
+def test_malformed_challenges_are_named(tmp_path, task, message):
+  _write(tmp_path, {"t0": GOOD, "t1": task})
+  with pytest.raises(arc.ArcFormatError) as e:
+    arc.load_split(str(tmp_path), "x", with_solutions=False)
+  assert str(e.value) == f"{tmp_path / 'arc-agi_x_challenges.json'}: {message}"
+
+
+def test_bad_json_and_mismatched_solutions_are_named(tmp_path):
+  _write(tmp_path, '{"t0": {"train": [}')
+  with pytest.raises(arc.ArcFormatError, match=r"challenges.json: line 1 column 19: not valid JSON"):
+    arc.load_split(str(tmp_path), "x")
+  _write(tmp_path, {"t0": GOOD}, {"t0": [[[1]], [[2]]]})
+  with pytest.raises(arc.ArcFormatError, match=r"solutions.json: task t0: 2 solutions for 1 test"):
+    arc.load_split(str(tmp_path), "x")
+  _write(tmp_path, {"t0": GOOD}, {"t9": [[[1]]]})
+  with pytest.raises(arc.ArcFormatError, match=r"task ids: do not match.*missing \['t0'\], unknown \['t9'\]"):
+    arc.load_split(str(tmp_path), "x")
+  with pytest.raises(FileNotFoundError, match="arc-agi_y_challenges.json not found. Fix"):
+    arc.load_split(str(tmp_path), "y")
