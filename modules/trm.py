@@ -393,11 +393,16 @@ class TRMModel:
     return jnp.take(puzzle_table, data["puzzle_identifiers"], axis=0)  # [B, E]
 
   def act_step(self, params, state, puzzle_table, carry: ACTCarry, batch: Batch, *,
-               training: bool, rng: Optional[jax.Array] = None) -> Tuple[ACTCarry, Dict[str, Any]]:
+               training: bool, rng: Optional[jax.Array] = None,
+               puzzle_rows: Optional[jax.Array] = None) -> Tuple[ACTCarry, Dict[str, Any]]:
+    """One ACT step. `puzzle_rows` [B, E]: the batch's rows looked up by the caller (e.g. from a
+    sharded table; the batch must then be the carry's current data), else read from puzzle_table."""
     carry = act_reset(carry, batch, *self.latents(state))
     data = carry.current_data
+    if puzzle_rows is None:
+      puzzle_rows = self.puzzle_rows(puzzle_table, data)
     z_H, z_L, logits, q_halt, q_cont = self.inner(
-        params, state, carry.z_H, carry.z_L, data["inputs"], self.puzzle_rows(puzzle_table, data))
+        params, state, carry.z_H, carry.z_L, data["inputs"], puzzle_rows)
     carry = act_halt(self.config, carry._replace(z_H=z_H, z_L=z_L), q_halt, training=training,
                      rng=rng)
     return carry, {"logits": logits, "q_halt_logits": q_halt, "q_continue_logits": q_cont}

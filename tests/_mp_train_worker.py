@@ -120,18 +120,18 @@ def _first_local(x) -> np.ndarray:
   return np.asarray(x)
 
 
-def _direct_eval(model, host_state, test):
+def _direct_eval(model, host_state, table, test):
   """`train.evaluate`'s ratios without padding, hosts or pmap: the eval step vmapped over one
   "device" holding every real test example (mask all True). {"direct": EMA, "direct_raw": raw}."""
   n = test["inputs"].shape[0]
-  step = jax.jit(jax.vmap(train.make_eval_step(model, n), in_axes=(None, None, None, 0),
+  step = jax.jit(jax.vmap(train.make_eval_step(model, n), in_axes=(None, None, None, 0, 0),
                           axis_name=parallel.AXIS))
   batch = {k: test[k].astype(np.int32)[None] for k in ("inputs", "labels", "puzzle_identifiers")}
   batch["mask"] = np.ones((1, n), bool)
   out = {}
   for name, params in (("direct", host_state.ema), ("direct_raw", host_state.params)):
-    sums = {k: float(np.asarray(v)[0]) for k, v in step(params, host_state.model_state,
-                                                         host_state.puzzle_table, batch).items()}
+    sums = {k: float(np.asarray(v)[0]) for k, v in step(params, host_state.model_state, table,
+                                                         batch, np.zeros((1,), np.int32)).items()}
     out[name] = metrics_lib.ratios(sums, count_key="count", ratio_keys=train.RATIO_METRICS,
                                    divisors={k: sums["count"] for k in train.LOSS_METRICS})
   return out
@@ -152,9 +152,10 @@ def main() -> None:
   model = trm.TRMModel(train.model_config(c, METADATA))
   assert model.config.prefix_len == 16 and model.config.emb_ndim == c.model.hidden_size
   adam, sign = train.make_optimizers(c, total_steps=NUM_STEPS)
-  state = parallel.replicate(train.init_state(model, adam, sign, seed=c.seed))
-  carry = parallel.shard(jax.tree.map(lambda x: np.stack([np.asarray(x)] * n_local),
-                                      model.initial_carry(model.example_batch(per_device))))
+  assert c.shard_puzzle_table                 # the default: the table's rows split over the devices
+  state = parallel.replicate(train.init_state(model, adam, sign, seed=c.seed, shard_table=True))
+  device_state = parallel.shard(train.init_device_state(model, per_device, n_local,
+                                                        info.device_count, shard_table=True))
   device_index = parallel.shard(parallel.device_indices())
   p_step = parallel.pmap_step(train.make_train_step(model, adam, sign, c, per_device),
                               replicated_in=(0,), out_axes=(None, 0, 0), donate_argnums=(0, 1))
@@ -163,7 +164,7 @@ def main() -> None:
   metrics = []
   for batch in batches:
     local = parallel.shard(_local_rows(batch, info.process_index, n_local, per_device))
-    state, carry, sums = p_step(state, carry, local, device_index)
+    state, device_state, sums = p_step(state, device_state, local, device_index)
     metrics.append({k: float(_first_local(v).reshape(-1)[0]) for k, v in sums.items()})
 
   # Evaluation as in train.train_and_evaluate's final run_eval (full test split).
@@ -171,11 +172,13 @@ def main() -> None:
   assert (source.process_index, source.process_count) == (info.process_index, num_processes)
   eval_iter = source.eval_batches(c.dataset.test_split, global_batch_size=c.global_batch_size,
                                   local_device_count=n_local, subset_size=0)
-  p_eval_step = parallel.pmap_step(train.make_eval_step(model, per_device),
-                                   replicated_in=(0, 1, 2), out_axes=0)
+  p_eval_step = parallel.pmap_step(train.make_eval_step(model, per_device, sharded=True),
+                                   replicated_in=(0, 1), out_axes=0)
   assert c.ema                                # "eval" uses the EMA weights, as "direct" does
-  results = {"eval": train.evaluate(p_eval_step, state, eval_iter, use_ema=c.ema),
-             "eval_raw": train.evaluate(p_eval_step, state, eval_iter, use_ema=False)}
+  shards = device_state.puzzle_shard
+  results = {"eval": train.evaluate(p_eval_step, state, eval_iter, use_ema=c.ema, table=shards),
+             "eval_raw": train.evaluate(p_eval_step, state, eval_iter, use_ema=False,
+                                        table=shards)}
   fed = [(b["index"].reshape(-1), b["mask"].reshape(-1)) for b in eval_iter]
   eval_index = np.concatenate([i[m] for i, m in fed])
   eval_host_rows = sum(i.size for i, _ in fed)
@@ -185,12 +188,14 @@ def main() -> None:
   test = pipeline.load_split(datasets.get_builder(source.name, source.data_dir,
                                                   source.builder_kwargs), c.dataset.test_split)
   assert test["inputs"].shape[0] == EVAL_SIZE, test["inputs"].shape
-  results.update(_direct_eval(model, host, test))
+  table = train.host_puzzle_table(host.puzzle_table, device_state, NUM_PUZZLE_IDS)   # [8, E]
+  assert host.puzzle_table is None and table.shape == (NUM_PUZZLE_IDS, c.model.hidden_size)
+  results.update(_direct_eval(model, host, table, test))
 
   params, _ = jax.tree_util.tree_flatten_with_path(host.params)
   ema = jax.tree_util.tree_leaves(host.ema)
   arrays = {"param_names": np.array([jax.tree_util.keystr(p) for p, _ in params]),
-            "puzzle_table": np.asarray(host.puzzle_table),
+            "puzzle_table": table,
             "sign_count": np.asarray(host.sign_state.count),
             "batch_ids": np.stack([b["puzzle_identifiers"] for b in batches]),
             "layout": np.array([num_processes, n_local, per_device]),

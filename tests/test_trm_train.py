@@ -92,8 +92,7 @@ def test_training_on_a_fixed_batch_lowers_the_loss():
            "labels": sudoku.grid_to_tokens(solutions).reshape(n, per_device, 81).astype(np.int32),
            "puzzle_identifiers": np.zeros((n, per_device), np.int32)}
   state = parallel.replicate(train.init_state(model, adam, sign, seed=0))
-  carry = parallel.shard(jax.tree.map(lambda x: np.stack([np.asarray(x)] * n),
-                                      model.initial_carry(model.example_batch(per_device))))
+  carry = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count()))
   step = parallel.pmap_step(train.make_train_step(model, adam, sign, config, per_device),
                             replicated_in=(0,), out_axes=(None, 0, 0))
   batch, dev = parallel.shard(batch), parallel.shard(parallel.device_indices())
@@ -193,3 +192,55 @@ def test_dry_run_compiles_the_pod_config_on_this_machine():
   assert "total steps        65,104" in out
   assert "Adam parameters    5,028,866" in out
   assert "42.72 GFLOP/example" in out
+
+
+def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_path):
+  """The table split by rows over the 4 devices (the default) gives bitwise the reference's numbers."""
+  from experiments.common import sharded_table  # pylint: disable=g-import-not-at-top
+  config = _smoke_config(tmp_path)
+  config.model.puzzle_emb_ndim = config.model.hidden_size      # the puzzle-embedding prefix on
+  config.model.puzzle_emb_len = 4
+  config.lr_warmup_steps = 1
+  num_ids = 10
+  model = trm.TRMModel(train.model_config(config, dict(sudoku.METADATA,
+                                                       num_puzzle_identifiers=num_ids)))
+  adam, sign = train.make_optimizers(config, total_steps=4)
+  n, per_device = jax.local_device_count(), 2
+  rng = np.random.default_rng(0)
+  puzzles, solutions = sudoku.generate_puzzles(n * per_device, seed=5, givens=45)
+  dev = parallel.shard(parallel.device_indices())
+  results = {}
+  for shard in (False, True):
+    state = parallel.replicate(train.init_state(model, adam, sign, seed=0, shard_table=shard))
+    dstate = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count(),
+                                                    shard_table=shard))
+    step = parallel.pmap_step(train.make_train_step(model, adam, sign, config, per_device),
+                              replicated_in=(0,), out_axes=(None, 0, 0))
+    rng = np.random.default_rng(0)
+    for _ in range(4):         # ids 0..9 over 4 devices of R = 3 rows: every shard gets updates
+      ids = rng.integers(0, num_ids, (n, per_device)).astype(np.int32)
+      batch = parallel.shard({
+          "inputs": sudoku.grid_to_tokens(puzzles).reshape(n, per_device, 81).astype(np.int32),
+          "labels": sudoku.grid_to_tokens(solutions).reshape(n, per_device, 81).astype(np.int32),
+          "puzzle_identifiers": ids})
+      state, dstate, sums = step(state, dstate, batch, dev)
+    eval_step = parallel.pmap_step(train.make_eval_step(model, per_device, sharded=shard),
+                                   replicated_in=(0, 1) if shard else (0, 1, 2), out_axes=0)
+    eval_batch = {"inputs": np.asarray(batch["inputs"]), "labels": np.asarray(batch["labels"]),
+                  "puzzle_identifiers": np.asarray(batch["puzzle_identifiers"]),
+                  "mask": np.ones((n, per_device), bool)}
+    ev = train.evaluate(eval_step, state, [eval_batch], use_ema=True,
+                        table=dstate.puzzle_shard if shard else None, device_index=dev)
+    host = parallel.unreplicate(state)
+    table = train.host_puzzle_table(host.puzzle_table, dstate, num_ids)
+    if shard:
+      assert host.puzzle_table is None
+      assert dstate.puzzle_shard.shape == (n, sharded_table.rows_per_device(num_ids, n),
+                                           model.config.emb_ndim)
+    results[shard] = (jax.tree.leaves(host.params), table, ev)
+  (p0, t0, e0), (p1, t1, e1) = results[False], results[True]
+  assert np.any(t0 != 0) and t0.shape == (num_ids, model.config.emb_ndim)
+  np.testing.assert_array_equal(t1, t0)
+  for a, b in zip(p0, p1):
+    np.testing.assert_array_equal(a, b)
+  assert e0 == e1

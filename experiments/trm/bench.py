@@ -295,10 +295,10 @@ def compile_step(model: str, dtype: str, per_device_batch: int, *, remat: bool =
   n_local = jax.local_device_count()
   net = trm.TRMModel(cfg)
   adam, sign = train.make_optimizers(config, train.num_train_steps(config, 0))
-  state = parallel.replicate(train.init_state(net, adam, sign, config.seed))
-  carry = jax.tree.map(lambda x: np.stack([np.asarray(x)] * n_local),
-                       net.initial_carry(net.example_batch(per_device_batch)))
-  carry = parallel.shard(carry)
+  shard = bool(config.shard_puzzle_table)
+  state = parallel.replicate(train.init_state(net, adam, sign, config.seed, shard_table=shard))
+  carry = parallel.shard(train.init_device_state(net, per_device_batch, n_local, jax.device_count(),
+                                                 shard_table=shard))
   batch = parallel.shard(random_batch(n_local, per_device_batch, config.seed))
   device_index = parallel.shard(parallel.device_indices())
   p_step = parallel.pmap_step(train.make_train_step(net, adam, sign, config, per_device_batch),

@@ -23,6 +23,7 @@ import numpy as np
 
 from experiments.common import config_utils
 from experiments.common import parallel
+from experiments.common import sharded_table
 from experiments.trm import bench
 from experiments.trm import train
 from input_pipeline import datasets
@@ -79,10 +80,19 @@ def run(config: ml_collections.ConfigDict) -> Dict[str, Any]:
   adam, sign = train.make_optimizers(config, total_steps)
   b = layout["per_device_batch"]
 
-  state = jax.eval_shape(lambda: train.init_state(model, adam, sign, config.seed))
+  shard = bool(config.shard_puzzle_table)
+  state = jax.eval_shape(lambda: train.init_state(model, adam, sign, config.seed, shard_table=shard))
   per_device = lambda x: jax.ShapeDtypeStruct((n_local,) + tuple(x.shape), x.dtype)
   carry = jax.tree.map(per_device, jax.eval_shape(
       lambda: model.initial_carry(model.example_batch(b))))
+  # The pod's shards: N / (all devices of all hosts) rows each, although only one host is compiled.
+  rows = None
+  if shard and model.config.prefix_len:
+    rows = sharded_table.rows_per_device(model.config.num_puzzle_identifiers, layout["num_devices"])
+    carry = train.DeviceState(carry, jax.ShapeDtypeStruct((n_local, rows, model.config.emb_ndim),
+                                                          jnp.float32))
+  else:
+    carry = train.DeviceState(carry, None)
   batch = jax.tree.map(per_device, jax.eval_shape(lambda: model.example_batch(b)))
   device_index = jax.ShapeDtypeStruct((n_local,), jnp.int32)
   p_step = parallel.pmap_step(train.make_train_step(model, adam, sign, config, b),
@@ -93,12 +103,20 @@ def run(config: ml_collections.ConfigDict) -> Dict[str, Any]:
   mem = compiled.memory_analysis()
   flops = bench.analytic_flops(model.config)
   table = state.puzzle_table
+  n_ids, e = model.config.num_puzzle_identifiers, model.config.emb_ndim
+  if rows is not None:
+    table_text = (f"({n_ids:,}, {e}) sharded: {rows:,} rows = {rows * e * 4 / GB:.3f} GB per device "
+                  f"(replicated it would be {n_ids * e * 4 / GB:.3f} GB on every device)")
+  elif table is not None:
+    table_text = f"{tuple(table.shape)} replicated: {n_ids * e * 4 / GB:.3f} GB on every device"
+  else:
+    table_text = None
   return dict(
       layout, train_examples=num_train, train_examples_source=train_source,
       steps_per_epoch=(num_train // config.global_batch_size) if num_train else None,
       total_steps=total_steps if num_train else None,
       adam_params=trm.adam_param_count(state.params),
-      puzzle_table=None if table is None else tuple(table.shape),
+      puzzle_table=table_text,
       compile_s=compile_s,
       temp_gb=mem.temp_size_in_bytes / GB if mem else float("nan"),
       argument_gb=mem.argument_size_in_bytes / GB if mem else float("nan"),
@@ -121,7 +139,7 @@ def format_report(r: Dict[str, Any]) -> str:
       ("steps per epoch", n(r["steps_per_epoch"])),
       ("total steps", n(r["total_steps"])),
       ("Adam parameters", n(r["adam_params"])),
-      ("puzzle table", "none" if r["puzzle_table"] is None else str(r["puzzle_table"])),
+      ("puzzle table", "none" if r["puzzle_table"] is None else r["puzzle_table"]),
       ("compute", f"{r['forward_dtype']}, remat {'on' if r['remat'] else 'off'}"),
       ("compile", f"{r['compile_s']:.1f} s"),
       ("memory per device", f"temp {r['temp_gb']:.2f} GB + arguments {r['argument_gb']:.2f} GB "

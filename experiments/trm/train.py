@@ -41,6 +41,7 @@ from experiments.common import metrics as metrics_lib
 from experiments.common import optim
 from experiments.common import parallel
 from experiments.common import preemption
+from experiments.common import sharded_table
 from experiments.trm import losses
 from experiments.trm.configs import base as base_config
 from input_pipeline import pipeline
@@ -148,30 +149,72 @@ def make_optimizers(config: ml_collections.ConfigDict, total_steps: int):
   return adam, sign
 
 
-def init_state(model: trm.TRMModel, adam, sign, seed: int) -> TrainState:
+class DeviceState(NamedTuple):
+  """What differs per device; pmapped along the device axis, saved per device in checkpoints."""
+  carry: trm.ACTCarry              # the ACT carry of this device's batch slots
+  puzzle_shard: Optional[jax.Array]  # [R, E] this device's rows of the puzzle table when it is
+                                     # sharded (config.shard_puzzle_table), else None
+
+
+def init_state(model: trm.TRMModel, adam, sign, seed: int, shard_table: bool = False) -> TrainState:
+  """The replicated state; with `shard_table` the puzzle table lives in DeviceState instead."""
   params, model_state = model.init(jax.random.key(seed))
   has_table = model.config.prefix_len > 0
-  table = model.init_puzzle_table() if has_table else None     # None: no puzzle embedding
+  table = model.init_puzzle_table() if has_table and not shard_table else None
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=adam.init(params),
                     ema=optim.ema_init(params), puzzle_table=table,
                     sign_state=sign.init(table) if has_table else None, model_state=model_state)
+
+
+def init_device_state(model: trm.TRMModel, per_device_batch: int, local_device_count: int,
+                      num_devices: int, shard_table: bool = False) -> DeviceState:
+  """Host numpy DeviceState stacked over this host's devices: fresh carries [n, ...] and, with
+  `shard_table`, this host's zero shards [n, R, E] of the puzzle table (never the whole table)."""
+  carry = jax.tree.map(lambda x: np.stack([np.asarray(x)] * local_device_count),
+                       model.initial_carry(model.example_batch(per_device_batch)))
+  shard = None
+  if shard_table and model.config.prefix_len > 0:
+    shard = sharded_table.init_host_shards(model.config.num_puzzle_identifiers,
+                                           model.config.emb_ndim, num_devices, local_device_count)
+  return DeviceState(carry=carry, puzzle_shard=shard)
+
+
+def host_puzzle_table(state_table: Optional[Any], device_state: DeviceState,
+                      num_rows: int) -> Optional[np.ndarray]:
+  """The whole puzzle table [N, E] as host numpy, replicated or sharded (gathers across hosts)."""
+  if device_state.puzzle_shard is not None:
+    return sharded_table.gather_table(_local_rows(device_state.puzzle_shard), num_rows)
+  return None if state_table is None else np.asarray(parallel.unreplicate(state_table))
+
+
+def _local_rows(x: Any) -> np.ndarray:
+  """This host's [n, ...] rows of a per-device (pmapped) array, in local device order."""
+  if isinstance(x, jax.Array):
+    shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+    return np.concatenate([np.asarray(s.data) for s in shards], axis=0)
+  return np.asarray(x)
 
 
 def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.ConfigDict,
                     per_device_batch: int):
   """The per-device training step (pmapped by the caller).
 
-  (state, carry, batch, device_index) -> (state, carry, metric sums psummed over all devices).
+  (state, device_state, batch, device_index) -> (state, device_state, metric sums psummed over all
+  devices). `device_index`: this device's global index (parallel.device_indices()).
   """
   cfg = model.config
 
-  def train_step(state: TrainState, carry: trm.ACTCarry, batch, device_index):
-    old_carry = carry
+  def train_step(state: TrainState, device_state: DeviceState, batch, device_index):
+    old_device_state = device_state
+    carry, shard = device_state
     step = state.step + 1                                        # 1-based optimizer step
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), step), device_index)
     carry = trm.act_reset(carry, batch, *model.latents(state.model_state))
     data = carry.current_data
-    rows = model.puzzle_rows(state.puzzle_table, data)           # [B, E] or None
+    if shard is not None and cfg.prefix_len:                     # [B, E] from the sharded table
+      rows = sharded_table.lookup(shard, data["puzzle_identifiers"], device_index, parallel.AXIS)
+    else:
+      rows = model.puzzle_rows(state.puzzle_table, data)         # [B, E] or None
 
     def loss_fn(params, rows):
       z_H, z_L, logits, q_halt, q_cont = model.inner(params, state.model_state, carry.z_H, carry.z_L,
@@ -191,7 +234,11 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
     rows_finite = jnp.array(True)
     if rows is not None:
       ids, grads = optim.all_gather_rows(data["puzzle_identifiers"], g_rows, parallel.AXIS)
-      table, sign_state = sign.update(table, ids, grads, sign_state)
+      if shard is not None:     # each device updates the rows it owns; the others are dropped
+        shard, sign_state = sign.update(
+            shard, sharded_table.local_ids(ids, device_index, shard.shape[0]), grads, sign_state)
+      else:
+        table, sign_state = sign.update(table, ids, grads, sign_state)
       rows_finite = jnp.all(jnp.isfinite(grads))                 # gathered: same on every device
     ema = optim.ema_update(state.ema, params, config.ema_rate) if config.ema else params
     sums = jax.lax.psum(sums, parallel.AXIS)
@@ -202,36 +249,48 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
     # A finite loss and gradient can still overflow the update (e.g. a huge learning rate).
     state_finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(
         (params, opt_state, table))]))
+    if shard is not None:       # per-device rows: agree across devices
+      state_finite &= jax.lax.pmin(jnp.all(jnp.isfinite(shard)).astype(jnp.int32),
+                                   parallel.AXIS) > 0
     finite = metrics_finite & state_finite
     sums["nonfinite_steps"] = 1.0 - finite.astype(jnp.float32)
     sums["nonfinite_state"] = 1.0 - state_finite.astype(jnp.float32)
     new_state = TrainState(step=step, params=params, opt_state=opt_state, ema=ema,
                            puzzle_table=table, sign_state=sign_state, model_state=state.model_state)
+    new_device_state = DeviceState(carry=carry, puzzle_shard=shard)
     if config.nonfinite == "skip":
       # Drop the update: everything but the step counter (data and RNG are step-indexed) stays.
       keep = lambda new, old: jnp.where(finite, new, old)   # pylint: disable=unnecessary-lambda-assignment
       new_state = jax.tree.map(keep, new_state, state._replace(step=step))
-      carry = jax.tree.map(keep, carry, old_carry)
-    return new_state, carry, sums
+      new_device_state = jax.tree.map(keep, new_device_state, old_device_state)
+    return new_state, new_device_state, sums
 
   return train_step
 
 
-def make_eval_step(model: trm.TRMModel, per_device_batch: int):
+def make_eval_step(model: trm.TRMModel, per_device_batch: int, sharded: bool = False):
   """Per-device evaluation of one padded batch: a fresh carry, exactly halt_max_steps ACT steps, metric
-  sums of the LAST step over non-padding rows (psummed over all devices)."""
+  sums of the LAST step over non-padding rows (psummed over all devices).
+
+  (params, model_state, table, batch, device_index) -> sums; `table` is the replicated puzzle table,
+  or with `sharded` this device's shard [R, E] (pmap it along the device axis).
+  """
   cfg = model.config
 
-  def eval_step(params, model_state, table, batch):
+  def eval_step(params, model_state, table, batch, device_index):
     mask = batch["mask"]
     data = {k: v for k, v in batch.items() if k != "mask"}
     carry = model.initial_carry(data)
+    rows = None
+    if sharded and cfg.prefix_len:      # the same rows at every ACT step: look them up once
+      rows = sharded_table.lookup(table, data["puzzle_identifiers"], device_index, parallel.AXIS)
 
     def body(_, c):
-      c, _ = model.act_step(params, model_state, table, c, data, training=False)
+      c, _ = model.act_step(params, model_state, table, c, data, training=False, puzzle_rows=rows)
       return c
     carry = jax.lax.fori_loop(0, cfg.halt_max_steps - 1, body, carry)
-    carry, out = model.act_step(params, model_state, table, carry, data, training=False)
+    carry, out = model.act_step(params, model_state, table, carry, data, training=False,
+                                puzzle_rows=rows)
     _, sums = losses.act_loss_and_metrics(
         out["logits"], carry.current_data["labels"], out["q_halt_logits"], out["q_continue_logits"],
         carry.halted & mask, carry.steps, loss_divisor=per_device_batch, row_mask=mask)
@@ -240,13 +299,22 @@ def make_eval_step(model: trm.TRMModel, per_device_batch: int):
   return eval_step
 
 
-def evaluate(p_eval_step, state: TrainState, eval_batches, use_ema: bool) -> Dict[str, float]:
-  """Runs the padded evaluation batches; returns ratios (losses per evaluated example)."""
+def evaluate(p_eval_step, state: TrainState, eval_batches, use_ema: bool, *,
+             table: Any = None, device_index: Any = None) -> Dict[str, float]:
+  """Runs the padded evaluation batches; returns ratios (losses per evaluated example).
+
+  `table`: the puzzle shards of a sharded table (DeviceState.puzzle_shard), else state.puzzle_table
+  is used; `device_index`: parallel.shard(parallel.device_indices()) (default: computed here).
+  """
   acc = metrics_lib.SumAccumulator()
   params = state.ema if use_ema else state.params
+  table = state.puzzle_table if table is None else table
+  if device_index is None:
+    device_index = parallel.shard(parallel.device_indices())
   for batch in eval_batches:
-    acc.add(p_eval_step(params, state.model_state, state.puzzle_table, parallel.shard(
-        {k: v for k, v in batch.items() if k in ("inputs", "labels", "puzzle_identifiers", "mask")})))
+    acc.add(p_eval_step(params, state.model_state, table, parallel.shard(
+        {k: v for k, v in batch.items() if k in ("inputs", "labels", "puzzle_identifiers", "mask")}),
+                        device_index))
   sums = acc.pop()
   count = sums.get("count", 0.0)
   return metrics_lib.ratios(sums, count_key="count", ratio_keys=RATIO_METRICS,
@@ -366,19 +434,20 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                "devices x %d", num_train, total_steps, max(1, num_train // config.global_batch_size),
                config.global_batch_size, jax.process_count(), n_local, per_device_batch)
 
-  state = init_state(model, adam, sign, config.seed)
-  carry = jax.tree.map(lambda x: np.stack([np.asarray(x)] * n_local),
-                       model.initial_carry(model.example_batch(per_device_batch)))
+  shard_table = bool(config.shard_puzzle_table)
+  state = init_state(model, adam, sign, config.seed, shard_table=shard_table)
+  device_state = init_device_state(model, per_device_batch, n_local, jax.device_count(),
+                                   shard_table=shard_table)
   acc = metrics_lib.SumAccumulator()
   ckpt = checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints"),
                                          max_to_keep=config.keep_checkpoints,
                                          save_interval_steps=config.checkpoint_every_steps,
                                          enable_async=config.async_checkpoints)
   restored = ckpt.restore_latest(
-      replicated_like={"state": state, "window": acc.state(TRAIN_METRICS)}, per_device_like=carry,
-      fallback=config.restore_fallback)
+      replicated_like={"state": state, "window": acc.state(TRAIN_METRICS)},
+      per_device_like=device_state, fallback=config.restore_fallback)
   if restored is not None:
-    start_step, saved, carry = restored
+    start_step, saved, device_state = restored
     state = saved["state"]
     acc.restore(saved["window"], n_local)
     logging.info("Resumed from %s at step %d", ckpt.directory, start_step)
@@ -387,13 +456,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   param_text = log_parameter_table(state)
 
   state = parallel.replicate(state)
-  carry = parallel.shard(carry)
+  device_state = parallel.shard(device_state)
   device_index = parallel.shard(parallel.device_indices())
   p_train_step = parallel.pmap_step(make_train_step(model, adam, sign, config, per_device_batch),
                                     replicated_in=(0,), out_axes=(None, 0, 0),
                                     donate_argnums=(0, 1))
-  p_eval_step = parallel.pmap_step(make_eval_step(model, per_device_batch),
-                                   replicated_in=(0, 1, 2), out_axes=0)
+  p_eval_step = parallel.pmap_step(make_eval_step(model, per_device_batch, sharded=shard_table),
+                                   replicated_in=(0, 1) if shard_table else (0, 1, 2), out_axes=0)
 
   writer = metrics_lib.create_writer(workdir)
   if start_step == 0:
@@ -408,7 +477,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     subset = 0 if full else config.eval_subset
     batches = data.eval_batches(ds.test_split, global_batch_size=config.global_batch_size,
                                 local_device_count=n_local, subset_size=subset)
-    results = evaluate(p_eval_step, state, batches, use_ema=config.ema)
+    results = evaluate(p_eval_step, state, batches, use_ema=config.ema,
+                       table=device_state.puzzle_shard if shard_table else None,
+                       device_index=device_index)
     writer.write_scalars(step, {f"eval/{k}": v for k, v in results.items()})
     logging.info("eval at step %d (%s): %s", step, "full test set" if full else f"subset {subset}",
                  {k: round(v, 4) for k, v in results.items()})
@@ -429,14 +500,14 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   def save(step: int, force: bool) -> bool:
     return ckpt.save(step, replicated={"state": state, "window": acc.state(TRAIN_METRICS)},
-                     per_device=carry, force=force)
+                     per_device=device_state, force=force)
 
   guard_nonfinite = functools.partial(check_finite, config=config, ckpt=ckpt)
   logging.info("Training from step %d to %d", start_step, total_steps)
   pending = None                        # (step, metric sums): checked one step late (no sync stall)
   for step in range(start_step + 1, total_steps + 1):
     batch = parallel.shard(_model_batch(next(train_iter)))
-    state, carry, sums = p_train_step(state, carry, batch, device_index)
+    state, device_state, sums = p_train_step(state, device_state, batch, device_index)
     if pending is not None:
       guard_nonfinite(*pending)
     pending = (step, sums)

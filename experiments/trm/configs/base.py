@@ -48,6 +48,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.forward_dtype = "bfloat16"
   c.model.halt_max_steps = 16
   c.model.halt_exploration_prob = 0.1
+  c.shard_puzzle_table = True                   # podlab: rows split over all devices, not replicated
   c.model.remat = False                          # podlab option: recompute activations (same numbers)
 
   # Optimisation (reference section 4).
