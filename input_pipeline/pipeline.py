@@ -59,6 +59,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from input_pipeline import datasets
+from input_pipeline import maze
 from input_pipeline import prepare
 from input_pipeline import sudoku
 
@@ -163,7 +164,7 @@ def augment_sudoku_batch(batch: Mapping[str, tf.Tensor], key: tf.Tensor) -> dict
   return out
 
 
-_AUGMENTATIONS = {"sudoku": augment_sudoku_batch}
+_AUGMENTATIONS = {"sudoku": augment_sudoku_batch, "maze_dihedral": maze.augment_dihedral_batch}
 
 # --------------------------------------------------------------------------------------------
 # Loading a host's examples into memory.

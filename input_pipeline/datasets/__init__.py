@@ -1,6 +1,7 @@
 """The dataset registry: TFDS builders by name, their metadata, and builder construction.
 
-Importing this package registers the TFDS builders `sudoku_extreme` and `sudoku_generated`.
+Importing this package registers the TFDS builders `sudoku_extreme`, `sudoku_generated`,
+`maze_hard` and `maze_generated`.
 `builder_kwargs` (what configs carry) is either `{"config": "<preset name>"}` or the builder
 config's knobs, e.g. `{"givens": 28, "train_size": 5000}`; `num_workers` is passed through.
 
@@ -17,18 +18,25 @@ from typing import Any, Mapping, Optional
 
 import tensorflow_datasets as tfds
 
+from input_pipeline.datasets import maze_generated
+from input_pipeline.datasets import maze_hard
 from input_pipeline.datasets import sudoku_extreme
 from input_pipeline.datasets import sudoku_generated
 
 _MODULES = {
     "sudoku_extreme": sudoku_extreme,
     "sudoku_generated": sudoku_generated,
+    "maze_hard": maze_hard,
+    "maze_generated": maze_generated,
 }
 _BUILDERS = {
     "sudoku_extreme": sudoku_extreme.SudokuExtreme,
     "sudoku_generated": sudoku_generated.SudokuGenerated,
+    "maze_hard": maze_hard.MazeHard,
+    "maze_generated": maze_generated.MazeGenerated,
 }
-_CONSTRUCTOR_KWARGS = {"sudoku_generated": ("num_workers",), "sudoku_extreme": ()}
+_CONSTRUCTOR_KWARGS = {"sudoku_generated": ("num_workers",), "sudoku_extreme": (),
+                       "maze_hard": (), "maze_generated": ()}
 
 
 def names() -> list[str]:
