@@ -164,7 +164,8 @@ def augment_sudoku_batch(batch: Mapping[str, tf.Tensor], key: tf.Tensor) -> dict
   return out
 
 
-_AUGMENTATIONS = {"sudoku": augment_sudoku_batch, "maze_dihedral": maze.augment_dihedral_batch}
+_AUGMENTATIONS = {"sudoku": augment_sudoku_batch, "maze_dihedral": maze.augment_dihedral_batch,
+                  "none": None}   # e.g. ARC: its augmentations are materialised by the builder
 
 # --------------------------------------------------------------------------------------------
 # Loading a host's examples into memory.

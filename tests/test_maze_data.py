@@ -526,10 +526,10 @@ def test_hard_builder_rejects_malformed_csv(tmp_path, mazes):
 
 @pytest.fixture()
 def maze_hook(monkeypatch):
-  """The pipeline's "maze_dihedral" augmentation entry (the one line pipeline.py needs)."""
+  """The pipeline's "maze_dihedral" augmentation entry (registered in pipeline._AUGMENTATIONS)."""
+  del monkeypatch
   hooks = pipeline._AUGMENTATIONS  # pylint: disable=protected-access
-  if "maze_dihedral" not in hooks:
-    monkeypatch.setitem(hooks, "maze_dihedral", maze.augment_dihedral_batch)
+  assert hooks["maze_dihedral"] is maze.augment_dihedral_batch
   return hooks["maze_dihedral"]
 
 

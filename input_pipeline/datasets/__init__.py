@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional
 
 import tensorflow_datasets as tfds
 
+from input_pipeline.datasets import arc_agi
 from input_pipeline.datasets import maze_generated
 from input_pipeline.datasets import maze_hard
 from input_pipeline.datasets import sudoku_extreme
@@ -28,15 +29,17 @@ _MODULES = {
     "sudoku_generated": sudoku_generated,
     "maze_hard": maze_hard,
     "maze_generated": maze_generated,
+    "arc_agi": arc_agi,
 }
 _BUILDERS = {
     "sudoku_extreme": sudoku_extreme.SudokuExtreme,
     "sudoku_generated": sudoku_generated.SudokuGenerated,
     "maze_hard": maze_hard.MazeHard,
     "maze_generated": maze_generated.MazeGenerated,
+    "arc_agi": arc_agi.ArcAgi,
 }
 _CONSTRUCTOR_KWARGS = {"sudoku_generated": ("num_workers",), "sudoku_extreme": (),
-                       "maze_hard": (), "maze_generated": ()}
+                       "maze_hard": (), "maze_generated": (), "arc_agi": ()}
 
 
 def names() -> list[str]:
@@ -65,6 +68,8 @@ def get_metadata(name: str, builder_kwargs: Optional[Mapping[str, Any]] = None,
     builder = get_builder(name, data_dir, builder_kwargs)
     if builder.is_prepared():
       meta["splits"] = {k: v.num_examples for k, v in builder.info.splits.items()}
+      if hasattr(_MODULES[name], "prepared_metadata"):   # facts only the data knows (ARC ids)
+        meta.update(_MODULES[name].prepared_metadata(builder))
   return meta
 
 

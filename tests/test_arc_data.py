@@ -1,0 +1,356 @@
+"""ARC data: dihedral transforms and colour permutations invert exactly; the TRM encoding and the
+reference's crop (checked against a transcription of the reference loop, and round-tripping every
+grid of the shipped files); augmentation dedup and determinism; puzzle ids shared by the train and
+test splits; the documented test-set counts; the `arc_agi` TFDS builder on a small manual dir."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from input_pipeline import arc
+from input_pipeline.datasets import arc_agi
+
+RNG = np.random.default_rng(0)
+
+
+def _reference_crop(tokens: np.ndarray) -> np.ndarray:
+  """The reference evaluator's `_crop`, transcribed loop for loop (the oracle)."""
+  grid = np.asarray(tokens).reshape(30, 30)
+  max_area, max_size = 0, (0, 0)
+  nr, nc = grid.shape
+  num_c = nc
+  for num_r in range(1, nr + 1):
+    for c in range(1, num_c + 1):
+      x = grid[num_r - 1, c - 1]
+      if (x < 2) | (x > 11):
+        num_c = c - 1
+        break
+    area = num_r * num_c
+    if area > max_area:
+      max_area, max_size = area, (num_r, num_c)
+  return (grid[:max_size[0], :max_size[1]] - 2).astype(np.uint8)
+
+
+def _task(task_id, pairs, test):
+  mk = lambda g: np.asarray(g, np.uint8)
+  return arc.Task(task_id, [arc.Pair(mk(i), mk(o)) for i, o in pairs],
+                  [arc.Pair(mk(i), mk(o)) for i, o in test])
+
+
+# ----------------------------------------------------------------------------------------------
+# Dihedral transforms and colour permutations.
+
+
+def test_dihedral_transforms_are_the_documented_ones():
+  g = np.array([[1, 2, 3], [4, 5, 6]])
+  expected = {
+      0: [[1, 2, 3], [4, 5, 6]],
+      1: [[3, 6], [2, 5], [1, 4]],            # rot90 counter-clockwise
+      2: [[6, 5, 4], [3, 2, 1]],
+      3: [[4, 1], [5, 2], [6, 3]],            # rot270 counter-clockwise
+      4: [[3, 2, 1], [6, 5, 4]],              # flip left-right
+      5: [[4, 5, 6], [1, 2, 3]],              # flip up-down
+      6: [[1, 4], [2, 5], [3, 6]],            # transpose
+      7: [[6, 3], [5, 2], [4, 1]],            # anti-transpose
+  }
+  for d, want in expected.items():
+    assert arc.dihedral_transform(g, d).tolist() == want, arc.DIHEDRAL_NAMES[d]
+  with pytest.raises(ValueError, match="dihedral id 8 must lie in 0..7"):
+    arc.dihedral_transform(g, 8)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 7), (3, 5), (30, 30), (29, 30)])
+def test_every_dihedral_transform_inverts_exactly(shape):
+  g = RNG.integers(0, 10, shape).astype(np.uint8)
+  images = []
+  for d in range(8):
+    t = arc.dihedral_transform(g, d)
+    assert t.flags.c_contiguous and t.dtype == np.uint8
+    assert np.array_equal(arc.inverse_dihedral_transform(t, d), g)
+    assert np.array_equal(arc.dihedral_transform(t, arc.DIHEDRAL_INVERSE[d]), g)
+    images.append(t.tobytes() + bytes(t.shape))
+  if min(shape) > 1:
+    assert len(set(images)) == 8        # a generic grid has 8 distinct images
+
+
+def test_colour_permutations_fix_zero_and_invert_exactly():
+  g = np.arange(10, dtype=np.uint8).reshape(2, 5)
+  for _ in range(50):
+    perm = arc.random_colour_permutation(RNG)
+    assert perm[0] == 0 and sorted(perm.tolist()) == list(range(10))
+    inv = arc.invert_colour_permutation(perm)
+    assert np.array_equal(inv[perm], np.arange(10)) and np.array_equal(perm[inv], np.arange(10))
+    mapped = arc.apply_colour_permutation(g, perm)
+    assert np.array_equal(arc.apply_colour_permutation(mapped, inv), g)
+  for bad in ([1, 0, 2, 3, 4, 5, 6, 7, 8, 9], [0, 1, 1, 3, 4, 5, 6, 7, 8, 9], list(range(9))):
+    with pytest.raises(ValueError, match="must be a permutation of 0..9 with 0 -> 0"):
+      arc.check_colour_permutation(bad)
+
+
+def test_augmentation_apply_invert_and_text_form():
+  g = RNG.integers(0, 10, (4, 7)).astype(np.uint8)
+  for d in range(8):
+    aug = arc.Augmentation(d, tuple(arc.random_colour_permutation(RNG)))
+    assert np.array_equal(aug.invert(aug.apply(g)), g)
+    assert arc.Augmentation.from_string(aug.to_string()) == aug
+  assert arc.IDENTITY.to_string() == "t0_0123456789" and arc.IDENTITY.is_identity
+  aug = arc.Augmentation.from_string("t1_0987654321")
+  assert aug.apply(np.array([[1, 2]])).tolist() == [[8], [9]]
+  with pytest.raises(ValueError, match="not of the form"):
+    arc.Augmentation.from_string("t9_012")
+
+
+# ----------------------------------------------------------------------------------------------
+# Encoding and crop.
+
+
+def test_encoding_layout():
+  g = np.array([[0, 9, 3], [5, 5, 1]], np.uint8)
+  inputs, labels = arc.encode_pair(g, g, offset=(4, 6))
+  assert inputs.dtype == np.int32 and inputs.shape == (900,)
+  canvas = inputs.reshape(30, 30)
+  assert canvas[4:6, 6:9].tolist() == [[2, 11, 5], [7, 7, 3]]
+  assert canvas[6, 6:9].tolist() == [1, 1, 1] and canvas[4:6, 9].tolist() == [1, 1]
+  assert canvas[6, 9] == 0                                  # no corner EOS
+  assert (canvas != 0).sum() == 6 + 3 + 2
+  lab = labels.reshape(30, 30)
+  assert (lab == -100).sum() == 900 - 11 and np.array_equal(lab[lab != -100], canvas[canvas != 0])
+  full_width = arc.encode_grid(np.ones((2, 30), np.uint8)).reshape(30, 30)
+  assert full_width[2].tolist() == [1] * 30 and (full_width[:2] == 3).all()   # no EOS column
+  assert (arc.encode_grid(np.ones((30, 30), np.uint8)) == 3).all()          # no EOS at all
+  with pytest.raises(ValueError, match="a 2x3 grid at offset \\(29, 0\\) does not fit"):
+    arc.encode_grid(g, (29, 0))
+
+
+def test_crop_equals_the_reference_loop_on_garbage():
+  cases = [RNG.integers(0, 12, 900), np.zeros(900, int), np.full(900, 5), np.full(900, -100)]
+  for _ in range(300):
+    t = RNG.integers(2, 12, (30, 30))
+    h, w = RNG.integers(1, 31, 2)
+    t[h:, :] = RNG.integers(0, 2, (30 - h, 30)) if RNG.random() < 0.5 else 0
+    t[:, w:] = RNG.integers(0, 12, (30, 30 - w)) if RNG.random() < 0.5 else 1
+    holes = RNG.random((30, 30)) < RNG.choice([0.0, 0.002, 0.02])
+    t[holes] = RNG.integers(0, 2, holes.sum())
+    cases.append(t.reshape(900))
+  batch = np.stack(cases)
+  for tokens, got in zip(batch, arc.crop_batch(batch)):
+    want = _reference_crop(tokens)
+    assert got.shape == want.shape and np.array_equal(got, want)
+  assert arc.crop(np.zeros(900, int)).shape == (0, 0)
+
+
+def test_encode_then_crop_round_trips_every_shipped_grid(shared_data_dir):
+  grids = []
+  for name in arc.SETS:
+    for task in arc.load_split(str(shared_data_dir / "arc"), name).values():
+      for pair in task.train + task.test:
+        grids += [pair.input, pair.output]
+  assert len(grids) > 17_000
+  tokens = np.stack([arc.encode_grid(g) for g in grids])
+  labels = np.stack([arc.encode_grid(g, pad=arc.IGNORE_LABEL_ID) for g in grids])
+  for g, a, b in zip(grids, arc.crop_batch(tokens), arc.crop_batch(labels)):
+    assert np.array_equal(a, g) and np.array_equal(b, g)
+
+
+# ----------------------------------------------------------------------------------------------
+# Augmentations, puzzle ids, examples.
+
+
+def test_augmentations_are_deduplicated_and_seeded():
+  # One colour on a 3x1 bar: 2 shapes x 9 colours = 18 distinct tasks, so 17 augmentations.
+  bar = _task("bar", [([[1], [1], [1]], [[1], [1], [1]])], [([[1], [1], [1]], [[1], [1], [1]])])
+  augs = arc.generate_augmentations(bar, num_aug=100, seed=0)
+  assert augs[0] == arc.IDENTITY and len(augs) == 18
+  images = {(a.apply(bar.train[0].input).tobytes(), a.apply(bar.train[0].input).shape)
+            for a in augs}
+  assert len(images) == 18
+  blank = _task("blank", [([[0, 0], [0, 0]], [[0, 0], [0, 0]])], [([[0]], [[0]])])
+  assert arc.generate_augmentations(blank, num_aug=50, seed=0) == [arc.IDENTITY]
+
+  generic = _task("generic", [(RNG.integers(0, 10, (3, 4)), RNG.integers(0, 10, (2, 2)))],
+                  [(RNG.integers(0, 10, (5, 3)), RNG.integers(0, 10, (3, 3)))])
+  a = arc.generate_augmentations(generic, num_aug=40, seed=7)
+  assert len(a) == 41 and len(set(a)) == 41 and a[0] == arc.IDENTITY
+  assert a == arc.generate_augmentations(generic, num_aug=40, seed=7)          # deterministic
+  assert a[:11] == arc.generate_augmentations(generic, num_aug=10, seed=7)     # a prefix
+  assert a != arc.generate_augmentations(generic, num_aug=40, seed=8)
+  renamed = arc.Task("other", generic.train, generic.test)
+  assert a != arc.generate_augmentations(renamed, num_aug=40, seed=7)          # per-task streams
+  sigs = {arc._task_signature([(x.apply(i), x.apply(o)) for i, o in arc._task_pairs(generic)])
+          for x in a}
+  assert len(sigs) == 41
+
+
+@pytest.fixture(scope="module")
+def small_arc1(shared_data_dir):
+  """The first 3 tasks of each arc1 set with 5 augmentations: (tasks, metadata, train, test)."""
+  tasks = arc.load_variant(str(shared_data_dir / "arc"), "arc1")
+  picked = []
+  for name in ("training", "evaluation", "concept"):
+    picked += [st for st in tasks if st[0] == name][:3]
+  meta = arc.build_metadata(picked, "arc1", num_aug=5, seed=0)
+  ordered = [t for _, t in picked]
+  return (picked, meta, list(arc.iter_examples(ordered, meta, "train")),
+          list(arc.iter_examples(ordered, meta, "test")))
+
+
+def test_puzzle_ids_are_shared_by_the_train_and_test_splits(small_arc1):
+  picked, meta, train, test = small_arc1
+  assert meta.num_puzzle_identifiers == 1 + 9 * 6
+  train_ids = {int(e["puzzle_identifiers"]) for e in train}
+  test_ids = {int(e["puzzle_identifiers"]) for e in test}
+  assert train_ids == set(range(1, meta.num_puzzle_identifiers))      # 0 is the blank
+  assert test_ids <= train_ids and len(test_ids) == 3 * 6
+  by_id = {}
+  for e in train:
+    by_id.setdefault(int(e["puzzle_identifiers"]), []).append(e)
+  tasks = dict((t.task_id, t) for _, t in picked)
+  for e in test:
+    pid = int(e["puzzle_identifiers"])
+    task_id = meta.task_of(pid)
+    assert meta.task_sets[int(e["task_index"])] == "evaluation" == meta.test_set
+    assert meta.task_ids[int(e["task_index"])] == task_id
+    aug = meta.augmentation(pid)
+    t = int(e["test_index"])
+    assert np.array_equal(aug.invert(arc.crop(e["inputs"])), tasks[task_id].test[t].input)
+    assert np.array_equal(aug.invert(arc.crop(e["labels"])), tasks[task_id].test[t].output)
+    # The same augmentation was applied to this puzzle's demonstrations in the train split.
+    demos = {arc._grid_key(aug.apply(p.input)) for p in tasks[task_id].train}
+    assert len(by_id[pid]) == len(tasks[task_id].train)
+    for d in by_id[pid]:
+      canvas = d["inputs"].reshape(30, 30)
+      rows, cols = np.nonzero(canvas >= 2)
+      grid = canvas[rows.min():rows.max() + 1, cols.min():cols.max() + 1] - 2
+      assert arc._grid_key(grid.astype(np.uint8)) in demos
+
+
+def test_translation_spares_one_example_per_puzzle_and_never_the_test_split(small_arc1):
+  picked, meta, train, test = small_arc1
+  for e in test:
+    assert 2 <= e["inputs"][0] <= 11 and 2 <= e["labels"][0] <= 11        # at the top-left
+  by_id = {}
+  for e in train:
+    by_id.setdefault(int(e["puzzle_identifiers"]), []).append(e)
+    inputs, labels = e["inputs"].reshape(30, 30), e["labels"].reshape(30, 30)
+    # Both grids fill [r:r+h, c:c+w] with colours: their first colour cells are the offsets.
+    offset = tuple(int(x[0]) for x in np.nonzero(inputs >= 2))
+    assert tuple(int(x[0]) for x in np.nonzero(labels >= 2)) == offset      # the same translation
+    assert int(e["test_index"]) == -1
+  moved = 0
+  for examples in by_id.values():
+    at_origin = [bool(e["inputs"][0] >= 2) for e in examples]
+    assert any(at_origin)
+    moved += at_origin.count(False)
+  assert moved > len(train) // 2
+  assert [int(e["index"]) for e in train] == list(range(len(train)))
+
+
+def test_examples_are_deterministic_for_a_seed(small_arc1):
+  picked, meta, train, _ = small_arc1
+  ordered = [t for _, t in picked]
+  again = list(arc.iter_examples(ordered, arc.build_metadata(picked, "arc1", 5, 0), "train"))
+  assert all(np.array_equal(a["inputs"], b["inputs"]) and np.array_equal(a["labels"], b["labels"])
+             for a, b in zip(train, again))
+  other = list(arc.iter_examples(ordered, arc.build_metadata(picked, "arc1", 5, 1), "train"))
+  assert any(not np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(train, other))
+
+
+def test_metadata_json_round_trip(small_arc1):
+  _, meta, _, _ = small_arc1
+  data = json.loads(json.dumps(meta.to_json()))
+  back = arc.ArcMetadata.from_json(data)
+  assert back.task_ids == meta.task_ids and back.num_puzzle_identifiers == meta.num_puzzle_identifiers
+  assert np.array_equal(back.dihedral, meta.dihedral) and np.array_equal(back.colours, meta.colours)
+  assert all(np.array_equal(a, b) for k in meta.test_outputs
+             for a, b in zip(back.test_outputs[k], meta.test_outputs[k]))
+  with pytest.raises(ValueError, match="puzzle id 55 outside 0..54"):
+    meta.augmentation(55)
+
+
+@pytest.mark.parametrize("variant, tasks, test_inputs, train_tasks", [
+    ("arc1", 400, 419, 960), ("arc2", 120, 172, 1280)])
+def test_variant_counts_equal_the_facts(shared_data_dir, variant, tasks, test_inputs, train_tasks):
+  picked = arc.load_variant(str(shared_data_dir / "arc"), variant)
+  meta = arc.build_metadata(picked, variant, num_aug=0, seed=0)
+  assert len(meta.test_outputs) == len(meta.test_task_ids) == tasks
+  assert sum(len(v) for v in meta.test_outputs.values()) == meta.num_test_examples == test_inputs
+  assert len(meta.task_ids) == train_tasks and meta.num_puzzle_identifiers == train_tasks + 1
+  demos = {"arc1": 1302 + 416 + 1363 + 427 + 480, "arc2": 3232 + 1076 + 358 + 427 + 480}[variant]
+  assert meta.num_train_examples == demos
+
+
+def test_a_task_in_two_sets_is_an_error(tmp_path):
+  task = {"train": [{"input": [[1]], "output": [[2]]}], "test": [{"input": [[3]]}]}
+  for name in ("training", "evaluation", "concept"):
+    (tmp_path / f"arc-agi_{name}_challenges.json").write_text(json.dumps({"same": task}))
+    (tmp_path / f"arc-agi_{name}_solutions.json").write_text(json.dumps({"same": [[[4]]]}))
+  with pytest.raises(arc.ArcFormatError, match="evaluation_challenges.json: task same: also in set "
+                     "'training'"):
+    arc.load_variant(str(tmp_path), "arc1")
+
+
+# ----------------------------------------------------------------------------------------------
+# The TFDS builder.
+
+
+@pytest.fixture(scope="module")
+def small_manual_dir(shared_data_dir, tmp_path_factory) -> pathlib.Path:
+  """arc1 files cut to their first 4 tasks each (the builder needs only the file names)."""
+  out = tmp_path_factory.mktemp("arc_manual")
+  for name in ("training", "evaluation", "concept"):
+    for kind in ("challenges", "solutions"):
+      data = json.loads((shared_data_dir / "arc" / f"arc-agi_{name}_{kind}.json").read_text())
+      keep = sorted(data)[:4]
+      (out / f"arc-agi_{name}_{kind}.json").write_text(json.dumps({k: data[k] for k in keep}))
+  return out
+
+
+def _prepare(data_dir, manual_dir, **knobs):
+  builder = arc_agi.ArcAgi(data_dir=str(data_dir), config=arc_agi.make_config(**knobs))
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+      manual_dir=str(manual_dir), try_download_gcs=False))
+  return builder
+
+
+def test_builder_prepares_a_small_variant(tmp_path, small_manual_dir):
+  _prepare(tmp_path, small_manual_dir, variant="arc1", num_aug=3, seed=0)
+  builder = arc_agi.ArcAgi(data_dir=str(tmp_path), config=arc_agi.make_config("arc1", 3, 0))
+  assert builder.is_prepared() and builder.builder_config.name == "arc1_a3_s0"
+  meta = arc_agi.load_metadata(builder)
+  summary = arc_agi.prepared_metadata(builder)
+  assert summary["num_puzzle_identifiers"] == meta.num_puzzle_identifiers == 1 + 12 * 4
+  assert summary["train_groups"] == 12
+  assert builder.info.metadata["seq_len"] == 900 and builder.info.metadata["vocab_size"] == 12
+  splits = {k: v.num_examples for k, v in builder.info.splits.items()}
+  assert splits == {"train": meta.num_train_examples, "test": meta.num_test_examples}
+  assert summary["mean_puzzle_examples"] == meta.num_train_examples / (12 * 4)
+
+  tasks = arc.load_variant(str(small_manual_dir), "arc1")
+  for split in ("train", "test"):
+    want = list(arc.iter_examples([t for _, t in tasks], meta, split))
+    got = list(tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)))
+    got.sort(key=lambda e: int(e["index"]))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+      assert g["inputs"].dtype == np.int32 and g["inputs"].shape == (900,)
+      for name in ("inputs", "labels", "puzzle_identifiers", "index", "task_index", "test_index"):
+        assert np.array_equal(g[name], w[name]), (split, name)
+
+  with pytest.raises(FileNotFoundError, match="arc-agi_training2_challenges.json not found"):
+    _prepare(tmp_path, small_manual_dir, variant="arc2", num_aug=0, seed=0)
+
+
+def test_builder_configs():
+  assert arc_agi.make_config() is arc_agi.ArcAgi.BUILDER_CONFIGS[0]
+  assert arc_agi.make_config().name == "arc1_a1000_s0"
+  assert arc_agi.make_config(variant="arc2").name == "arc2_a1000_s0"
+  assert arc_agi.make_config("arc1", 8, 3).name == "arc1_a8_s3"
+  with pytest.raises(ValueError, match="unknown ARC variant 'arc3'"):
+    arc_agi.make_config(variant="arc3")
+  with pytest.raises(ValueError, match="num_aug=-1 must be an int >= 0"):
+    arc_agi.make_config(num_aug=-1)
