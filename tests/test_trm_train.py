@@ -13,7 +13,8 @@ import tensorflow as tf
 from experiments.common import config_utils
 from experiments.common import parallel
 from experiments.trm import train
-from experiments.trm.configs import base, cpu_demo, sudoku_att, sudoku_mlp, v4_64
+from experiments.trm.configs import arc1_att, arc2_att, base, cpu_demo, maze_att
+from experiments.trm.configs import sudoku_att, sudoku_mlp, v4_64
 from input_pipeline import sudoku
 from modules import trm
 
@@ -107,16 +108,37 @@ def test_training_on_a_fixed_batch_lowers_the_loss():
   assert int(parallel.unreplicate(state.step)) == 30
 
 
-@pytest.mark.parametrize("module,arg", [(base, None), (sudoku_mlp, None), (sudoku_att, None),
-                                        (v4_64, None), (v4_64, "batch=6144"), (cpu_demo, None),
-                                        (cpu_demo, "smoke")])
+@pytest.mark.parametrize("module,arg", [
+    (base, None), (sudoku_mlp, None), (sudoku_att, None), (maze_att, None),
+    (maze_att, "dihedral=False"), (arc1_att, None), (arc2_att, None), (v4_64, None),
+    (v4_64, "batch=6144"), (v4_64, "recipe=maze_att"), (v4_64, "recipe=arc2_att"),
+    (cpu_demo, None), (cpu_demo, "smoke")])
 def test_every_config_validates(module, arg):
   config = module.get_config(arg) if arg else module.get_config()
   train.validate_config(config)
   if module is v4_64:
-    assert config.num_devices == 32
-    assert config.global_batch_size == (6144 if arg else 768)
-    assert config.model.mlp_t and config.ema
+    assert config.num_devices == 32 and config.devices_per_host == 4
+    assert config.global_batch_size == (6144 if arg == "batch=6144" else 768)
+    assert config.ema
+    assert config.model.mlp_t == (arg is None or arg.startswith("batch"))
+
+
+def test_maze_and_arc_recipes_match_the_reference():
+  m = maze_att.get_config()
+  assert (m.dataset.name, m.model.L_cycles, m.model.mlp_t, m.epochs, m.eval_interval_epochs) == (
+      "maze_hard", 4, False, 50000, 5000)
+  assert (m.lr, m.puzzle_emb_lr, m.weight_decay, m.puzzle_emb_weight_decay, m.ema) == (
+      1e-4, 1e-4, 1.0, 1.0, True)
+  assert m.dataset.builder_kwargs.dihedral            # the paper's 8 transforms (explicit choice)
+  assert not maze_att.get_config("dihedral=False").dataset.builder_kwargs.dihedral
+  for module, variant in ((arc1_att, "arc1"), (arc2_att, "arc2")):
+    a = module.get_config()
+    assert (a.dataset.name, a.dataset.builder_kwargs.variant, a.dataset.builder_kwargs.num_aug) == (
+        "arc_agi", variant, 1000)
+    assert (a.model.L_cycles, a.epochs, a.eval_interval_epochs, a.lr, a.puzzle_emb_lr) == (
+        4, 100000, 10000, 1e-4, 1e-2)
+    assert (a.weight_decay, a.puzzle_emb_weight_decay, a.ema, a.shard_puzzle_table) == (
+        0.1, 0.1, True, True)
 
 
 def test_reference_recipe_fields():

@@ -314,15 +314,17 @@ def validate_submission(submission: Any, meta: Optional[arc.ArcMetadata] = None,
 # Files (per-host votes, the submission).
 
 def write_json(path: str, obj: Any) -> None:
-  """Write votes / metrics / a submission as JSON (atomically: a temp file, then a rename)."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  """Write votes / metrics / a submission as JSON, local or gs:// (a temp file, then a rename)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only for gs:// support)
+  tf.io.gfile.makedirs(os.path.dirname(path) or ".")
   tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, separators=(",", ":"))
-  os.replace(tmp, path)
+  with tf.io.gfile.GFile(tmp, "w") as f:
+    f.write(json.dumps(obj, separators=(",", ":")))
+  tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 def read_json(path: str) -> Any:
   """Read what `write_json` wrote (e.g. another host's votes)."""
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  with tf.io.gfile.GFile(path, "r") as f:
+    return json.loads(f.read())

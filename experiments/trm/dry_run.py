@@ -50,6 +50,23 @@ def pod_layout(config: ml_collections.ConfigDict) -> Dict[str, int]:
               per_device_batch=config.global_batch_size // n_global)
 
 
+def _puzzle_ids_bound(config: ml_collections.ConfigDict):
+  """(upper bound, note) on the puzzle ids of an unprepared ARC dataset: tasks x (num_aug + 1) + 1,
+  counting the tasks in the manual dir's JSON files (a few seconds; nothing is built)."""
+  ds = config.dataset
+  if ds.name != "arc_agi" or not ds.manual_dir:
+    raise config_utils.ConfigError(
+        "dataset.manual_dir", ds.manual_dir,
+        f"{ds.name} is not prepared in {ds.data_dir} and its puzzle-id count comes from the data",
+        "prepare it first, or pass --config.dataset.manual_dir=<folder with the ARC JSON files>")
+  from input_pipeline import arc  # pylint: disable=g-import-not-at-top
+  kwargs = ds.builder_kwargs
+  tasks = len(arc.load_variant(ds.manual_dir, kwargs.get("variant", "arc1")))
+  bound = tasks * (int(kwargs.get("num_aug", 1000)) + 1) + 1
+  return bound, (f" (upper bound {tasks} tasks x {int(kwargs.get('num_aug', 1000)) + 1} + 1 from "
+                 f"{ds.manual_dir}; duplicates of tasks with few colours are dropped when built)")
+
+
 def _num_train_examples(config: ml_collections.ConfigDict, meta: Dict[str, Any]):
   """From the prepared dataset, else from the builder's size knobs; None when unknown."""
   splits = meta.get("splits") or {}
@@ -73,6 +90,9 @@ def run(config: ml_collections.ConfigDict) -> Dict[str, Any]:
         f"this process has {n_local} devices", "run through `main.py --dry_run`, which sets them")
   ds = config.dataset
   meta = datasets.get_metadata(ds.name, ds.builder_kwargs.to_dict(), ds.data_dir)
+  ids_note = ""
+  if meta.get("num_puzzle_identifiers") is None:   # known only from the data (ARC)
+    meta["num_puzzle_identifiers"], ids_note = _puzzle_ids_bound(config)
   model = trm.TRMModel(train.model_config(config, meta))
   num_train, train_source = _num_train_examples(config, meta)
   total_steps = (train.num_train_steps(config, num_train) if num_train
@@ -106,7 +126,7 @@ def run(config: ml_collections.ConfigDict) -> Dict[str, Any]:
   n_ids, e = model.config.num_puzzle_identifiers, model.config.emb_ndim
   if rows is not None:
     table_text = (f"({n_ids:,}, {e}) sharded: {rows:,} rows = {rows * e * 4 / GB:.3f} GB per device "
-                  f"(replicated it would be {n_ids * e * 4 / GB:.3f} GB on every device)")
+                  f"(replicated it would be {n_ids * e * 4 / GB:.3f} GB on every device){ids_note}")
   elif table is not None:
     table_text = f"{tuple(table.shape)} replicated: {n_ids * e * 4 / GB:.3f} GB on every device"
   else:

@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterator, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 import optax
@@ -42,9 +43,12 @@ from experiments.common import optim
 from experiments.common import parallel
 from experiments.common import preemption
 from experiments.common import sharded_table
+from experiments.trm import arc_eval
 from experiments.trm import losses
 from experiments.trm.configs import base as base_config
+from input_pipeline import datasets
 from input_pipeline import pipeline
+from input_pipeline.datasets import arc_agi
 from modules import trm
 
 RATIO_METRICS = ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")
@@ -121,6 +125,15 @@ def _check_devices(config: ml_collections.ConfigDict) -> Tuple[int, int]:
         f"not divisible by the {n_global} devices",
         f"use a multiple of {n_global}, e.g. {max(n_global, config.global_batch_size // n_global * n_global)}")
   return n_local, config.global_batch_size // n_global
+
+
+def epoch_examples(metadata: Dict[str, Any], num_train_rows: int) -> int:
+  """Examples per epoch (reference 4.5: total_groups * mean_puzzle_examples). For a dataset of
+  materialised augmentations (ARC: up to 1001 puzzles per task) that is one augmentation's examples
+  per task, not every stored row; otherwise every training row."""
+  if "train_groups" in metadata and "mean_puzzle_examples" in metadata:
+    return max(1, int(round(metadata["train_groups"] * metadata["mean_puzzle_examples"])))
+  return num_train_rows
 
 
 def num_train_steps(config: ml_collections.ConfigDict, num_train_examples: int) -> int:
@@ -268,12 +281,15 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
   return train_step
 
 
-def make_eval_step(model: trm.TRMModel, per_device_batch: int, sharded: bool = False):
+def make_eval_step(model: trm.TRMModel, per_device_batch: int, sharded: bool = False,
+                   predictions: bool = False):
   """Per-device evaluation of one padded batch: a fresh carry, exactly halt_max_steps ACT steps, metric
   sums of the LAST step over non-padding rows (psummed over all devices).
 
   (params, model_state, table, batch, device_index) -> sums; `table` is the replicated puzzle table,
-  or with `sharded` this device's shard [R, E] (pmap it along the device axis).
+  or with `sharded` this device's shard [R, E] (pmap it along the device axis). With `predictions`
+  -> (sums, {"predictions": [B, S] int32 argmax tokens, "q_halt": [B] float32}) of the last step
+  (what the ARC evaluator votes with).
   """
   cfg = model.config
 
@@ -294,17 +310,24 @@ def make_eval_step(model: trm.TRMModel, per_device_batch: int, sharded: bool = F
     _, sums = losses.act_loss_and_metrics(
         out["logits"], carry.current_data["labels"], out["q_halt_logits"], out["q_continue_logits"],
         carry.halted & mask, carry.steps, loss_divisor=per_device_batch, row_mask=mask)
-    return jax.lax.psum(sums, parallel.AXIS)
+    sums = jax.lax.psum(sums, parallel.AXIS)
+    if predictions:
+      return sums, {"predictions": jnp.argmax(out["logits"], axis=-1).astype(jnp.int32),
+                    "q_halt": out["q_halt_logits"].astype(jnp.float32)}
+    return sums
 
   return eval_step
 
 
 def evaluate(p_eval_step, state: TrainState, eval_batches, use_ema: bool, *,
-             table: Any = None, device_index: Any = None) -> Dict[str, float]:
+             table: Any = None, device_index: Any = None,
+             on_predictions: Optional[Any] = None) -> Dict[str, float]:
   """Runs the padded evaluation batches; returns ratios (losses per evaluated example).
 
   `table`: the puzzle shards of a sharded table (DeviceState.puzzle_shard), else state.puzzle_table
-  is used; `device_index`: parallel.shard(parallel.device_indices()) (default: computed here).
+  is used; `device_index`: parallel.shard(parallel.device_indices()) (default: computed here);
+  `on_predictions(batch, predictions)`: called per batch with the host batch and this host's
+  predictions ([n, B, ...] numpy) of a step made with `make_eval_step(..., predictions=True)`.
   """
   acc = metrics_lib.SumAccumulator()
   params = state.ema if use_ema else state.params
@@ -312,13 +335,41 @@ def evaluate(p_eval_step, state: TrainState, eval_batches, use_ema: bool, *,
   if device_index is None:
     device_index = parallel.shard(parallel.device_indices())
   for batch in eval_batches:
-    acc.add(p_eval_step(params, state.model_state, table, parallel.shard(
+    out = p_eval_step(params, state.model_state, table, parallel.shard(
         {k: v for k, v in batch.items() if k in ("inputs", "labels", "puzzle_identifiers", "mask")}),
-                        device_index))
+                      device_index)
+    if on_predictions is not None:
+      out, preds = out
+      on_predictions(batch, jax.tree.map(_local_rows, preds))
+    acc.add(out)
   sums = acc.pop()
   count = sums.get("count", 0.0)
   return metrics_lib.ratios(sums, count_key="count", ratio_keys=RATIO_METRICS,
                             divisors={k: count for k in LOSS_METRICS})
+
+
+def arc_results(meta: Any, host_parts: list, step: int, workdir: str, full: bool,
+                final: bool) -> Dict[str, float]:
+  """ARC pass@K of one evaluation: merges this host's votes, exchanges them through files in
+  `<workdir>/arc_eval/step_<step>/` (every host writes votes_<i>.json; process 0 merges all once),
+  writes submission.json there (and `<workdir>/submission.json` when `final`). Process 0 returns the
+  metrics (pass@1..1000, counts); the other processes return {}. A subset evaluation scores only the
+  tasks it reached."""
+  out_dir = f"{workdir.rstrip('/')}/arc_eval/step_{step}"
+  arc_eval.write_json(f"{out_dir}/votes_{jax.process_index()}.json", arc_eval.merge(host_parts))
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f"podlab_arc_eval_{step}")
+  if jax.process_index() != 0:
+    return {}
+  parts = [arc_eval.read_json(f"{out_dir}/votes_{i}.json") for i in range(jax.process_count())]
+  merged = arc_eval.merge(parts)
+  tasks = None if full else arc_eval.voted_tasks(merged)
+  metrics, submission = arc_eval.finalize(meta, [merged], tasks=tasks)
+  arc_eval.validate_submission(submission, meta)
+  arc_eval.write_json(f"{out_dir}/submission.json", submission)
+  if final:
+    arc_eval.write_json(f"{workdir.rstrip('/')}/submission.json", submission)
+  return {k: float(v) for k, v in metrics.items()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -426,7 +477,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   ds = config.dataset
   data = pipeline.DataSource.from_config(ds, seed=config.seed)
   model = trm.TRMModel(model_config(config, data.metadata()))
-  num_train = data.num_examples(ds.train_split)
+  num_train = epoch_examples(data.metadata(), data.num_examples(ds.train_split))
   total_steps = num_train_steps(config, num_train)
   eval_every = eval_every_steps(config, num_train)
   adam, sign = make_optimizers(config, total_steps)
@@ -461,8 +512,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   p_train_step = parallel.pmap_step(make_train_step(model, adam, sign, config, per_device_batch),
                                     replicated_in=(0,), out_axes=(None, 0, 0),
                                     donate_argnums=(0, 1))
-  p_eval_step = parallel.pmap_step(make_eval_step(model, per_device_batch, sharded=shard_table),
-                                   replicated_in=(0, 1) if shard_table else (0, 1, 2), out_axes=0)
+  is_arc = ds.name == "arc_agi"           # pass@K over augmentations, submission.json
+  arc_meta = (arc_agi.load_metadata(datasets.get_builder(data.name, data.data_dir,
+                                                         data.builder_kwargs)) if is_arc else None)
+  p_eval_step = parallel.pmap_step(
+      make_eval_step(model, per_device_batch, sharded=shard_table, predictions=is_arc),
+      replicated_in=(0, 1) if shard_table else (0, 1, 2), out_axes=0)
 
   writer = metrics_lib.create_writer(workdir)
   if start_step == 0:
@@ -473,13 +528,21 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   train_iter = data.train_iterator(global_batch_size=config.global_batch_size,
                                    local_device_count=n_local, start_step=start_step)
 
-  def run_eval(step: int, full: bool) -> Dict[str, float]:
+  def run_eval(step: int, full: bool, final: bool = False) -> Dict[str, float]:
     subset = 0 if full else config.eval_subset
     batches = data.eval_batches(ds.test_split, global_batch_size=config.global_batch_size,
                                 local_device_count=n_local, subset_size=subset)
+    votes = []
+    collect = None
+    if is_arc:
+      collect = lambda b, p: votes.append(arc_eval.collect(  # noqa: E731
+          arc_meta, p["predictions"], p["q_halt"], b["puzzle_identifiers"], b["test_index"],
+          b["mask"]))
     results = evaluate(p_eval_step, state, batches, use_ema=config.ema,
                        table=device_state.puzzle_shard if shard_table else None,
-                       device_index=device_index)
+                       device_index=device_index, on_predictions=collect)
+    if is_arc:
+      results.update(arc_results(arc_meta, votes, step, workdir, full=full, final=final))
     writer.write_scalars(step, {f"eval/{k}": v for k, v in results.items()})
     logging.info("eval at step %d (%s): %s", step, "full test set" if full else f"subset {subset}",
                  {k: round(v, 4) for k, v in results.items()})
@@ -533,8 +596,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   results: Dict[str, Dict[str, float]] = {}
   if config.final_eval and total_steps > 0:
-    results["test"] = run_eval(total_steps, full=True)
-    table = metrics_lib.format_table(results, EVAL_COLUMNS)
+    results["test"] = run_eval(total_steps, full=True, final=True)
+    columns = EVAL_COLUMNS + tuple(k for k in results["test"] if k.startswith("pass@"))
+    table = metrics_lib.format_table(results, columns)
     logging.info("Final evaluation (EMA weights: %s) at step %d:\n%s", config.ema, total_steps, table)
     if jax.process_index() == 0:
       print(f"\nFinal evaluation at step {total_steps} ({'EMA' if config.ema else 'raw'} weights):\n"
