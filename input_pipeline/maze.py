@@ -79,6 +79,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from input_pipeline import puzzle_csv
+
 # --------------------------------------------------------------------------------------------
 # Encoding.
 
@@ -407,33 +409,18 @@ def read_maze_csv(path: str | os.PathLike) -> MazeCsv:
   answers: list[np.ndarray] = []
   ratings: list[int] = []
   lines: list[int] = []
-  with open(path_str, newline="", encoding="utf-8") as f:
-    reader = csv.reader(f)
-    try:
-      header = next(reader)
-    except StopIteration:
-      raise MazeDataError(f"{path_str}:1: file is empty, expected the header "
-                          f"{','.join(CSV_HEADER)}") from None
-    if header and header[0].startswith("\ufeff"):
-      header[0] = header[0][1:]
-    if tuple(h.strip() for h in header) != CSV_HEADER:
-      raise MazeDataError(f"{path_str}:{reader.line_num}: header is {','.join(header)!r}, "
-                          f"expected {','.join(CSV_HEADER)!r}")
-    for row in reader:
-      line = reader.line_num
-      if not row:
-        raise MazeDataError(f"{path_str}:{line}: empty row")
-      error = _row_error(row)
-      if error is None:
-        q = string_to_tokens(row[1])
-        a = string_to_tokens(row[2], answer=True)
-        error = pair_error(q, a)
-      if error is not None:
-        raise MazeDataError(f"{path_str}:{line}: {error}")
-      questions.append(q)
-      answers.append(a)
-      ratings.append(int(row[3]))
-      lines.append(line)
+  for line, row in puzzle_csv.rows(path_str, CSV_HEADER, MazeDataError):
+    error = _row_error(row)
+    if error is None:
+      q = string_to_tokens(row[1])
+      a = string_to_tokens(row[2], answer=True)
+      error = pair_error(q, a)
+    if error is not None:
+      raise MazeDataError(f"{path_str}:{line}: {error}")
+    questions.append(q)
+    answers.append(a)
+    ratings.append(int(row[3]))
+    lines.append(line)
   q_all = np.stack(questions) if questions else np.zeros((0, NUM_CELLS), np.uint8)
   a_all = np.stack(answers) if answers else np.zeros((0, NUM_CELLS), np.uint8)
   return MazeCsv(questions=q_all, answers=a_all, ratings=np.asarray(ratings, np.int64),

@@ -60,6 +60,8 @@ from typing import Optional
 
 import numpy as np
 
+from input_pipeline import puzzle_csv
+
 # --------------------------------------------------------------------------------------------
 # Encoding.
 
@@ -633,51 +635,36 @@ def read_sudoku_csv(path: str | os.PathLike, chunk_rows: int = 262_144) -> Sudok
   answers_all: list[np.ndarray] = []
   ratings: list[int] = []
   lines_all: list[int] = []
-  with open(path_str, newline="", encoding="utf-8") as f:
-    reader = csv.reader(f)
-    try:
-      header = next(reader)
-    except StopIteration:
-      raise SudokuDataError(f"{path_str}:1: file is empty, expected the header "
-                            f"{','.join(CSV_HEADER)}") from None
-    if header and header[0].startswith("\ufeff"):
-      header[0] = header[0][1:]
-    if tuple(h.strip() for h in header) != CSV_HEADER:
-      raise SudokuDataError(f"{path_str}:{reader.line_num}: header is {','.join(header)!r}, "
-                            f"expected {','.join(CSV_HEADER)!r}")
-    qs: list[str] = []
-    ans: list[str] = []
-    lines: list[int] = []
+  qs: list[str] = []
+  ans: list[str] = []
+  lines: list[int] = []
 
-    def flush() -> None:
-      _bulk_check(path_str, qs, ans, lines)
-      if qs:
-        n = len(qs)
-        q = np.frombuffer("".join(qs).encode("ascii"), np.uint8).reshape(n, NUM_CELLS)
-        questions_all.append(np.where((q == ord(".")) | (q == ord("0")), 0,
-                                      q - ord("0")).astype(np.uint8))
-        a = np.frombuffer("".join(ans).encode("ascii"), np.uint8).reshape(n, NUM_CELLS)
-        answers_all.append((a - ord("0")).astype(np.uint8))
-        lines_all.extend(lines)
-      qs.clear()
-      ans.clear()
-      lines.clear()
+  def flush() -> None:
+    _bulk_check(path_str, qs, ans, lines)
+    if qs:
+      n = len(qs)
+      q = np.frombuffer("".join(qs).encode("ascii"), np.uint8).reshape(n, NUM_CELLS)
+      questions_all.append(np.where((q == ord(".")) | (q == ord("0")), 0,
+                                    q - ord("0")).astype(np.uint8))
+      a = np.frombuffer("".join(ans).encode("ascii"), np.uint8).reshape(n, NUM_CELLS)
+      answers_all.append((a - ord("0")).astype(np.uint8))
+      lines_all.extend(lines)
+    qs.clear()
+    ans.clear()
+    lines.clear()
 
-    for row in reader:
-      line = reader.line_num
-      if not row:
-        raise SudokuDataError(f"{path_str}:{line}: empty row")
-      error = _row_error(row)
-      if error is not None:
-        _bulk_check(path_str, qs, ans, lines)  # report an earlier bad row first
-        raise SudokuDataError(f"{path_str}:{line}: {error}")
-      qs.append(row[1])
-      ans.append(row[2])
-      lines.append(line)
-      ratings.append(int(row[3]))
-      if len(qs) >= chunk_rows:
-        flush()
-    flush()
+  for line, row in puzzle_csv.rows(path_str, CSV_HEADER, SudokuDataError):
+    error = _row_error(row)
+    if error is not None:
+      _bulk_check(path_str, qs, ans, lines)  # report an earlier bad row first
+      raise SudokuDataError(f"{path_str}:{line}: {error}")
+    qs.append(row[1])
+    ans.append(row[2])
+    lines.append(line)
+    ratings.append(int(row[3]))
+    if len(qs) >= chunk_rows:
+      flush()
+  flush()
   if questions_all:
     questions = np.concatenate(questions_all)
     answers = np.concatenate(answers_all)

@@ -7,7 +7,7 @@ import pytest
 
 RUNNABLE = ["modules.layers", "modules.trm", "experiments.common.parallel",
             "experiments.common.metrics", "experiments.common.optim", "experiments.common.preemption",
-            "input_pipeline.arc", "experiments.common.sharded_table",
+            "input_pipeline.arc", "input_pipeline.puzzle_csv", "experiments.common.sharded_table",
             "experiments.trm.losses"]
 
 

@@ -12,20 +12,10 @@ evaluation reports pass@1/2/5/10/100/1000 and writes submission.json (two attemp
 Arguments: num_aug (augmentations per task besides the identity, default 1000 = the reference).
 """
 
-from experiments.common import config_utils
-from experiments.trm.configs import base
+from experiments.trm.configs import arc1_att
 
 
 def get_config(arg=None):
-  a = config_utils.parse_arg(arg, num_aug=1000)
-  c = base.get_config()
-  c.dataset.name = "arc_agi"
+  c = arc1_att.get_config(arg)                    # the same recipe on the ARC-AGI-2 build
   c.dataset.builder_kwargs.variant = "arc2"
-  c.dataset.builder_kwargs.num_aug = a.num_aug
-  c.dataset.builder_kwargs.seed = 0
-  c.model.L_cycles = 4
-  c.model.pos_encodings = "rope"
-  c.epochs = 100000
-  c.eval_interval_epochs = 10000
-  c.ema = True
   return c

@@ -13,24 +13,17 @@ reference. Arguments: dihedral (bool), generated (bool: the offline `maze_genera
 same shape instead of the public files, for trying the recipe without them).
 """
 
+import ml_collections
+
 from experiments.common import config_utils
-from experiments.trm.configs import base
+from experiments.trm.configs import sudoku_att
 
 
 def get_config(arg=None):
   a = config_utils.parse_arg(arg, dihedral=True, generated=False)
-  c = base.get_config()
+  c = sudoku_att.get_config()       # the same optimisation (epochs, eval interval, lr, wd, EMA)
   c.dataset.name = "maze_generated" if a.generated else "maze_hard"
-  c.dataset.builder_kwargs.dihedral = a.dihedral
-  if a.generated:
-    c.dataset.prepare_if_missing = True
+  c.dataset.builder_kwargs = ml_collections.ConfigDict({"dihedral": a.dihedral})
+  c.dataset.prepare_if_missing = a.generated
   c.model.L_cycles = 4
-  c.model.pos_encodings = "rope"
-  c.epochs = 50000
-  c.eval_interval_epochs = 5000
-  c.lr = 1e-4
-  c.puzzle_emb_lr = 1e-4
-  c.weight_decay = 1.0
-  c.puzzle_emb_weight_decay = 1.0
-  c.ema = True
   return c
