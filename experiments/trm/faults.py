@@ -15,8 +15,8 @@ compares with the reference:
               service); the run must save that step and exit 143, the restart redo nothing
 
 The table: per trial the step the run had reached when it died, the step it resumed from, the steps
-redone (reached - resumed), interrupted saves (started but never completed: discarded by the
-restart, never restored), complete checkpoints lost (must be 0), whether the final replicated state
+redone (reached - resumed), interrupted saves (started after the newest checkpoint that completed:
+in flight when the run died, discarded by the restart, never restored), complete checkpoints lost (must be 0), whether the final replicated state
 (parameters, optimizer state, EMA, puzzle table, metric window) is bitwise identical to the
 reference, whether every training metric logged from the resume point on is identical, and errors.
 The smoke config trains a tiny TRM-MLP on 256 generated Sudoku puzzles with a checkpoint every 4 of
@@ -199,7 +199,9 @@ def trial(index: int, kind: str, rng: random.Random, root: str, data_dir: str, p
   after = complete_steps(workdir)
   row["resumed_from"] = second.resumed_from
   row["redone"] = max(0, first.reached - second.resumed_from)
-  row["saves_interrupted"] = len([s for s in first.saves_started if s not in before])
+  # Saves newer than the newest complete checkpoint were in flight when the run died (older ones
+  # missing from disk were deleted by keep_checkpoints, not lost).
+  row["saves_interrupted"] = len([s for s in first.saves_started if s > max(before, default=0)])
   # The restart must resume from the newest checkpoint that was complete when the run died.
   row["ckpts_lost"] = 0 if second.resumed_from == (max(before) if before else 0) else 1
   identical = second.returncode == 0 and TOTAL_STEPS in after
