@@ -305,6 +305,94 @@ def create_train_iterator(*args: Any, **kwargs: Any) -> Iterator[Batch]:
   return create_train_dataset(*args, **kwargs).as_numpy_iterator()
 
 
+def create_group_train_iterator(
+    data_dir: str,
+    dataset_name: str,
+    builder_kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    global_batch_size: int,
+    process_index: int,
+    process_count: int,
+    local_device_count: int,
+    seed: int,
+    start_step: int = 0,
+    split: str = "train",
+    group_key: str = "task_index",
+) -> Iterator[Batch]:
+  """The reference's sampling for datasets of materialised augmentations (ARC), from `start_step`.
+
+  A group is an original puzzle (`group_key`, e.g. an ARC task), its puzzles are its augmented
+  versions (`puzzle_identifiers`), each with several examples. As in the reference, an epoch visits
+  the groups in a seeded random order, takes ONE random puzzle of each and appends its examples to
+  the batch (a random subset of them when the batch has less room left; the rest of that puzzle is
+  dropped), so every original task weighs the same however many augmentations it has. Host h samples
+  the groups g with g % process_count == h (each host visits its groups once per epoch; the global
+  batch is the union of the hosts' batches). An epoch is a fixed number of steps,
+  (examples of one puzzle per group on this host) // per-host batch, so the stream is a pure function
+  of (seed, host, step) and resumes in O(1); the reference's epoch ends where its random fill runs
+  out, which differs by at most one batch.
+  """
+  per_device = per_device_batch_size(global_batch_size, process_count, local_device_count)
+  per_host = per_device * local_device_count
+  builder = _prepared_builder(data_dir, dataset_name, builder_kwargs)
+  arrays = load_split(builder, split)
+  groups = arrays[group_key].astype(np.int64)
+  mine = np.flatnonzero(groups % process_count == process_index)
+  if mine.size == 0:
+    raise ValueError(f"{dataset_name}: host {process_index} of {process_count} has no groups in "
+                     f"split {split!r}; use fewer hosts or a larger dataset")
+  arrays = {k: v[mine] for k, v in arrays.items()}
+  puzzles = arrays["puzzle_identifiers"].astype(np.int64)
+  order = np.lexsort((arrays["index"], puzzles))          # rows of a puzzle are contiguous
+  arrays = {k: v[order] for k, v in arrays.items()}
+  puzzles, groups = puzzles[order], arrays[group_key].astype(np.int64)
+  starts = np.flatnonzero(np.r_[True, puzzles[1:] != puzzles[:-1]])   # first row of each puzzle
+  sizes = np.diff(np.r_[starts, puzzles.size])
+  puzzle_group = groups[starts]                                        # [P] group of each puzzle
+  by_puzzle_group = np.argsort(puzzle_group, kind="stable")
+  _, counts = np.unique(puzzle_group[by_puzzle_group], return_counts=True)
+  by_group = np.split(by_puzzle_group, np.cumsum(counts)[:-1])         # puzzle numbers per group
+  mean_size = float(sizes.mean())          # reference 4.5: mean examples per puzzle
+  steps_per_epoch = int(len(by_group) * mean_size) // per_host
+  if steps_per_epoch < 1:
+    raise ValueError(f"{dataset_name}: one epoch on host {process_index} is {len(by_group)} groups x "
+                     f"{mean_size:.1f} examples < the per-host batch {per_host}; lower "
+                     "global_batch_size")
+
+  def epoch_plan(epoch: int) -> np.ndarray:
+    """Row indices [steps_per_epoch, per_host] of one epoch."""
+    rng = np.random.default_rng([seed, process_index, epoch, 0x9e0])
+    rows, batch, room = [], [], per_host
+    while len(rows) < steps_per_epoch:
+      for g in rng.permutation(len(by_group)):
+        p = by_group[g][rng.integers(len(by_group[g]))]
+        take = min(int(sizes[p]), room)
+        picked = starts[p] + (rng.choice(int(sizes[p]), take, replace=False) if take < sizes[p]
+                              else np.arange(take))
+        batch.extend(picked.tolist())
+        room -= take
+        if room == 0:
+          rows.append(batch)
+          batch, room = [], per_host
+          if len(rows) == steps_per_epoch:
+            break
+    return np.asarray(rows, np.int64)
+
+  def batches() -> Iterator[Batch]:
+    epoch, plan = None, None
+    step = start_step
+    while True:
+      e, b = divmod(step, steps_per_epoch)
+      if e != epoch:
+        epoch, plan = e, epoch_plan(e)
+      rows = plan[b]
+      yield {k: v[rows].reshape((local_device_count, per_device) + v.shape[1:])
+             for k, v in arrays.items()}
+      step += 1
+
+  return batches()
+
+
 # --------------------------------------------------------------------------------------------
 # Evaluation.
 
@@ -422,6 +510,7 @@ class DataSource:
   seed: int
   process_index: int
   process_count: int
+  group_sampling: bool = True     # see create_group_train_iterator (the reference's ARC sampling)
   _eval_cache: dict = dataclasses.field(default_factory=dict, repr=False)
 
   @classmethod
@@ -441,7 +530,8 @@ class DataSource:
       process_index, process_count = jax.process_index(), jax.process_count()
     source = cls(name=dataset_config.get("name"), data_dir=dataset_config.get("data_dir"),
                  builder_kwargs=kwargs, seed=seed, process_index=process_index,
-                 process_count=process_count)
+                 process_count=process_count,
+                 group_sampling=bool(dataset_config.get("group_sampling", True)))
     datasets.make_config(source.name, kwargs)  # validate the knobs before anything is read
     if dataset_config.get("prepare_if_missing", False):
       manual_dir = dataset_config.get("manual_dir", "") or None
@@ -468,7 +558,15 @@ class DataSource:
   def train_iterator(self, *, global_batch_size: int, local_device_count: int,
                      start_step: int = 0, split: str = "train",
                      augment: bool = True) -> Iterator[Batch]:
-    """`create_train_iterator` for this host, from `start_step` on."""
+    """`create_train_iterator` for this host, from `start_step` on; for datasets of materialised
+    augmentations (metadata with `train_groups`, e.g. ARC) `create_group_train_iterator` unless
+    `group_sampling` is off."""
+    if self.group_sampling and "train_groups" in self.metadata():
+      return create_group_train_iterator(
+          self.data_dir, self.name, self.builder_kwargs, global_batch_size=global_batch_size,
+          process_index=self.process_index, process_count=self.process_count,
+          local_device_count=local_device_count, seed=self.seed, start_step=start_step,
+          split=split)
     return create_train_iterator(
         self.data_dir, self.name, self.builder_kwargs, global_batch_size=global_batch_size,
         process_index=self.process_index, process_count=self.process_count,

@@ -354,3 +354,36 @@ def test_builder_configs():
     arc_agi.make_config(variant="arc3")
   with pytest.raises(ValueError, match="num_aug=-1 must be an int >= 0"):
     arc_agi.make_config(num_aug=-1)
+
+
+def test_group_sampling_takes_one_augmentation_per_task_and_resumes(tmp_path, shared_data_dir):
+  """The reference's ARC sampling: per epoch every task once, one random augmentation of it, its
+  examples together; deterministic and resumable at any step; hosts sample disjoint tasks."""
+  from input_pipeline import pipeline, prepare  # pylint: disable=g-import-not-at-top
+  kwargs = {"variant": "arc1", "num_aug": 2, "seed": 0}
+  prepare.prepare("arc_agi", str(tmp_path), kwargs, str(shared_data_dir / "arc"))
+  common = dict(global_batch_size=64, local_device_count=2, seed=3)
+  it = pipeline.create_group_train_iterator(str(tmp_path), "arc_agi", kwargs, process_index=0,
+                                            process_count=1, **common)
+  first = [next(it) for _ in range(30)]
+  for batch in first:
+    assert batch["inputs"].shape == (2, 32, 900)
+    tasks = batch["task_index"].reshape(-1)
+    ids = batch["puzzle_identifiers"].reshape(-1)
+    for t in np.unique(tasks):                     # one augmentation (puzzle) per task per batch
+      assert np.unique(ids[tasks == t]).size == 1, (t, np.unique(ids[tasks == t]))
+  # Within an epoch no task repeats (30 steps x 64 examples < one epoch of ~960 tasks x ~3.8).
+  seen = np.concatenate([b["task_index"].reshape(-1) for b in first])
+  runs = np.flatnonzero(np.r_[True, seen[1:] != seen[:-1]])
+  assert np.unique(seen[runs]).size == runs.size
+  # Resume at step 17 equals the unbroken stream; another seed differs.
+  again = pipeline.create_group_train_iterator(str(tmp_path), "arc_agi", kwargs, process_index=0,
+                                               process_count=1, start_step=17, **common)
+  for b in first[17:]:
+    nxt = next(again)
+    assert all(np.array_equal(nxt[k], b[k]) for k in b)
+  # Two hosts: disjoint tasks (by task index parity).
+  for h in range(2):
+    host = pipeline.create_group_train_iterator(str(tmp_path), "arc_agi", kwargs, process_index=h,
+                                                process_count=2, **common)
+    assert np.all(next(host)["task_index"] % 2 == h)

@@ -28,6 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.dataset.builder_config = ""                  # TFDS builder config name ("" = the builder's default)
   c.dataset.builder_kwargs = ml_collections.ConfigDict()
   c.dataset.prepare_if_missing = False           # prepare offline on first use (generated data only)
+  c.dataset.group_sampling = True                # materialised augmentations (ARC): one per task and
+                                                 # epoch, as the reference; False = uniform over rows
   c.dataset.train_split = "train"
   c.dataset.test_split = "test"
 
