@@ -4,8 +4,10 @@ puzzle table sharded over the 4 devices, evaluate pass@K over the augmentations,
 Needs ../shared/data/arc (skips without it).
 """
 import json
+import os
 
 import numpy as np
+import pytest
 
 from experiments.trm import arc_eval
 from experiments.trm import train
@@ -60,3 +62,41 @@ def test_tiny_arc_run_evaluates_and_writes_a_valid_submission(tmp_path, shared_d
   assert train.epoch_examples(meta_dict, builder.info.splits["train"].num_examples) < (
       builder.info.splits["train"].num_examples)
   assert np.isfinite(results["lm_loss"])
+
+
+@pytest.mark.slow
+def test_two_process_arc_run_merges_every_hosts_votes_once(tmp_path, shared_data_dir):
+  """2 processes x 2 devices through launch/local.sh: each host votes on its shard of the test split,
+  process 0 merges once: every test example counted exactly once, all 419 inputs voted, a valid
+  submission. (`make test-slow`: ~3 min here.)"""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  workdir, data_dir = tmp_path / "run", tmp_path / "tfds"
+  overrides = [f"--config.dataset.data_dir={data_dir}",
+               f"--config.dataset.manual_dir={shared_data_dir / 'arc'}",
+               "--config.dataset.prepare_if_missing=True", "--config.model.hidden_size=32",
+               "--config.model.num_heads=2", "--config.model.puzzle_emb_ndim=32",
+               "--config.model.puzzle_emb_len=2", "--config.model.H_cycles=1",
+               "--config.model.L_cycles=1", "--config.model.L_layers=1",
+               "--config.model.halt_max_steps=2", "--config.model.forward_dtype=float32",
+               "--config.global_batch_size=16", "--config.total_steps=2",
+               "--config.eval_every_steps=100", "--config.checkpoint_every_steps=2"]
+  env = {k: v for k, v in os.environ.items() if not k.startswith("PODLAB_") and k != "XLA_FLAGS"}
+  env.update(PYTHON=sys.executable, TF_CPP_MIN_LOG_LEVEL="2")
+  proc = subprocess.run([os.path.join(repo, "launch", "local.sh"), "-n", "2", "-d", "2",
+                         "--config", "configs/arc1_att.py:num_aug=1", "--workdir", str(workdir),
+                         "--log-dir", str(tmp_path / "logs"), "--"] + overrides,
+                        cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  with open(workdir / "final_eval.json") as f:
+    results = json.load(f)["test"]
+  builder = datasets.get_builder("arc_agi", str(data_dir),
+                                 {"variant": "arc1", "num_aug": 1, "seed": 0})
+  meta = arc_agi.load_metadata(builder)
+  assert results["num_votes"] == builder.info.splits["test"].num_examples == results["count"]
+  assert results["num_test_inputs_voted"] == results["num_test_inputs"] == 419
+  assert sorted(os.listdir(workdir / "arc_eval" / "step_2")) == [
+      "submission.json", "votes_0.json", "votes_1.json"]
+  with open(workdir / "submission.json") as f:
+    arc_eval.validate_submission(json.load(f), meta)
