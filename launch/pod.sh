@@ -214,7 +214,11 @@ check_phase() {
   done
   if [[ -n "$first_bad" ]]; then
     read -r i rc <<<"$first_bad"
-    echo "pod.sh: FAILED ($phase): worker $i exited with code $rc; the other workers were stopped." >&2
+    if [[ "$phase" == run ]]; then
+      echo "pod.sh: FAILED (run): worker $i exited with code $rc; the other workers were stopped." >&2
+    else
+      echo "pod.sh: FAILED ($phase): worker $i exited with code $rc; the run was not started." >&2
+    fi
     echo "pod.sh: its log: $log_dir/worker-$i.log (on the worker: ~/$remote_log_dir/worker-$i.log)" >&2
     [[ -f "$log_dir/worker-$i.log" ]] && tail -n 15 "$log_dir/worker-$i.log" | sed 's/^/    /' >&2
     exit 1

@@ -309,3 +309,14 @@ def test_worker_stop_ends_a_recorded_run(tmp_path):
     os.kill(pid, 0)
   proc, _ = _run([WORKER, "stop"], env, timeout=30)
   assert proc.returncode == 0 and "no stale podlab processes" in proc.stdout
+
+
+def test_pod_stops_before_the_run_when_a_worker_cannot_be_set_up(tmp_path):
+  proc, _ = _run([POD, "fake-pod", "--python", "/nonexistent/python", "--log-dir",
+                  tmp_path / "podlogs", "--workdir", tmp_path / "wd", "--data_dir", tmp_path / "d"],
+                 _env(tmp_path), timeout=120)
+  assert proc.returncode == 1, _explain(proc)
+  assert re.search(r"FAILED \(prepare\): worker [01] exited with code 2; the run was not started",
+                   proc.stderr), _explain(proc)
+  assert "is not an executable interpreter" in proc.stdout + proc.stderr
+  assert [c[3] for c in _calls(tmp_path)] == ["describe", "scp", "ssh"]     # no run
