@@ -95,6 +95,11 @@ def run(config: ml_collections.ConfigDict) -> Dict[str, Any]:
     meta["num_puzzle_identifiers"], ids_note = _puzzle_ids_bound(config)
   model = trm.TRMModel(train.model_config(config, meta))
   num_train, train_source = _num_train_examples(config, meta)
+  if num_train and "train_groups" in meta:       # materialised augmentations (ARC): reference 4.5
+    rows = num_train
+    num_train = train.epoch_examples(meta, rows)
+    train_source = (f"per epoch: {meta['train_groups']} tasks x {meta['mean_puzzle_examples']:.2f} "
+                    f"examples of one augmentation ({rows:,} stored rows, prepared dataset)")
   total_steps = (train.num_train_steps(config, num_train) if num_train
                  else max(int(config.total_steps), 1))
   adam, sign = train.make_optimizers(config, total_steps)
