@@ -15,6 +15,14 @@ total split size so every host agrees (the trailing partial batch of each epoch 
 The shard is held in memory (uint8 where the values fit; the full 3.8M-puzzle Sudoku-Extreme train
 split is ~0.6 GB on one host) and captured by the tf.data graph.
 
+Datasets of materialised augmentations (ARC) use the reference's task sampling instead
+(`create_group_train_iterator`): host h keeps only the tasks t with t % process_count == h, filtered
+while the split is read, stored in the narrowest integer dtype (tokens uint8, labels int8) in file
+order with a (puzzle, index) permutation instead of a sorted copy, and gathered per batch (cast back
+to the builder's dtypes). arc1 with 1000 augmentations (3.6M rows x 2 x 900 tokens, 26 GB as int32)
+is 6.5 GB on a single host and 1/process_count of it per host of a pod
+(`python -m input_pipeline.stream_bench` measures a host's stream: load time, ms/batch, memory).
+
 Sudoku augmentation (TF ops, one random group element per example, same map on inputs and labels):
 digit permutation (pad and blank fixed), transpose with p = 0.5, a permutation of the bands and of
 the rows within each band, and of the stacks and the columns within each stack. It is the
@@ -51,7 +59,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Optional
 
 import numpy as np
@@ -185,16 +193,20 @@ def _prepared_builder(data_dir: str, dataset_name: str,
   return builder
 
 
+def _fit_dtype(lo: int, hi: int, dtype: np.dtype) -> np.dtype:
+  """The smallest integer dtype holding [lo, hi] (at most as wide as `dtype`)."""
+  for candidate in (np.uint8, np.int8, np.int16, np.int32):
+    info = np.iinfo(candidate)
+    if info.min <= lo and hi <= info.max and np.dtype(candidate).itemsize < np.dtype(dtype).itemsize:
+      return np.dtype(candidate)
+  return np.dtype(dtype)
+
+
 def _narrow(array: np.ndarray) -> np.ndarray:
   """Store integer features in the smallest dtype holding their values (memory of the shard)."""
   if array.size == 0 or array.dtype.kind not in "iu":
     return array
-  lo, hi = int(array.min()), int(array.max())
-  for dtype in (np.uint8, np.int8, np.int16, np.int32):
-    info = np.iinfo(dtype)
-    if info.min <= lo and hi <= info.max and np.dtype(dtype).itemsize < array.dtype.itemsize:
-      return array.astype(dtype)
-  return array
+  return array.astype(_fit_dtype(int(array.min()), int(array.max()), array.dtype), copy=False)
 
 
 def _empty_arrays(builder: tfds.core.DatasetBuilder) -> dict[str, np.ndarray]:
@@ -203,19 +215,64 @@ def _empty_arrays(builder: tfds.core.DatasetBuilder) -> dict[str, np.ndarray]:
           for name, spec in builder.info.features.items()}
 
 
-def load_split(builder: tfds.core.DatasetBuilder, split: Any) -> dict[str, np.ndarray]:
-  """All examples of `split` (a TFDS split spec) as numpy arrays, sorted by `index`."""
+_READ_CHUNK = 16384   # rows decoded per step while loading (ARC: 16384 x 2 x 900 int32 = 118 MB)
+
+
+def load_split(builder: tfds.core.DatasetBuilder, split: Any, *,
+               keep: Optional[Callable[[Batch], np.ndarray]] = None,
+               narrow: bool = False, sort: bool = True) -> dict[str, np.ndarray]:
+  """All examples of `split` (a TFDS split spec) as numpy arrays, sorted by `index`.
+
+  Rows are decoded chunk by chunk straight into arrays sized for the whole split (pages that are
+  never written cost no memory), so loading needs no second copy; peak memory is what is kept plus
+  one chunk, and one feature more when sorting.
+
+  Args:
+    builder: a prepared builder.
+    split: a TFDS split spec ("train", "test[0:100]", `tfds.split_for_jax_process(...)`).
+    keep: `keep(chunk) -> bool [rows]` drops rows while reading (a host keeps its groups).
+    narrow: store integer features in the smallest dtype holding their values (ARC's 3.6M train rows
+      x 2 x 900 tokens: 26 GB as int32, 6.5 GB as uint8); the caller casts batches back.
+    sort: order rows by `index`; with False rows stay in file order (the caller indexes them).
+  Returns:
+    {feature: array [rows, ...]}, in the builder's dtypes unless `narrow`.
+  """
   ds = builder.as_dataset(split=split, shuffle_files=False,
                           read_config=tfds.ReadConfig(try_autocache=False))
-  chunks: dict[str, list[np.ndarray]] = {}
-  for batch in tfds.as_numpy(ds.batch(65536)):
-    for name, value in batch.items():
-      chunks.setdefault(name, []).append(value)
-  out = _empty_arrays(builder)
-  for name, values in chunks.items():
-    out[name] = np.concatenate(values)
-  order = np.argsort(out["index"], kind="stable")
-  return {name: value[order] for name, value in out.items()}
+  capacity = builder.info.splits[split].num_examples
+  out: dict[str, np.ndarray] = {}
+  n = 0
+  for chunk in tfds.as_numpy(ds.batch(_READ_CHUNK)):
+    if keep is not None:
+      mask = np.asarray(keep(chunk), bool)
+      chunk = {name: value[mask] for name, value in chunk.items()}
+    m = int(chunk["index"].shape[0])
+    if m == 0:
+      continue
+    if n + m > capacity:
+      raise ValueError(f"{builder.info.full_name}: split {split!r} yielded more than the "
+                       f"{capacity} rows its metadata states; the prepared files are inconsistent, "
+                       "prepare the dataset again")
+    for name, value in chunk.items():
+      dtype = value.dtype
+      if narrow and value.dtype.kind in "iu":
+        dtype = _fit_dtype(int(value.min()), int(value.max()), value.dtype)
+      buffer = out.get(name)
+      if buffer is None:
+        buffer = out[name] = np.empty((capacity,) + value.shape[1:], dtype)
+      elif not np.can_cast(dtype, buffer.dtype):       # a later chunk needs a wider type
+        buffer = out[name] = buffer.astype(np.promote_types(buffer.dtype, dtype))
+      buffer[n:n + m] = value
+    n += m
+  if not out:
+    return _empty_arrays(builder)
+  out = {name: buffer[:n] for name, buffer in out.items()}
+  if sort:
+    order = np.argsort(out["index"], kind="stable")
+    if np.any(order != np.arange(n)):
+      for name in list(out):                            # one feature's copy at a time
+        out[name] = out[name][order]
+  return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,10 +326,11 @@ def create_train_dataset(
         f"{global_batch_size}")
   host_split = tfds.split_for_jax_process(split, process_index=process_index,
                                           process_count=process_count)
-  arrays = load_split(builder, host_split)
+  arrays = load_split(builder, host_split, narrow=True)
   num_local = int(arrays["index"].shape[0])
-  data = {name: tf.constant(_narrow(value)) for name, value in arrays.items()}
-  dtypes = {name: tf.as_dtype(value.dtype) for name, value in arrays.items()}
+  data = {name: tf.constant(value) for name, value in arrays.items()}
+  dtypes = {name: tf.as_dtype(value.dtype) for name, value in _empty_arrays(builder).items()}
+  del arrays
   augment_fn = None
   if augment:
     augment_fn = _AUGMENTATIONS[datasets.get_metadata(dataset_name)["augmentation"]]
@@ -335,17 +393,18 @@ def create_group_train_iterator(
   per_device = per_device_batch_size(global_batch_size, process_count, local_device_count)
   per_host = per_device * local_device_count
   builder = _prepared_builder(data_dir, dataset_name, builder_kwargs)
-  arrays = load_split(builder, split)
-  groups = arrays[group_key].astype(np.int64)
-  mine = np.flatnonzero(groups % process_count == process_index)
-  if mine.size == 0:
+  dtypes = {name: value.dtype for name, value in _empty_arrays(builder).items()}
+  # Only this host's groups, in the narrowest dtypes, in file order: nothing is copied afterwards.
+  arrays = load_split(builder, split, narrow=True, sort=False,
+                      keep=lambda chunk: chunk[group_key] % process_count == process_index)
+  if arrays["index"].size == 0:
     raise ValueError(f"{dataset_name}: host {process_index} of {process_count} has no groups in "
                      f"split {split!r}; use fewer hosts or a larger dataset")
-  arrays = {k: v[mine] for k, v in arrays.items()}
   puzzles = arrays["puzzle_identifiers"].astype(np.int64)
-  order = np.lexsort((arrays["index"], puzzles))          # rows of a puzzle are contiguous
-  arrays = {k: v[order] for k, v in arrays.items()}
-  puzzles, groups = puzzles[order], arrays[group_key].astype(np.int64)
+  # Position i of the (puzzle, index) order is stored row order[i]: rows of a puzzle are contiguous
+  # positions. The plan below works on positions; batches gather rows order[positions].
+  order = np.lexsort((arrays["index"], puzzles))
+  puzzles, groups = puzzles[order], arrays[group_key][order].astype(np.int64)
   starts = np.flatnonzero(np.r_[True, puzzles[1:] != puzzles[:-1]])   # first row of each puzzle
   sizes = np.diff(np.r_[starts, puzzles.size])
   puzzle_group = groups[starts]                                        # [P] group of each puzzle
@@ -385,8 +444,8 @@ def create_group_train_iterator(
       e, b = divmod(step, steps_per_epoch)
       if e != epoch:
         epoch, plan = e, epoch_plan(e)
-      rows = plan[b]
-      yield {k: v[rows].reshape((local_device_count, per_device) + v.shape[1:])
+      rows = order[plan[b]]
+      yield {k: v[rows].astype(dtypes[k]).reshape((local_device_count, per_device) + v.shape[1:])
              for k, v in arrays.items()}
       step += 1
 
@@ -407,8 +466,13 @@ class EvalIterator:
   """
 
   def __init__(self, arrays: dict[str, np.ndarray], num_batches: int, num_examples: int,
-               local_device_count: int, per_device: int):
+               local_device_count: int, per_device: int,
+               dtypes: Optional[Mapping[str, np.dtype]] = None):
+    """`arrays` may be stored narrower than the batches' `dtypes` (default: as stored)."""
     self.num_batches = num_batches
+    self._dtypes = {name: np.dtype((dtypes or {}).get(name, value.dtype))
+                    for name, value in arrays.items()}
+    self._dtypes["mask"] = np.dtype(bool)
     self.num_examples = num_examples
     self.num_local_examples = int(arrays["index"].shape[0])
     self._local_device_count = local_device_count
@@ -422,7 +486,8 @@ class EvalIterator:
     per_host = self._local_device_count * self._per_device
     for i in range(self.num_batches):
       sl = slice(i * per_host, (i + 1) * per_host)
-      yield {name: value[sl].reshape((self._local_device_count, self._per_device) + value.shape[1:])
+      yield {name: value[sl].astype(self._dtypes[name], copy=False).reshape(
+                 (self._local_device_count, self._per_device) + value.shape[1:])
              for name, value in self._arrays.items()}
 
 
@@ -432,7 +497,9 @@ def _pad_eval(arrays: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]
   pad_values = {"labels": sudoku.IGNORE_LABEL_ID, "index": -1}
   out = {}
   for name, value in arrays.items():
-    padded = np.full((size,) + value.shape[1:], pad_values.get(name, 0), value.dtype)
+    pad = pad_values.get(name, 0)
+    dtype = np.promote_types(value.dtype, np.min_scalar_type(pad))   # narrow storage: room for pad
+    padded = np.full((size,) + value.shape[1:], pad, dtype)
     padded[:n] = value
     out[name] = padded
   out["mask"] = np.arange(size) < n
@@ -478,19 +545,20 @@ def create_eval_iterator(
   if subset_size is None or subset_size >= total:
     num_examples = total
     arrays = load_split(builder, tfds.split_for_jax_process(
-        split, process_index=process_index, process_count=process_count))
+        split, process_index=process_index, process_count=process_count), narrow=True)
   else:
     rows = np.array_split(eval_subset_indices(total, subset_size, subset_seed),
                           process_count)[process_index]
     num_examples = subset_size
     if rows.size:
-      arrays = load_split(builder, f"{split}[{int(rows[0])}:{int(rows[-1]) + 1}]")
+      arrays = load_split(builder, f"{split}[{int(rows[0])}:{int(rows[-1]) + 1}]", narrow=True)
       keep = np.isin(arrays["index"], rows)
       arrays = {name: value[keep] for name, value in arrays.items()}
     else:
       arrays = _empty_arrays(builder)
   batches = num_eval_batches(num_examples, global_batch_size, process_count)
-  return EvalIterator(arrays, batches, num_examples, local_device_count, per_device)
+  dtypes = {name: value.dtype for name, value in _empty_arrays(builder).items()}
+  return EvalIterator(arrays, batches, num_examples, local_device_count, per_device, dtypes)
 
 
 # --------------------------------------------------------------------------------------------

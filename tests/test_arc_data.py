@@ -387,3 +387,44 @@ def test_group_sampling_takes_one_augmentation_per_task_and_resumes(tmp_path, sh
     host = pipeline.create_group_train_iterator(str(tmp_path), "arc_agi", kwargs, process_index=h,
                                                 process_count=2, **common)
     assert np.all(next(host)["task_index"] % 2 == h)
+
+
+def test_memory_light_loading_keeps_values_and_dtypes(tmp_path, small_manual_dir):
+  """The ARC stream stores only the host's rows, as uint8, without copies; batches come back in the
+  builder's dtypes with exactly the dataset's values; eval padding still fits -100 labels."""
+  from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
+  builder = _prepare(tmp_path, small_manual_dir, variant="arc1", num_aug=3, seed=0)
+  full = pipeline.load_split(builder, "train")
+  assert full["inputs"].dtype == np.int32 and np.all(np.diff(full["index"]) > 0)
+  host = pipeline.load_split(builder, "train", narrow=True, sort=False,
+                             keep=lambda chunk: chunk["task_index"] % 2 == 1)
+  assert host["inputs"].dtype == np.uint8 and host["labels"].dtype == np.int8   # -100 = ignore
+  assert host["index"].dtype == np.uint8 or host["index"].dtype == np.int16
+  mine = full["task_index"] % 2 == 1
+  assert 0 < host["index"].size < full["index"].size
+  order = np.argsort(host["index"])
+  for name in full:                                # same rows and values as the plain load
+    assert np.array_equal(host[name][order], full[name][mine]), name
+  # Batches: builder dtypes, values of the rows whose `index` they carry.
+  by_index = {int(i): r for r, i in enumerate(full["index"])}
+  it = pipeline.create_group_train_iterator(str(tmp_path), "arc_agi",
+                                            {"variant": "arc1", "num_aug": 3, "seed": 0},
+                                            global_batch_size=16, process_index=1, process_count=2,
+                                            local_device_count=2, seed=0)
+  for _ in range(3):
+    batch = next(it)
+    assert {k: v.dtype for k, v in batch.items()} == {k: v.dtype for k, v in full.items()}
+    rows = [by_index[int(i)] for i in batch["index"].reshape(-1)]
+    for name in full:
+      assert np.array_equal(batch[name].reshape((8,) + full[name].shape[1:]), full[name][rows])
+  ev = pipeline.create_eval_iterator(str(tmp_path), "arc_agi",
+                                     {"variant": "arc1", "num_aug": 3, "seed": 0},
+                                     global_batch_size=64, process_index=0, process_count=1,
+                                     local_device_count=2)
+  test = pipeline.load_split(builder, "test")
+  last = list(ev)[-1]
+  assert last["labels"].dtype == np.int32 and last["inputs"].dtype == np.int32
+  pad = ~last["mask"]
+  assert pad.any() and np.all(last["labels"][pad] == -100) and np.all(last["index"][pad] == -1)
+  got = np.concatenate([b["inputs"][b["mask"]] for b in ev])
+  assert np.array_equal(got, test["inputs"])
