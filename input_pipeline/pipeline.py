@@ -243,10 +243,8 @@ def load_split(builder: tfds.core.DatasetBuilder, split: Any, *,
   out: dict[str, np.ndarray] = {}
   n = 0
   for chunk in tfds.as_numpy(ds.batch(_READ_CHUNK)):
-    if keep is not None:
-      mask = np.asarray(keep(chunk), bool)
-      chunk = {name: value[mask] for name, value in chunk.items()}
-    m = int(chunk["index"].shape[0])
+    mask = None if keep is None else np.asarray(keep(chunk), bool)
+    m = int(chunk["index"].shape[0] if mask is None else np.count_nonzero(mask))
     if m == 0:
       continue
     if n + m > capacity:
@@ -262,7 +260,10 @@ def load_split(builder: tfds.core.DatasetBuilder, split: Any, *,
         buffer = out[name] = np.empty((capacity,) + value.shape[1:], dtype)
       elif not np.can_cast(dtype, buffer.dtype):       # a later chunk needs a wider type
         buffer = out[name] = buffer.astype(np.promote_types(buffer.dtype, dtype))
-      buffer[n:n + m] = value
+      if mask is None:
+        buffer[n:n + m] = value
+      else:                    # kept rows straight into place: no filtered copy (heap fragmentation)
+        np.compress(mask, value, axis=0, out=buffer[n:n + m])
     n += m
   if not out:
     return _empty_arrays(builder)
