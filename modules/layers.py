@@ -84,26 +84,29 @@ class Linear(hk.Module):
     with_bias: adds a bias (initialised by `b_init`, zeros by default).
     dtype: compute dtype; the input and the weights are cast to it, the matmul accumulates in float32.
     w_init: weight initialiser, default: the corrected truncated normal with std 1/sqrt(fan_in).
+    param_dtype: storage dtype of the parameters (float32 default; bfloat16 for Dream checkpoints).
   Parameters: `w` [D, output_size], `b` [output_size] (float32).
   """
 
   def __init__(self, output_size: int, *, with_bias: bool = False, dtype: DTypeLike = jnp.bfloat16,
                w_init: Optional[hk.initializers.Initializer] = None,
-               b_init: Optional[hk.initializers.Initializer] = None, name: Optional[str] = None):
+               b_init: Optional[hk.initializers.Initializer] = None, name: Optional[str] = None,
+               param_dtype: DTypeLike = jnp.float32):
     super().__init__(name=name)
     self.output_size = output_size
     self.with_bias = with_bias
     self.dtype = jnp.dtype(dtype)
     self.w_init = w_init
     self.b_init = b_init or jnp.zeros
+    self.param_dtype = jnp.dtype(param_dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:                # [..., D] -> [..., output_size]
     fan_in = x.shape[-1]
-    w = hk.get_parameter("w", [fan_in, self.output_size], jnp.float32,
+    w = hk.get_parameter("w", [fan_in, self.output_size], self.param_dtype,
                          init=self.w_init or fan_in_init(fan_in))
     y = jnp.dot(x.astype(self.dtype), w.astype(self.dtype), preferred_element_type=jnp.float32)
     if self.with_bias:
-      b = hk.get_parameter("b", [self.output_size], jnp.float32, init=self.b_init)
+      b = hk.get_parameter("b", [self.output_size], self.param_dtype, init=self.b_init)
       y = y.astype(self.dtype) + b.astype(self.dtype)
     return y.astype(self.dtype)
 
@@ -116,20 +119,23 @@ class Embed(hk.Module):
     init_std: std of the corrected truncated-normal init (e.g. 1/sqrt(D) for TRM).
     w_init: overrides the init (e.g. a plain normal for GPT).
     dtype: compute dtype of the returned vectors.
+    param_dtype: storage dtype of the table (float32 default).
   """
 
   def __init__(self, vocab_size: int, embed_dim: int, *, init_std: float = 1.0,
                w_init: Optional[hk.initializers.Initializer] = None,
-               dtype: DTypeLike = jnp.bfloat16, name: Optional[str] = None):
+               dtype: DTypeLike = jnp.bfloat16, name: Optional[str] = None,
+               param_dtype: DTypeLike = jnp.float32):
     super().__init__(name=name)
     self.vocab_size = vocab_size
     self.embed_dim = embed_dim
     self.w_init = w_init or TruncatedNormal(init_std)
     self.dtype = jnp.dtype(dtype)
+    self.param_dtype = jnp.dtype(param_dtype)
 
   @property
-  def embeddings(self) -> jax.Array:                             # [V, D] float32
-    return hk.get_parameter("embedding", [self.vocab_size, self.embed_dim], jnp.float32,
+  def embeddings(self) -> jax.Array:                             # [V, D] param_dtype
+    return hk.get_parameter("embedding", [self.vocab_size, self.embed_dim], self.param_dtype,
                             init=self.w_init)
 
   def __call__(self, ids: jax.Array) -> jax.Array:              # [...] int -> [..., D]
@@ -151,16 +157,18 @@ class RMSNorm(hk.Module):
   """RMSNorm with a learnable weight (Dream/Qwen style).
 
   Normalises in float32, casts back to x's dtype, then multiplies by the weight cast to that dtype.
-  Parameter: `weight` [D] float32, initialised to ones.
+  Parameter: `weight` [D] float32 (or `param_dtype`), initialised to ones.
   """
 
-  def __init__(self, *, eps: float = 1e-6, axis: int = -1, name: Optional[str] = None):
+  def __init__(self, *, eps: float = 1e-6, axis: int = -1, name: Optional[str] = None,
+               param_dtype: DTypeLike = jnp.float32):
     super().__init__(name=name)
     self.eps = eps
     self.axis = axis
+    self.param_dtype = jnp.dtype(param_dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    weight = hk.get_parameter("weight", [x.shape[self.axis]], jnp.float32, init=jnp.ones)
+    weight = hk.get_parameter("weight", [x.shape[self.axis]], self.param_dtype, init=jnp.ones)
     return weight.astype(x.dtype) * rms_norm(x, axis=self.axis, eps=self.eps)
 
 
@@ -204,22 +212,27 @@ class SwiGLU(hk.Module):
     expansion: sets the inner width F by `swiglu_width(D, expansion)` (ignored when `inner_size` is set).
     inner_size: explicit F (e.g. 18944 for Dream).
     dtype: compute dtype.
+    param_dtype: storage dtype of the weights (float32 default).
   Parameters: `gate_up_proj/w` [D, 2F] (first half gate, second half up), `down_proj/w` [F, D].
   """
 
   def __init__(self, *, expansion: float = 4.0, inner_size: Optional[int] = None,
-               dtype: DTypeLike = jnp.bfloat16, name: Optional[str] = None):
+               dtype: DTypeLike = jnp.bfloat16, name: Optional[str] = None,
+               param_dtype: DTypeLike = jnp.float32):
     super().__init__(name=name)
     self.expansion = expansion
     self.inner_size = inner_size
     self.dtype = jnp.dtype(dtype)
+    self.param_dtype = jnp.dtype(param_dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:                # [..., D] -> [..., D]
     width = x.shape[-1]
     inner = self.inner_size or swiglu_width(width, self.expansion)
-    gate_up = Linear(2 * inner, dtype=self.dtype, name="gate_up_proj")(x)   # [..., 2F]
+    gate_up = Linear(2 * inner, dtype=self.dtype, param_dtype=self.param_dtype,
+                     name="gate_up_proj")(x)                     # [..., 2F]
     gate, up = jnp.split(gate_up, 2, axis=-1)
-    return Linear(width, dtype=self.dtype, name="down_proj")(jax.nn.silu(gate) * up)
+    return Linear(width, dtype=self.dtype, param_dtype=self.param_dtype,
+                  name="down_proj")(jax.nn.silu(gate) * up)
 
 
 class Attention(hk.Module):
@@ -236,6 +249,10 @@ class Attention(hk.Module):
   [H Dh, D].
   Masks: `mask` is boolean and broadcastable to [B, H, S, S] (True = attend). A query row with nothing
   to attend to gets uniform weights, never NaN.
+  Cached keys (optional): `kv_context=(k, v)` [B, C, K, Dh] (RoPE already applied) are placed BEFORE
+  this call's own S keys, so `mask` is then [.., S, C + S]; `return_kv=True` also returns this call's
+  own (k, v) [B, S, K, Dh] after RoPE (used by Dream's block-wise KV cache).
+  param_dtype: storage dtype of the weights (float32 default).
   """
 
   def __init__(self, *, num_heads: int, head_dim: int, num_kv_heads: Optional[int] = None,
@@ -243,7 +260,7 @@ class Attention(hk.Module):
                dtype: DTypeLike = jnp.bfloat16,
                qkv_w_init: Optional[hk.initializers.Initializer] = None,
                out_w_init: Optional[hk.initializers.Initializer] = None,
-               name: Optional[str] = None):
+               name: Optional[str] = None, param_dtype: DTypeLike = jnp.float32):
     super().__init__(name=name)
     self.num_heads = num_heads
     self.head_dim = head_dim
@@ -257,21 +274,30 @@ class Attention(hk.Module):
     self.dtype = jnp.dtype(dtype)
     self.qkv_w_init = qkv_w_init
     self.out_w_init = out_w_init
+    self.param_dtype = jnp.dtype(param_dtype)
 
   def __call__(self, x: jax.Array, *, rope: Optional[Tuple[jax.Array, jax.Array]] = None,
-               mask: Optional[jax.Array] = None) -> jax.Array:  # [B, S, D] -> [B, S, D]
+               mask: Optional[jax.Array] = None,
+               kv_context: Optional[Tuple[jax.Array, jax.Array]] = None,
+               return_kv: bool = False):                         # [B, S, D] -> [B, S, D]
     B, S, D = x.shape
     H, K, Dh = self.num_heads, self.num_kv_heads, self.head_dim
     qkv = Linear((H + 2 * K) * Dh, with_bias=self.qkv_bias, dtype=self.dtype,
-                 w_init=self.qkv_w_init, name="qkv_proj")(x)     # [B, S, (H+2K) Dh]
+                 w_init=self.qkv_w_init, param_dtype=self.param_dtype,
+                 name="qkv_proj")(x)                             # [B, S, (H+2K) Dh]
     qkv = qkv.reshape(B, S, H + 2 * K, Dh)
     q, k, v = qkv[:, :, :H], qkv[:, :, H:H + K], qkv[:, :, H + K:]  # [B, S, H|K, Dh]
     if rope is not None:
       q = apply_rope(q, *rope)
       k = apply_rope(k, *rope)
-    out = dot_product_attention(q, k, v, mask=mask, causal=self.causal)  # [B, S, H, Dh]
-    return Linear(D, with_bias=self.out_bias, dtype=self.dtype, w_init=self.out_w_init,
-                  name="o_proj")(out.reshape(B, S, H * Dh))
+    k_all, v_all = k, v
+    if kv_context is not None:
+      k_all = jnp.concatenate([kv_context[0].astype(k.dtype), k], axis=1)  # [B, C + S, K, Dh]
+      v_all = jnp.concatenate([kv_context[1].astype(v.dtype), v], axis=1)
+    out = dot_product_attention(q, k_all, v_all, mask=mask, causal=self.causal)  # [B, S, H, Dh]
+    out = Linear(D, with_bias=self.out_bias, dtype=self.dtype, w_init=self.out_w_init,
+                 param_dtype=self.param_dtype, name="o_proj")(out.reshape(B, S, H * Dh))
+    return (out, (k, v)) if return_kv else out
 
 
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
@@ -301,3 +327,148 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 def count_params(params: hk.Params) -> int:
   """Total number of scalars in a parameter tree."""
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+# --------------------------------------------------------------------------------------------------
+# GPT (nanoGPT) layers: LayerNorm with an optional bias, the exact-GELU MLP, dropout, and causal
+# self-attention with dropout and a fixed-slot KV cache for sampling.
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
+  """Inverted dropout: zeroes each element with probability `rate`, scales the rest by 1/(1-rate)."""
+  if rate <= 0.0:
+    return x
+  if rate >= 1.0:
+    return jnp.zeros_like(x)
+  keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype)).astype(x.dtype)
+
+
+class LayerNorm(hk.Module):
+  """LayerNorm over the last axis with a weight and an optional bias (nanoGPT's `bias` flag).
+
+  Fields:
+    with_bias: adds the `bias` parameter (zeros); False = no bias at all (nanoGPT's default).
+    eps: 1e-5 (PyTorch's default).
+  Computed in float32, returned in x's dtype. Parameters: `weight` [D] (ones), `bias` [D] (zeros).
+  """
+
+  def __init__(self, *, with_bias: bool = True, eps: float = 1e-5, name: Optional[str] = None):
+    super().__init__(name=name)
+    self.with_bias = with_bias
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:                # [..., D] -> [..., D]
+    D = x.shape[-1]
+    weight = hk.get_parameter("weight", [D], jnp.float32, init=jnp.ones)
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + self.eps) * weight
+    if self.with_bias:
+      y = y + hk.get_parameter("bias", [D], jnp.float32, init=jnp.zeros)
+    return y.astype(x.dtype)
+
+
+class GeluMLP(hk.Module):
+  """c_proj(gelu(c_fc(x))) with the exact (erf) GELU and dropout after c_proj (GPT's MLP).
+
+  Fields:
+    expansion: F = expansion * D (4 in GPT).  with_bias: biases on both projections.
+    dropout_rate: applied to the output when called with `is_training=True`.
+    dtype: compute dtype.  w_init / out_w_init: initialisers of c_fc / c_proj.
+  Parameters: `c_fc/w` [D, F], `c_proj/w` [F, D] (+ `b`).
+  """
+
+  def __init__(self, *, expansion: int = 4, with_bias: bool = True, dropout_rate: float = 0.0,
+               dtype: DTypeLike = jnp.float32,
+               w_init: Optional[hk.initializers.Initializer] = None,
+               out_w_init: Optional[hk.initializers.Initializer] = None,
+               name: Optional[str] = None):
+    super().__init__(name=name)
+    self.expansion = expansion
+    self.with_bias = with_bias
+    self.dropout_rate = float(dropout_rate)
+    self.dtype = jnp.dtype(dtype)
+    self.w_init = w_init
+    self.out_w_init = out_w_init
+
+  def __call__(self, x: jax.Array, *, is_training: bool = False) -> jax.Array:  # [..., D]
+    shape, D = x.shape, x.shape[-1]
+    x = x.reshape(-1, D)                                         # [N, D]: see CausalSelfAttention
+    h = Linear(self.expansion * D, with_bias=self.with_bias, dtype=self.dtype, w_init=self.w_init,
+               name="c_fc")(x)                                   # [N, F]
+    h = jax.nn.gelu(h, approximate=False)
+    y = Linear(D, with_bias=self.with_bias, dtype=self.dtype, w_init=self.out_w_init,
+               name="c_proj")(h).reshape(shape)                  # [..., D]
+    if is_training and self.dropout_rate > 0:
+      y = dropout(y, self.dropout_rate, hk.next_rng_key())
+    return y
+
+
+def init_kv_cache(batch: int, slots: int, num_heads: int, head_dim: int,
+                  dtype: DTypeLike = jnp.float32) -> Tuple[jax.Array, jax.Array]:
+  """An empty (zero) KV cache (k, v), each [B, C, H, Dh], for `CausalSelfAttention`."""
+  shape = (batch, slots, num_heads, head_dim)
+  return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+
+
+class CausalSelfAttention(hk.Module):
+  """GPT's causal self-attention: fused q|k|v projection, scale 1/sqrt(Dh), dropout, KV cache.
+
+  The parameter layout is `Attention`'s (`qkv_proj/w` [D, 3 H Dh] ordered q | k | v, head-major;
+  `o_proj/w` [H Dh, D]; `b` with `with_bias`), which is also nanoGPT's `c_attn` / `c_proj` transposed.
+  Fields:
+    num_heads: H.  head_dim: Dh.  with_bias: biases on both projections.
+    dropout_rate: on the attention probabilities and after the output projection (`is_training`).
+    dtype: compute dtype (scores and softmax in float32).  qkv_w_init / out_w_init: initialisers.
+  Without a cache, query s attends to keys <= s. With `kv_cache=(k, v)` ([B, C, H, Dh], C slots,
+  `init_kv_cache`) and `cache_index` (int scalar: the position of the first of the S new tokens),
+  the new keys/values are written into slots [cache_index, cache_index + S), query i attends to
+  slots <= cache_index + i, and the call returns `(out, (k, v))` with the updated cache.
+  """
+
+  def __init__(self, *, num_heads: int, head_dim: int, with_bias: bool = True,
+               dropout_rate: float = 0.0, dtype: DTypeLike = jnp.float32,
+               qkv_w_init: Optional[hk.initializers.Initializer] = None,
+               out_w_init: Optional[hk.initializers.Initializer] = None,
+               name: Optional[str] = None):
+    super().__init__(name=name)
+    self.num_heads = num_heads
+    self.head_dim = head_dim
+    self.with_bias = with_bias
+    self.dropout_rate = float(dropout_rate)
+    self.dtype = jnp.dtype(dtype)
+    self.qkv_w_init = qkv_w_init
+    self.out_w_init = out_w_init
+
+  def __call__(self, x: jax.Array, *, is_training: bool = False,
+               kv_cache: Optional[Tuple[jax.Array, jax.Array]] = None,
+               cache_index: Optional[jax.Array] = None):         # [B, S, D] -> [B, S, D]
+    B, S, D = x.shape
+    H, Dh = self.num_heads, self.head_dim
+    drop = is_training and self.dropout_rate > 0
+    # The projections run on [B S, D] rows: XLA CPU differentiates 2-D matmuls much faster.
+    qkv = Linear(3 * H * Dh, with_bias=self.with_bias, dtype=self.dtype, w_init=self.qkv_w_init,
+                 name="qkv_proj")(x.reshape(B * S, D)).reshape(B, S, 3, H, Dh)  # [B, S, 3, H, Dh]
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]           # [B, S, H, Dh]
+    if kv_cache is None:
+      mask = jnp.tril(jnp.ones((S, S), bool))                    # [S, S]
+    else:
+      start = jnp.asarray(cache_index, jnp.int32)
+      k = jax.lax.dynamic_update_slice(kv_cache[0], k.astype(kv_cache[0].dtype), (0, start, 0, 0))
+      v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), (0, start, 0, 0))
+      kv_cache = (k, v)                                          # [B, C, H, Dh]
+      mask = jnp.arange(k.shape[1])[None, :] <= start + jnp.arange(S)[:, None]   # [S, C]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k.astype(q.dtype),
+                        preferred_element_type=jnp.float32) * (1.0 / math.sqrt(Dh))  # [B, H, S, C]
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    if drop:
+      probs = dropout(probs, self.dropout_rate, hk.next_rng_key())
+    out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(self.dtype), v.astype(self.dtype),
+                     preferred_element_type=jnp.float32).astype(self.dtype)  # [B, S, H, Dh]
+    out = Linear(D, with_bias=self.with_bias, dtype=self.dtype, w_init=self.out_w_init,
+                 name="o_proj")(out.reshape(B * S, H * Dh)).reshape(B, S, D)  # [B, S, D]
+    if drop:
+      out = dropout(out, self.dropout_rate, hk.next_rng_key())
+    return out if kv_cache is None else (out, kv_cache)

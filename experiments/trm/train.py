@@ -38,6 +38,7 @@ from clu import periodic_actions
 
 from experiments.common import checkpointing
 from experiments.common import config_utils
+from experiments.common import loop
 from experiments.common import metrics as metrics_lib
 from experiments.common import optim
 from experiments.common import parallel
@@ -110,21 +111,8 @@ def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any]) ->
 
 
 def _check_devices(config: ml_collections.ConfigDict) -> Tuple[int, int]:
-  """(local device count, per-device batch); clear errors for a mismatching machine or batch."""
-  n_global, n_local = jax.device_count(), jax.local_device_count()
-  if config.num_devices > 0 and config.num_devices != n_global:
-    raise config_utils.ConfigError(
-        "num_devices", config.num_devices,
-        f"this config is written for {config.num_devices} JAX devices but this run has {n_global} "
-        f"({jax.process_count()} process(es) x {n_local} {jax.devices()[0].platform} device(s))",
-        f"run it on a matching slice, or override with --config.num_devices={n_global} (check "
-        f"global_batch_size={config.global_batch_size} too), or compile it here with --dry_run")
-  if config.global_batch_size % n_global:
-    raise config_utils.ConfigError(
-        "global_batch_size", config.global_batch_size,
-        f"not divisible by the {n_global} devices",
-        f"use a multiple of {n_global}, e.g. {max(n_global, config.global_batch_size // n_global * n_global)}")
-  return n_local, config.global_batch_size // n_global
+  """(local device count, per-device batch): `loop.check_devices` (clear errors on a mismatch)."""
+  return loop.check_devices(config)
 
 
 def epoch_examples(metadata: Dict[str, Any], num_train_rows: int) -> int:
@@ -393,61 +381,26 @@ def log_parameter_table(state: TrainState) -> str:
   return text
 
 
-def _flat_hparams(config: ml_collections.ConfigDict) -> Dict[str, Any]:
-  out = {}
-  def walk(prefix, node):
-    for k, v in node.items():
-      if isinstance(v, (dict, ml_collections.ConfigDict)):
-        walk(f"{prefix}{k}.", v)
-      else:
-        out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
-  walk("", config.to_dict())
-  return out
-
-
-class Preempted(Exception):
-  """The run stopped early on a signal after saving a checkpoint; rerunning the command resumes."""
-
-  def __init__(self, step: int, signal_name: str, checkpoint_dir: str):
-    self.step, self.signal_name, self.checkpoint_dir = step, signal_name, checkpoint_dir
-    self.exit_code = preemption.EXIT_CODES.get(signal_name, 143)
-    super().__init__(f"preempted by {signal_name} after step {step}: checkpoint {step} saved in "
-                     f"{checkpoint_dir}. Rerun the same command to resume from it.")
-
-
-class NonFiniteError(RuntimeError):
-  """A training step produced a NaN/Inf loss or gradient (config.nonfinite = "stop")."""
-
+_flat_hparams = loop.flat_hparams
+Preempted = loop.Preempted            # the shared loop's exceptions (main maps them to exit codes)
+NonFiniteError = loop.NonFiniteError
 
 # Order in which a non-finite step's metrics are named (the first non-finite one is reported).
 _NONFINITE_ORDER = ("lm_loss", "q_halt_loss", "grad_norm")
 
 
+def _describe_nonfinite(host: Dict[str, float]) -> str:
+  if host.get("nonfinite_state", 0.0):
+    return ("the updated parameters, optimizer state or puzzle table (loss and gradient were "
+            "finite: the update overflowed)")
+  return "the puzzle-embedding row gradients (SignSGD) are not finite"
+
+
 def check_finite(step: int, sums: Dict[str, Any], *, config: ml_collections.ConfigDict,
                  ckpt: checkpointing.CheckpointManager) -> None:
   """Raises NonFiniteError naming the step and the first non-finite metric (nonfinite = "stop")."""
-  if config.nonfinite != "stop":
-    return
-  flag = float(np.asarray(parallel.first_local(sums["nonfinite_steps"])).reshape(-1)[0])
-  if flag == 0.0:
-    return
-  host = {k: float(np.asarray(parallel.first_local(v)).reshape(-1)[0]) for k, v in sums.items()}
-  names = [k for k in _NONFINITE_ORDER if not math.isfinite(host.get(k, 0.0))]
-  if names:
-    what = f"{names[0]} = {host[names[0]]}"
-  elif host.get("nonfinite_state", 0.0):
-    what = ("the updated parameters, optimizer state or puzzle table (loss and gradient were "
-            "finite: the update overflowed)")
-  else:
-    what = "the puzzle-embedding row gradients (SignSGD) are not finite"
-  ckpt.wait_until_finished()       # an earlier (good) save still in flight completes first
-  steps = ckpt.all_steps()
-  last = (f"the last good checkpoint is step {steps[-1]} in {ckpt.directory}" if steps
-          else f"no checkpoint was saved yet in {ckpt.directory}")
-  raise NonFiniteError(
-      f"step {step}: non-finite training metric: {what}. Stopped without saving; {last}. Fix: lower "
-      "the learning rate or check the data, or set --config.nonfinite=skip to skip such steps "
-      "(--config.nonfinite=continue keeps going, as the reference does).")
+  loop.check_finite(step, sums, nonfinite=config.nonfinite, ckpt=ckpt, order=_NONFINITE_ORDER,
+                    describe_other=_describe_nonfinite)
 
 
 TRAIN_METRICS = ("accuracy", "count", "exact_accuracy", "grad_norm", "lm_loss", "nonfinite_state",
@@ -565,34 +518,25 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     return ckpt.save(step, replicated={"state": state, "window": acc.state(TRAIN_METRICS)},
                      per_device=device_state, force=force)
 
-  guard_nonfinite = functools.partial(check_finite, config=config, ckpt=ckpt)
-  logging.info("Training from step %d to %d", start_step, total_steps)
-  pending = None                        # (step, metric sums): checked one step late (no sync stall)
-  for step in range(start_step + 1, total_steps + 1):
+  def train_step(step: int) -> Dict[str, Any]:
+    nonlocal state, device_state
     batch = parallel.shard(_model_batch(next(train_iter)))
     state, device_state, sums = p_train_step(state, device_state, batch, device_index)
-    if pending is not None:
-      guard_nonfinite(*pending)
-    pending = (step, sums)
-    acc.add(sums)
-    for hook in hooks:
-      hook(step)
-    if step % config.log_every_steps == 0 or step == total_steps:
-      guard_nonfinite(*pending)
-      write_train_metrics(step)
-    if step % eval_every == 0 and step != total_steps:
-      guard_nonfinite(*pending)
-      run_eval(step, full=config.eval_subset == 0)
-    if step % config.checkpoint_every_steps == 0 or step == total_steps:
-      guard_nonfinite(*pending)       # never save a non-finite state
-      save(step, force=step == total_steps)
-    if step < total_steps and guard.should_stop(step):
-      guard_nonfinite(*pending)
-      save(step, force=True)
-      writer.flush()
-      ckpt.wait_until_finished()
-      ckpt.close()
-      raise Preempted(step, guard.signal_name, ckpt.directory)
+    return sums
+
+  def on_preempt(step: int) -> None:
+    writer.flush()
+    ckpt.wait_until_finished()
+    ckpt.close()
+
+  logging.info("Training from step %d to %d", start_step, total_steps)
+  loop.run_steps(
+      start_step=start_step, total_steps=total_steps, train_step=train_step, acc=acc, guard=guard,
+      log_every=config.log_every_steps, write_metrics=write_train_metrics, eval_every=eval_every,
+      evaluate=lambda step: run_eval(step, full=config.eval_subset == 0),
+      checkpoint_every=config.checkpoint_every_steps, save=save,
+      check=functools.partial(check_finite, config=config, ckpt=ckpt), on_preempt=on_preempt,
+      checkpoint_dir=ckpt.directory, hooks=hooks)
 
   results: Dict[str, Dict[str, float]] = {}
   if config.final_eval and total_steps > 0:

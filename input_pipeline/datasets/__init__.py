@@ -21,8 +21,10 @@ import tensorflow_datasets as tfds
 from input_pipeline.datasets import arc_agi
 from input_pipeline.datasets import maze_generated
 from input_pipeline.datasets import maze_hard
+from input_pipeline.datasets import shakespeare_char
 from input_pipeline.datasets import sudoku_extreme
 from input_pipeline.datasets import sudoku_generated
+from input_pipeline.datasets import text_corpus
 
 _MODULES = {
     "sudoku_extreme": sudoku_extreme,
@@ -30,6 +32,8 @@ _MODULES = {
     "maze_hard": maze_hard,
     "maze_generated": maze_generated,
     "arc_agi": arc_agi,
+    "shakespeare_char": shakespeare_char,     # character/byte-level text (nanoGPT)
+    "text_corpus": text_corpus,
 }
 _BUILDERS = {
     "sudoku_extreme": sudoku_extreme.SudokuExtreme,
@@ -37,9 +41,12 @@ _BUILDERS = {
     "maze_hard": maze_hard.MazeHard,
     "maze_generated": maze_generated.MazeGenerated,
     "arc_agi": arc_agi.ArcAgi,
+    "shakespeare_char": shakespeare_char.ShakespeareChar,
+    "text_corpus": text_corpus.TextCorpus,
 }
 _CONSTRUCTOR_KWARGS = {"sudoku_generated": ("num_workers",), "sudoku_extreme": (),
-                       "maze_hard": (), "maze_generated": (), "arc_agi": ()}
+                       "maze_hard": (), "maze_generated": (), "arc_agi": (),
+                       "shakespeare_char": (), "text_corpus": ()}
 
 
 def names() -> list[str]:

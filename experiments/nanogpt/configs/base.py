@@ -1,0 +1,77 @@
+"""The validated base config of the nanoGPT experiment: every field, nanoGPT's train.py defaults.
+
+Recipes import it and override a few fields; `experiments.nanogpt.train.validate_config` checks a
+config against it (unknown or misspelled fields, inconsistent values) before anything is compiled.
+
+  python -m experiments.nanogpt.main --config=configs/shakespeare_char_cpu.py
+
+(base alone is GPT-2 124M on shakespeare_char; use a recipe.)
+"""
+
+import os
+
+import ml_collections
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+DEFAULT_DATA_DIR = os.environ.get("TFDS_DATA_DIR", os.path.join(REPO_ROOT, "data", "tfds"))
+SHAKESPEARE_DIR = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "tinyshakespeare")
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 1337
+
+  # Data: a TFDS text builder of input_pipeline.datasets (shakespeare_char or text_corpus).
+  c.dataset = ml_collections.ConfigDict()
+  c.dataset.name = "shakespeare_char"
+  c.dataset.data_dir = DEFAULT_DATA_DIR
+  c.dataset.manual_dir = SHAKESPEARE_DIR          # where input.txt is (prepared on first use)
+  c.dataset.builder_config = ""
+  c.dataset.builder_kwargs = ml_collections.ConfigDict()
+  c.dataset.prepare_if_missing = True
+  c.dataset.train_split = "train"
+  c.dataset.val_split = "val"
+
+  # Model (modules.gpt.GPTConfig; vocab_size -1 = the dataset's).
+  c.model = ml_collections.ConfigDict()
+  c.model.n_layer = 12
+  c.model.n_head = 12
+  c.model.n_embd = 768
+  c.model.block_size = 1024
+  c.model.bias = False
+  c.model.dropout = 0.0
+  c.model.vocab_size = -1
+  c.model.dtype = "float32"                       # "bfloat16" is a podlab option (not the reference)
+
+  # Optimisation (nanoGPT train.py).
+  c.batch_size = 12                               # global micro-batch (sequences per micro-step)
+  c.grad_accum = 40                               # micro-steps per update (loss / grad_accum)
+  c.max_iters = 600000                            # performs max_iters + 1 updates (iters 0..max_iters)
+  c.lr = 6e-4
+  c.min_lr = 6e-5
+  c.warmup_iters = 2000
+  c.lr_decay_iters = 600000
+  c.decay_lr = True
+  c.beta1 = 0.9
+  c.beta2 = 0.95
+  c.weight_decay = 0.1
+  c.grad_clip = 1.0                               # global-norm clipping; 0 disables
+
+  # Evaluation: mean loss over eval_iters random batches per split every eval_interval iterations
+  # (before that iteration's update, iteration 0 included).
+  c.eval_interval = 2000
+  c.eval_iters = 200
+
+  # Logging and checkpoints.
+  c.log_every_steps = 10
+  c.checkpoint_every_steps = 2000
+  c.keep_checkpoints = 2
+  c.async_checkpoints = True
+  c.restore_fallback = False
+  c.nonfinite = "stop"                            # "stop" | "skip" the step | "continue"
+  c.peak_flops = -1.0                             # per device, for MFU; -1 = the table / measured
+
+  # Hardware (as in TRM: num_devices > 0 states the device count the recipe was written for).
+  c.num_devices = -1
+  c.devices_per_host = -1
+  return c

@@ -1,0 +1,180 @@
+"""Import (and export) of nanoGPT checkpoints: `ckpt.pt` <-> podlab GPT parameters.
+
+A nanoGPT `ckpt.pt` is a dict with `model` (the state_dict; keys may carry torch.compile's
+`_orig_mod.` prefix), `model_args` (n_layer, n_head, n_embd, block_size, bias, vocab_size, dropout),
+`optimizer`, `iter_num`, `best_val_loss`, `config`. It is read with
+`torch.load(..., weights_only=True)` (tensors, dicts and plain values only; nothing is unpickled
+beyond that, and a file that needs more is refused with the reason). Layout: nn.Linear weights are
+[out, in] (podlab's `w` is [in, out], so they are transposed); c_attn is q | k | v, head-major, as
+podlab's fused qkv_proj; lm_head.weight is tied to transformer.wte.weight; the causal-mask buffers
+(`attn.bias` of 4 dims, older nanoGPT) are skipped.
+
+Synopsis:
+  python -m experiments.nanogpt.nanogpt_checkpoint --ckpt=out-shakespeare-char/ckpt.pt
+        # prints the model args, the parameter count, and the val loss on shakespeare_char
+
+  from experiments.nanogpt import nanogpt_checkpoint
+  config, params, meta = nanogpt_checkpoint.load("out/ckpt.pt")          # GPTConfig, Haiku params
+  state_dict = nanogpt_checkpoint.to_state_dict(params, config)          # numpy, nanoGPT names
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, Tuple
+
+import numpy as np
+
+from modules import gpt
+
+PREFIX = "_orig_mod."
+
+
+class CheckpointFormatError(ValueError):
+  """The file is not a nanoGPT checkpoint this importer understands; the message says why."""
+
+
+def _np(x: Any) -> np.ndarray:
+  if hasattr(x, "detach"):
+    x = x.detach().cpu()
+    if str(x.dtype) == "torch.bfloat16":
+      x = x.float()
+    return x.numpy()
+  return np.asarray(x)
+
+
+def read(path: str) -> Dict[str, Any]:
+  """torch.load(path, weights_only=True); a clear error when torch is missing or the file needs
+  arbitrary unpickling."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise CheckpointFormatError("reading ckpt.pt needs torch: pip install -e '.[torch]'") from e
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"--ckpt={path}: no such file")
+  try:
+    return torch.load(path, map_location="cpu", weights_only=True)
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointFormatError(
+        f"{path}: cannot be read with torch.load(weights_only=True) ({type(e).__name__}: "
+        f"{str(e).splitlines()[0][:300]}). It is not loaded with full unpickling (unsafe); re-save it "
+        "as {'model': state_dict, 'model_args': dict} with plain values") from None
+
+
+def config_from_args(model_args: Dict[str, Any], dtype: str = "float32") -> gpt.GPTConfig:
+  need = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+  missing = [k for k in need if k not in model_args]
+  if missing:
+    raise CheckpointFormatError(f"model_args lacks {missing}; it has {sorted(model_args)}")
+  return gpt.GPTConfig(block_size=int(model_args["block_size"]),
+                       vocab_size=int(model_args["vocab_size"]), n_layer=int(model_args["n_layer"]),
+                       n_head=int(model_args["n_head"]), n_embd=int(model_args["n_embd"]),
+                       dropout=float(model_args.get("dropout", 0.0)),
+                       bias=bool(model_args.get("bias", True)), dtype=dtype)
+
+
+def from_state_dict(state_dict: Dict[str, Any], config: gpt.GPTConfig) -> Dict[str, Dict[str, np.ndarray]]:
+  """Haiku params (float32 numpy) from a nanoGPT state_dict; checks names and shapes."""
+  sd = {}
+  for k, v in state_dict.items():
+    k = k[len(PREFIX):] if k.startswith(PREFIX) else k
+    sd[k] = _np(v).astype(np.float32)
+  sd = {k: v for k, v in sd.items() if not (re.fullmatch(r"transformer\.h\.\d+\.attn\.bias", k)
+                                             and v.ndim == 4)}
+  used = set()
+
+  def take(name, transpose=False):
+    if name not in sd:
+      raise CheckpointFormatError(f"state_dict has no {name!r} (bias={config.bias}); keys start "
+                                  f"with {sorted(sd)[:5]}")
+    used.add(name)
+    return sd[name].T.copy() if transpose else sd[name]
+
+  p: Dict[str, Dict[str, np.ndarray]] = {
+      "gpt/wte": {"embedding": take("transformer.wte.weight")},
+      "gpt/wpe": {"embedding": take("transformer.wpe.weight")},
+  }
+
+  def ln(dst, src):
+    p[dst] = {"weight": take(f"{src}.weight")}
+    if config.bias:
+      p[dst]["bias"] = take(f"{src}.bias")
+
+  def linear(dst, src):
+    p[dst] = {"w": take(f"{src}.weight", transpose=True)}
+    if config.bias:
+      p[dst]["b"] = take(f"{src}.bias")
+
+  for i in range(config.n_layer):
+    h, t = f"gpt/h_{i}", f"transformer.h.{i}"
+    ln(f"{h}/ln_1", f"{t}.ln_1")
+    linear(f"{h}/attn/qkv_proj", f"{t}.attn.c_attn")
+    linear(f"{h}/attn/o_proj", f"{t}.attn.c_proj")
+    ln(f"{h}/ln_2", f"{t}.ln_2")
+    linear(f"{h}/mlp/c_fc", f"{t}.mlp.c_fc")
+    linear(f"{h}/mlp/c_proj", f"{t}.mlp.c_proj")
+  ln("gpt/ln_f", "transformer.ln_f")
+  if "lm_head.weight" in sd:
+    used.add("lm_head.weight")
+    if not np.array_equal(sd["lm_head.weight"], sd["transformer.wte.weight"]):
+      raise CheckpointFormatError("lm_head.weight differs from transformer.wte.weight; podlab's "
+                                  "GPT ties them (as nanoGPT)")
+  extra = sorted(set(sd) - used)
+  if extra:
+    raise CheckpointFormatError(f"unexpected state_dict keys {extra[:5]} (n_layer={config.n_layer}, "
+                                f"bias={config.bias}); do model_args match the weights?")
+  expected = gpt.GPTModel(config)
+  import jax  # pylint: disable=g-import-not-at-top
+  shapes = jax.eval_shape(expected.init, jax.random.key(0))
+  for mod, leaves in shapes.items():
+    for name, s in leaves.items():
+      got = p.get(mod, {}).get(name)
+      if got is None or tuple(got.shape) != tuple(s.shape):
+        raise CheckpointFormatError(f"{mod}/{name}: shape {None if got is None else got.shape}, the "
+                                    f"model_args need {tuple(s.shape)}")
+  return p
+
+
+def to_state_dict(params: Dict[str, Dict[str, Any]], config: gpt.GPTConfig) -> Dict[str, np.ndarray]:
+  """The inverse of `from_state_dict` (numpy; lm_head.weight = wte)."""
+  p = {m: {n: np.asarray(v, np.float32) for n, v in d.items()} for m, d in params.items()}
+  sd = {"transformer.wte.weight": p["gpt/wte"]["embedding"],
+        "transformer.wpe.weight": p["gpt/wpe"]["embedding"]}
+
+  def ln(src, dst):
+    sd[f"{dst}.weight"] = p[src]["weight"]
+    if config.bias:
+      sd[f"{dst}.bias"] = p[src]["bias"]
+
+  def linear(src, dst):
+    sd[f"{dst}.weight"] = p[src]["w"].T.copy()
+    if config.bias:
+      sd[f"{dst}.bias"] = p[src]["b"]
+
+  for i in range(config.n_layer):
+    h, t = f"gpt/h_{i}", f"transformer.h.{i}"
+    ln(f"{h}/ln_1", f"{t}.ln_1")
+    linear(f"{h}/attn/qkv_proj", f"{t}.attn.c_attn")
+    linear(f"{h}/attn/o_proj", f"{t}.attn.c_proj")
+    ln(f"{h}/ln_2", f"{t}.ln_2")
+    linear(f"{h}/mlp/c_fc", f"{t}.mlp.c_fc")
+    linear(f"{h}/mlp/c_proj", f"{t}.mlp.c_proj")
+  ln("gpt/ln_f", "transformer.ln_f")
+  sd["lm_head.weight"] = sd["transformer.wte.weight"]
+  return sd
+
+
+def load(path: str, dtype: str = "float32") -> Tuple[gpt.GPTConfig, Dict[str, Any], Dict[str, Any]]:
+  """(GPTConfig, params, {"iter_num", "best_val_loss", "config"}) of a nanoGPT ckpt.pt."""
+  ckpt = read(path)
+  if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
+    keys = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
+    raise CheckpointFormatError(f"{path}: expected a dict with 'model' and 'model_args', got {keys}")
+  config = config_from_args(dict(ckpt["model_args"]), dtype)
+  params = from_state_dict(ckpt["model"], config)
+  best = ckpt.get("best_val_loss")
+  meta = {"iter_num": ckpt.get("iter_num"),
+          "best_val_loss": None if best is None else float(_np(best)),
+          "config": ckpt.get("config", {})}
+  return config, params, meta

@@ -1,0 +1,94 @@
+r"""Samples text from a trained GPT (nanoGPT's sample.py): a podlab workdir or a nanoGPT ckpt.pt.
+
+  python -m experiments.nanogpt.sample --config=configs/shakespeare_char_cpu.py \
+      --workdir=workdirs/shakespeare_char_cpu --start="ROMEO:" --num_samples=2 --max_new_tokens=500
+  python -m experiments.nanogpt.sample --ckpt=out-shakespeare-char/ckpt.pt \
+      --config=configs/shakespeare_char_cpu.py      # a model trained with the reference
+  ... --kv_cache=false       # nanoGPT's sliding crop, no cache (slower; see sampling.py)
+
+Defaults as nanoGPT: temperature 0.8, top-k 200, seed 1337, 10 samples of 500 tokens, start "\n".
+The vocabulary comes from the config's dataset (prepared on first use). `--start=FILE:path` reads
+the prompt from a file. Prints the wall time and tokens/s of each sample.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+from experiments.common import config_utils
+from experiments.common import main_lib
+
+_CKPT = flags.DEFINE_string("ckpt", None, "A nanoGPT ckpt.pt to sample from instead of --workdir.")
+_START = flags.DEFINE_string("start", "\n", "Prompt text, or FILE:path.")
+_NUM = flags.DEFINE_integer("num_samples", 10, "Samples to draw.")
+_NEW = flags.DEFINE_integer("max_new_tokens", 500, "Tokens per sample.")
+_TEMP = flags.DEFINE_float("temperature", 0.8, "Softmax temperature (0 = greedy).")
+_TOPK = flags.DEFINE_integer("top_k", 200, "Keep the top-k logits (0 = all).")
+_SEED = flags.DEFINE_integer("seed", 1337, "Sampling seed.")
+_CACHE = flags.DEFINE_bool("kv_cache", True, "Use the KV cache (context policy 'chunk').")
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from experiments.common import checkpointing  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import nanogpt_checkpoint  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import sampling  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import train  # pylint: disable=g-import-not-at-top
+  from input_pipeline import text  # pylint: disable=g-import-not-at-top
+  from modules import gpt  # pylint: disable=g-import-not-at-top
+
+  config = main_lib._CONFIG.value  # pylint: disable=protected-access
+  try:
+    train.validate_config(config)
+    data = train.TextData(config)
+  except (config_utils.ConfigError, FileNotFoundError) as e:
+    sys.exit(f"error: {e}")
+  if _CKPT.value:
+    cfg, params, meta = nanogpt_checkpoint.load(_CKPT.value)
+    print(f"nanoGPT checkpoint {_CKPT.value}: {cfg.model_args()}, iter {meta['iter_num']}, best val "
+          f"{meta['best_val_loss']}")
+  else:
+    workdir = main_lib._WORKDIR.value or main_lib.default_workdir(main_lib.config_filename())  # pylint: disable=protected-access
+    cfg = train.model_config(config, data.vocab_size)
+    model = gpt.GPTModel(cfg)
+    tx = train.make_optimizer(config)
+    params = model.init(jax.random.key(0))
+    template = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    ckpt = checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints"))
+    restored = ckpt.restore(replicated_like={"state": template, "window": {
+        "sums": {k: np.float32(0) for k in train.TRAIN_METRICS}, "steps": np.int32(0)}},
+                            per_device_like={})
+    ckpt.close()
+    if restored is None:
+      sys.exit(f"error: no checkpoint in {workdir}/checkpoints; train first or pass --ckpt")
+    step, saved, _ = restored
+    params = saved["state"].params
+    print(f"podlab checkpoint {workdir} at step {step}")
+  model = gpt.GPTModel(cfg)
+  start = _START.value
+  if start.startswith("FILE:"):
+    with open(start[5:], encoding="utf-8") as f:
+      start = f.read()
+  prompt = np.asarray([text.encode(start, data.vocab)], np.int32)
+  for i in range(_NUM.value):
+    t = time.perf_counter()
+    out = sampling.generate(model, params, prompt, _NEW.value, temperature=_TEMP.value,
+                            top_k=_TOPK.value or None, seed=_SEED.value + i, kv_cache=_CACHE.value)
+    took = time.perf_counter() - t
+    print(text.decode(out[0], data.vocab))
+    print(f"---------------  ({_NEW.value} tokens in {took:.2f} s, {_NEW.value / took:,.0f} "
+          "tokens/s, first sample includes compilation)", flush=True)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main, argv=config_utils.resolve_config_argv(sys.argv, os.path.dirname(
+      os.path.abspath(__file__))))

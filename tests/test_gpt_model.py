@@ -1,0 +1,212 @@
+"""Tests of the GPT layers and model (modules/layers.py GPT section, modules/gpt.py).
+
+Expected values are float64 NumPy computations of ../shared/docs/gpt-reference.md's formulas
+(pre-LN blocks, LayerNorm eps 1e-5, exact GELU, causal softmax attention with scale 1/sqrt(Dh),
+tied head), never a second call of the code under test. Small sizes keep it fast.
+"""
+import math
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from modules import gpt
+from modules import layers
+
+
+def f64(x):
+  return np.asarray(x, np.float64)
+
+
+def np_ln(x, w, b=None, eps=1e-5):
+  mu = x.mean(-1, keepdims=True)
+  var = ((x - mu) ** 2).mean(-1, keepdims=True)
+  y = (x - mu) / np.sqrt(var + eps) * w
+  return y if b is None else y + b
+
+
+def np_gelu(x):
+  return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+def np_attn(x, wqkv, bqkv, wo, bo, H):
+  B, T, C = x.shape
+  Dh = C // H
+  qkv = x @ wqkv + (0 if bqkv is None else bqkv)
+  q, k, v = qkv[..., :C], qkv[..., C:2 * C], qkv[..., 2 * C:]
+  out = np.zeros((B, T, C))
+  for h in range(H):
+    sl = slice(h * Dh, (h + 1) * Dh)
+    s = q[..., sl] @ np.swapaxes(k[..., sl], -1, -2) / math.sqrt(Dh)    # [B, T, T]
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    out[..., sl] = p @ v[..., sl]
+  return out @ wo + (0 if bo is None else bo)
+
+
+def np_gpt(params, idx, cfg):
+  p = {k: {n: f64(v) for n, v in d.items()} for k, d in params.items()}
+  T = idx.shape[1]
+  x = p["gpt/wte"]["embedding"][idx] + p["gpt/wpe"]["embedding"][:T]
+  g = lambda m, n: p[m].get(n)   # noqa: E731
+  for i in range(cfg.n_layer):
+    h = f"gpt/h_{i}"
+    a = np_ln(x, g(f"{h}/ln_1", "weight"), g(f"{h}/ln_1", "bias"))
+    x = x + np_attn(a, g(f"{h}/attn/qkv_proj", "w"), g(f"{h}/attn/qkv_proj", "b"),
+                    g(f"{h}/attn/o_proj", "w"), g(f"{h}/attn/o_proj", "b"), cfg.n_head)
+    m = np_ln(x, g(f"{h}/ln_2", "weight"), g(f"{h}/ln_2", "bias"))
+    m = np_gelu(m @ g(f"{h}/mlp/c_fc", "w") + (g(f"{h}/mlp/c_fc", "b") if cfg.bias else 0))
+    x = x + m @ g(f"{h}/mlp/c_proj", "w") + (g(f"{h}/mlp/c_proj", "b") if cfg.bias else 0)
+  x = np_ln(x, g("gpt/ln_f", "weight"), g("gpt/ln_f", "bias"))
+  return x @ p["gpt/wte"]["embedding"].T
+
+
+def randomize(params, seed=0, scale=0.3):
+  """Non-trivial values everywhere (biases and LayerNorm weights too)."""
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda x: jnp.asarray(rng.normal(0.0, scale, x.shape) + (x == 1) * 1.0,
+                                            jnp.float32), params)
+
+
+SMALL = dict(block_size=12, vocab_size=17, n_layer=2, n_head=2, n_embd=16)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm_matches_numpy(bias):
+  x = np.random.default_rng(1).normal(2.0, 3.0, (3, 5, 8)).astype(np.float32)
+  f = hk.without_apply_rng(hk.transform(lambda x: layers.LayerNorm(with_bias=bias)(x)))
+  params = randomize(f.init(jax.random.key(0), x))
+  y = f.apply(params, x)
+  want = np_ln(f64(x), f64(params["layer_norm"]["weight"]),
+               f64(params["layer_norm"]["bias"]) if bias else None)
+  np.testing.assert_allclose(f64(y), want, atol=2e-5)
+  assert ("bias" in params["layer_norm"]) == bias
+
+
+def test_gelu_mlp_is_exact_gelu():
+  x = np.random.default_rng(2).normal(0, 1, (2, 3, 8)).astype(np.float32)
+  f = hk.without_apply_rng(hk.transform(lambda x: layers.GeluMLP(with_bias=True)(x)))
+  p = randomize(f.init(jax.random.key(0), x))
+  y = f.apply(p, x)
+  h = np_gelu(f64(x) @ f64(p["gelu_mlp/c_fc"]["w"]) + f64(p["gelu_mlp/c_fc"]["b"]))
+  want = h @ f64(p["gelu_mlp/c_proj"]["w"]) + f64(p["gelu_mlp/c_proj"]["b"])
+  np.testing.assert_allclose(f64(y), want, atol=1e-4)
+  # The tanh approximation differs by more than the tolerance here: the test would notice it.
+  h_tanh = f64(jax.nn.gelu(jnp.asarray(f64(x) @ f64(p["gelu_mlp/c_fc"]["w"])
+                                       + f64(p["gelu_mlp/c_fc"]["b"]), jnp.float32)))
+  assert np.abs(h_tanh - h).max() > 1e-4
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_gpt_logits_match_numpy(bias):
+  cfg = gpt.GPTConfig(bias=bias, **SMALL)
+  model = gpt.GPTModel(cfg)
+  params = randomize(model.init(jax.random.key(0)), seed=3, scale=0.2)
+  idx = np.random.default_rng(4).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
+  got = f64(model.apply(params, idx))
+  want = np_gpt(params, idx, cfg)
+  np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
+  np.testing.assert_allclose(f64(model.apply(params, idx, last_only=True))[:, 0], want[:, -1],
+                             atol=2e-4, rtol=1e-4)
+
+
+def test_causal_mask_future_tokens_do_not_change_past_logits():
+  cfg = gpt.GPTConfig(**SMALL)
+  model = gpt.GPTModel(cfg)
+  params = randomize(model.init(jax.random.key(0)), seed=5)
+  a = np.random.default_rng(6).integers(0, 17, (1, 12)).astype(np.int32)
+  b = a.copy()
+  b[0, 7:] = (b[0, 7:] + 5) % 17
+  la, lb = f64(model.apply(params, a)), f64(model.apply(params, b))
+  np.testing.assert_array_equal(la[:, :7], lb[:, :7])
+  assert np.abs(la[:, 7:] - lb[:, 7:]).max() > 1e-3
+
+
+def test_kv_cache_logits_equal_full_forward():
+  cfg = gpt.GPTConfig(**SMALL)
+  model = gpt.GPTModel(cfg)
+  params = randomize(model.init(jax.random.key(0)), seed=7, scale=0.2)
+  idx = np.random.default_rng(8).integers(0, 17, (2, 12)).astype(np.int32)
+  full = f64(model.apply(params, idx))
+  cache = model.init_cache(2)
+  logits, cache = model.apply_cached(params, idx[:, :5], cache, 0)         # prefill 5
+  np.testing.assert_allclose(f64(logits), full[:, :5], atol=1e-5)
+  for t in range(5, 12):                                                   # then one at a time
+    logits, cache = model.apply_cached(params, idx[:, t:t + 1], cache, t)
+    np.testing.assert_allclose(f64(logits)[:, 0], full[:, t], atol=1e-5)
+
+
+def test_init_statistics_and_residual_projection_scaling():
+  cfg = gpt.GPTConfig(block_size=64, vocab_size=512, n_layer=8, n_head=4, n_embd=256, bias=True)
+  params = gpt.GPTModel(cfg).init(jax.random.key(0))
+  proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)
+  for mod, leaves in params.items():
+    for name, v in leaves.items():
+      v = f64(v)
+      if name in ("b", "bias"):
+        assert np.all(v == 0), (mod, name)
+      elif name == "weight":
+        assert np.all(v == 1), (mod, name)
+      else:
+        want = proj_std if mod.endswith(("attn/o_proj", "mlp/c_proj")) else 0.02
+        assert abs(v.std() / want - 1) < 0.03, (mod, v.std(), want)
+        assert abs(v.mean()) < 4 * want / math.sqrt(v.size)
+        assert np.abs(v).max() > 2.5 * want          # a plain normal, not truncated at 2 std
+
+
+@pytest.mark.parametrize("args, want", [
+    (dict(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, bias=False), 795_904),
+    (dict(block_size=256, vocab_size=65, n_layer=6, n_head=6, n_embd=384, bias=False), 10_646_784),
+    (dict(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768, bias=False),
+     123_587_328),
+])
+def test_parameter_counts(args, want):
+  cfg = gpt.GPTConfig(**args)
+  shapes = jax.eval_shape(gpt.GPTModel(cfg).init, jax.random.key(0))
+  total = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
+  wpe = int(np.prod(shapes["gpt/wpe"]["embedding"].shape))
+  assert total - wpe == want == gpt.analytic_param_count(cfg)
+
+
+def test_num_params_excludes_wpe_only():
+  cfg = gpt.GPTConfig(**SMALL)
+  params = gpt.GPTModel(cfg).init(jax.random.key(0))
+  assert gpt.num_params(params) == layers.count_params(params) - 12 * 16
+  assert gpt.num_params(params) == gpt.analytic_param_count(cfg)
+
+
+def test_decay_mask_two_dim_tensors_only():
+  cfg = gpt.GPTConfig(bias=True, **SMALL)
+  mask = gpt.decay_mask(gpt.GPTModel(cfg).init(jax.random.key(0)))
+  decayed = sorted(f"{m}/{n}" for m, d in mask.items() for n, v in d.items() if v)
+  assert decayed == sorted(
+      ["gpt/wte/embedding", "gpt/wpe/embedding"]
+      + [f"gpt/h_{i}/{m}/w" for i in range(2)
+         for m in ("attn/qkv_proj", "attn/o_proj", "mlp/c_fc", "mlp/c_proj")])
+
+
+def test_dropout_only_in_training_and_scaled():
+  cfg = gpt.GPTConfig(dropout=0.5, **SMALL)
+  model = gpt.GPTModel(cfg)
+  params = model.init(jax.random.key(0))
+  idx = np.zeros((1, 12), np.int32)
+  a = f64(model.apply(params, idx))
+  np.testing.assert_array_equal(a, f64(model.apply(params, idx, jax.random.key(1))))
+  b = f64(model.apply(params, idx, jax.random.key(1), is_training=True))
+  c = f64(model.apply(params, idx, jax.random.key(2), is_training=True))
+  assert np.abs(a - b).max() > 1e-3 and np.abs(b - c).max() > 1e-3
+  x = jnp.ones((100_000,))
+  y = f64(layers.dropout(x, 0.2, jax.random.key(0)))
+  assert set(np.unique(y)) == {0.0, 1.25} and abs((y == 0).mean() - 0.2) < 0.01
+  with pytest.raises(ValueError, match="rng"):
+    model.apply(params, idx, is_training=True)
+
+
+def test_config_errors_name_the_field():
+  with pytest.raises(ValueError, match="n_embd=100.*n_head=3"):
+    gpt.GPTConfig(n_embd=100, n_head=3)
+  with pytest.raises(ValueError, match="dropout"):
+    gpt.GPTConfig(dropout=1.5)

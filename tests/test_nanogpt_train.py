@@ -1,0 +1,202 @@
+"""Tests of the nanoGPT experiment: LR schedule, AdamW + decay mask + clipping, gradient
+accumulation, sampling with/without the KV cache, nanoGPT checkpoint import, a short training run,
+and the pod launcher running it.
+
+Expected values are the formulas of ../shared/docs/gpt-reference.md evaluated here in float64 NumPy
+(or the PyTorch reference model of tests/torch_gpt_reference.py for the import).
+"""
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.common import parallel
+from experiments.nanogpt import nanogpt_checkpoint
+from experiments.nanogpt import sampling
+from experiments.nanogpt import train
+from experiments.nanogpt.configs import shakespeare_char_cpu
+from modules import gpt
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_lr_schedule_values_cpu_recipe():
+  c = shakespeare_char_cpu.get_config()            # lr 1e-3, min 1e-4, warmup 100, decay 2000
+  assert train.lr_at(0, c) == pytest.approx(1e-3 * 1 / 101)
+  assert train.lr_at(99, c) == pytest.approx(1e-3 * 100 / 101)
+  assert train.lr_at(100, c) == pytest.approx(1e-3)
+  assert train.lr_at(1050, c) == pytest.approx(1e-4 + 0.5 * 9e-4)
+  assert train.lr_at(2000, c) == pytest.approx(1e-4)
+  assert train.lr_at(2001, c) == pytest.approx(1e-4)
+  its = np.array([0, 50, 99, 100, 500, 1050, 1999, 2000, 2500])
+  got = np.asarray(train.lr_at(jnp.asarray(its), c))
+  np.testing.assert_allclose(got, [train.lr_at(int(i), c) for i in its], rtol=1e-6)
+
+
+def _np_adamw(p, g, m, v, t, lr, b1, b2, wd, decay, clip):
+  norm = math.sqrt(sum(float((x ** 2).sum()) for x in g.values()))
+  scale = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0
+  out = {}
+  for k in p:
+    gk = g[k] * scale
+    m[k] = b1 * m[k] + (1 - b1) * gk
+    v[k] = b2 * v[k] + (1 - b2) * gk ** 2
+    mh, vh = m[k] / (1 - b1 ** t), v[k] / (1 - b2 ** t)
+    out[k] = p[k] - lr * (mh / (np.sqrt(vh) + 1e-8) + (wd * p[k] if decay[k] else 0.0))
+  return out
+
+
+def test_adamw_decay_mask_and_clipping_match_numpy():
+  c = shakespeare_char_cpu.get_config()
+  cfg = gpt.GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8, bias=True)
+  params = gpt.GPTModel(cfg).init(jax.random.key(0))
+  tx = train.make_optimizer(c)
+  state = tx.init(params)
+  rng = np.random.default_rng(0)
+  flat = lambda t: {f"{m}/{n}": np.asarray(v, np.float64) for m, d in t.items() for n, v in d.items()}  # noqa: E731
+  p64 = flat(params)
+  m = {k: 0.0 * v for k, v in p64.items()}
+  v2 = {k: 0.0 * v for k, v in p64.items()}
+  decay = flat(gpt.decay_mask(params))
+  for t in range(1, 4):
+    grads = jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 2.0, x.shape), jnp.float32), params)
+    updates, state = tx.update(grads, state, params)
+    params = jax.tree.map(lambda a, b: a + b, params, updates)
+    p64 = _np_adamw(p64, flat(grads), m, v2, t, train.lr_at(t - 1, c), 0.9, 0.99, 0.1,
+                    {k: bool(x) for k, x in decay.items()}, 1.0)
+    for k, x in flat(params).items():
+      np.testing.assert_allclose(x, p64[k], rtol=1e-5, atol=1e-7, err_msg=k)
+
+
+def test_gradient_accumulation_equals_the_big_batch():
+  c = shakespeare_char_cpu.get_config()
+  c.model.block_size = 8
+  cfg = gpt.GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8, bias=False)
+  model = gpt.GPTModel(cfg)
+  tx = train.make_optimizer(c)
+  params = model.init(jax.random.key(0))
+  n = jax.local_device_count()
+  x = np.random.default_rng(1).integers(0, 11, (n, 4, 2, 9)).astype(np.int32)
+  outs = []
+  for accum, batch in ((4, x), (1, x.reshape(n, 1, 8, 9))):
+    c.grad_accum = accum
+    step = parallel.pmap_step(train.make_train_step(model, tx, c), replicated_in=(0,),
+                              out_axes=(None, 0))
+    state = parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
+    b = parallel.shard({"x": batch[..., :-1], "y": batch[..., 1:]})
+    new, sums = step(state, b, parallel.shard(parallel.device_indices()))
+    outs.append((parallel.unreplicate(new.params), float(parallel.first_local(sums["loss"])[0])))
+  (pa, la), (pb, lb) = outs
+  assert la == pytest.approx(lb, rel=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), pa, pb)
+
+
+@pytest.fixture(scope="module")
+def small_model():
+  cfg = gpt.GPTConfig(block_size=16, vocab_size=13, n_layer=2, n_head=2, n_embd=16, bias=False)
+  model = gpt.GPTModel(cfg)
+  params = jax.tree.map(lambda x: x * 8.0 if x.ndim == 2 else x, model.init(jax.random.key(3)))
+  return model, params
+
+
+def test_kv_cache_sampling_gives_identical_tokens(small_model):
+  model, params = small_model
+  prompt = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
+  a = sampling.generate(model, params, prompt, 60, temperature=0.0, kv_cache=True)
+  b = sampling.generate(model, params, prompt, 60, temperature=0.0, kv_cache=False, context="chunk")
+  np.testing.assert_array_equal(a, b)
+  assert a.shape == (2, 63) and (a[:, :3] == prompt).all() and len(np.unique(a[:, 3:])) > 2
+  c = sampling.generate(model, params, prompt, 60, temperature=1.0, top_k=1, kv_cache=True)
+  np.testing.assert_array_equal(a, c)                          # top-k 1 == greedy
+  # Within block_size tokens the sliding crop is the same context.
+  d = sampling.generate(model, params, prompt, 13, temperature=0.0, kv_cache=False)
+  np.testing.assert_array_equal(d, a[:, :16])
+  # Sampled (temperature 0.8, top-k 5): the same seed gives the same text, cache or not.
+  e = sampling.generate(model, params, prompt, 40, temperature=0.8, top_k=5, seed=7, kv_cache=True)
+  f = sampling.generate(model, params, prompt, 40, temperature=0.8, top_k=5, seed=7, kv_cache=False,
+                        context="chunk")
+  np.testing.assert_array_equal(e, f)
+
+
+def test_greedy_tokens_match_a_numpy_argmax_loop(small_model):
+  model, params = small_model
+  prompt = np.array([[1, 2]], np.int32)
+  got = sampling.generate(model, params, prompt, 20, temperature=0.0, kv_cache=False)
+  toks = list(prompt[0])
+  for _ in range(20):
+    ctx = np.array([toks[-16:]], np.int32)                       # nanoGPT's crop
+    toks.append(int(np.argmax(np.asarray(model.apply(params, ctx))[0, -1])))
+  assert list(got[0]) == toks
+
+
+def test_top_k_keeps_logits_at_least_the_kth():
+  logits = jnp.array([[0.0, 3.0, 1.0, 2.0]])
+  draws = {int(sampling.select(logits, jax.random.key(i), 1.0, 2)[0]) for i in range(200)}
+  assert draws == {1, 3}
+
+
+def test_nanogpt_checkpoint_import_matches_torch(tmp_path):
+  torch = pytest.importorskip("torch", reason="the import test needs torch (pip install '.[torch]')")
+  from tests import torch_gpt_reference  # pylint: disable=g-import-not-at-top
+  for bias in (True, False):
+    args = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11, bias=bias, dropout=0.0)
+    torch.manual_seed(0)
+    ref = torch_gpt_reference.GPT(args)
+    with torch.no_grad():
+      for p in ref.parameters():
+        p.add_(torch.randn_like(p) * 0.1)
+    sd = {f"_orig_mod.{k}": v for k, v in ref.state_dict().items()}  # a torch.compile'd model
+    path = tmp_path / f"ckpt_{bias}.pt"
+    torch.save({"model": sd, "model_args": args, "iter_num": 250, "best_val_loss": torch.tensor(1.5),
+                "config": {"dataset": "shakespeare_char"}}, path)
+    config, params, meta = nanogpt_checkpoint.load(str(path))
+    assert meta["iter_num"] == 250 and meta["best_val_loss"] == 1.5 and config.bias == bias
+    idx = np.random.default_rng(0).integers(0, 11, (2, 8))
+    with torch.no_grad():
+      want = ref(torch.as_tensor(idx)).double().numpy()
+    got = np.asarray(gpt.GPTModel(config).apply(params, idx.astype(np.int32)), np.float64)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    back = nanogpt_checkpoint.to_state_dict(params, config)
+    for k, v in ref.state_dict().items():
+      np.testing.assert_array_equal(back[k], v.numpy())
+  bad = tmp_path / "bad.pt"
+  torch.save({"model": {"x": torch.zeros(1)}, "model_args": args}, bad)
+  with pytest.raises(nanogpt_checkpoint.CheckpointFormatError, match="transformer.wte.weight"):
+    nanogpt_checkpoint.load(str(bad))
+
+
+@pytest.mark.slow    # ~40 s here: 21 updates + 3 evaluations + a resume
+def test_short_training_run_lowers_val_loss(shared_data_dir, tmp_path):
+  c = shakespeare_char_cpu.get_config("smoke")
+  c.dataset.manual_dir = str(shared_data_dir / "tinyshakespeare")
+  c.dataset.data_dir = str(tmp_path / "tfds")
+  c.async_checkpoints = False
+  results = train.train_and_evaluate(c, str(tmp_path / "work"))
+  val = results["val_curve"]
+  assert sorted(val) == [0, 10, 20]
+  assert val[0] == pytest.approx(math.log(65), abs=0.15)        # a fresh model is ~uniform
+  assert val[20] < val[0] - 0.8
+  assert results["num_params"] == 795_904
+  # Rerunning the same command resumes from the final checkpoint and trains nothing more.
+  again = train.train_and_evaluate(c, str(tmp_path / "work"))
+  assert again["val_curve"] == val
+
+
+def test_pod_launcher_runs_the_nanogpt_main(tmp_path):
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("PODLAB_", "FAKE_"))}
+  env.update(PATH=f"{REPO / 'tests' / 'fake_gcloud'}:{env['PATH']}", PODLAB_BUCKET="bkt",
+             FAKE_GCLOUD_ROOT=str(tmp_path / "cloud"))
+  proc = subprocess.run([str(REPO / "launch" / "pod.sh"), "stable-1", "--dry-run", "--module",
+                         "experiments.nanogpt.main", "--config", "configs/v4_32.py", "--",
+                         "--config.lr=3e-4"], env=env, capture_output=True, text=True, timeout=60,
+                        cwd=REPO)
+  assert proc.returncode == 0, proc.stderr
+  run = [l for l in proc.stdout.splitlines() if "-m experiments.nanogpt.main" in l]
+  assert run and "--config=configs/v4_32.py" in run[0] and "--config.lr=3e-4" in run[0]
+  assert os.path.exists(REPO / "experiments" / "nanogpt" / "configs" / "v4_32.py")

@@ -1,0 +1,107 @@
+"""Tests of the text data: vocabularies, the 90/10 split, the TFDS builders, random-window batches.
+
+The shakespeare_char facts (65 characters, 1,003,854 / 111,540 ids, first ids 18 47 56 57 58 1 15 ...)
+are from ../shared/docs/gpt-reference.md; those tests skip without ../shared.
+"""
+import numpy as np
+import pytest
+
+from input_pipeline import datasets
+from input_pipeline import prepare
+from input_pipeline import text
+from input_pipeline.datasets import text_corpus
+
+
+def test_char_vocab_encode_decode_round_trip():
+  s = "First Citizen:\nBefore we proceed"
+  vocab = text.char_vocab(s)
+  assert vocab == "".join(sorted(set(s))) and vocab[0] == "\n" and vocab[1] == " "
+  ids = text.encode(s, vocab)
+  assert ids.dtype == np.int32 and text.decode(ids, vocab) == s
+  assert list(text.encode("é!", None)) == [0xC3, 0xA9, 0x21]
+  assert text.decode([0xC3, 0xA9, 0x21], None) == "é!"
+  with pytest.raises(ValueError, match="not in the"):
+    text.encode("xyz", "abc")
+
+
+def test_split_is_first_90_and_last_10_percent():
+  ids = np.arange(1000, dtype=np.int32)
+  train, val = text.split_ids(ids, 0.1)
+  assert len(train) == 900 and len(val) == 100 and train[-1] + 1 == val[0]
+  with pytest.raises(ValueError, match="val_fraction"):
+    text.split_ids(ids, 0.0)
+
+
+def _windows(tokens, **kw):
+  args = dict(block_size=8, global_batch_size=4, local_device_count=2, accum_steps=3, seed=0)
+  args.update(kw)
+  return text.window_iterator(tokens, **args)
+
+
+def test_windows_are_shifted_slices_deterministic_and_resumable():
+  tokens = np.arange(500, dtype=np.int32) * 7 % 101
+  it = _windows(tokens)
+  batches = [next(it) for _ in range(4)]
+  for b in batches:
+    assert b["x"].shape == b["y"].shape == (2, 3, 2, 8) and b["x"].dtype == np.int32
+    rows_x, rows_y = b["x"].reshape(-1, 8), b["y"].reshape(-1, 8)
+    for x, y in zip(rows_x, rows_y):
+      starts = [i for i in range(500 - 8) if (tokens[i:i + 8] == x).all()]
+      assert starts and any((tokens[i + 1:i + 9] == y).all() for i in starts)
+  again = _windows(tokens)
+  for b in batches:
+    np.testing.assert_array_equal(next(again)["x"], b["x"])
+  resumed = next(_windows(tokens, start_step=2))
+  np.testing.assert_array_equal(resumed["x"], batches[2]["x"])
+  other_seed = next(_windows(tokens, seed=1))
+  other_host = next(_windows(tokens, process_index=1, process_count=2, global_batch_size=8))
+  other_stream = next(_windows(tokens, stream="eval_val"))
+  for b in (other_seed, other_host, other_stream):
+    assert not np.array_equal(b["x"], batches[0]["x"])
+
+
+def test_window_offsets_are_uniform_over_the_split():
+  tokens = np.arange(40, dtype=np.int32)
+  it = _windows(tokens, block_size=4, global_batch_size=64, local_device_count=1, accum_steps=1)
+  starts = np.concatenate([next(it)["x"][..., 0].ravel() for _ in range(50)])
+  counts = np.bincount(starts, minlength=36)
+  assert len(counts) == 36 and counts.min() > 0           # every offset 0..N-T-1 is drawn
+  assert abs(counts.mean() - 3200 / 36) < 1e-9 and counts.std() / counts.mean() < 0.25
+
+
+def test_window_errors_name_the_problem():
+  with pytest.raises(ValueError, match="block_size=64"):
+    next(_windows(np.arange(10, dtype=np.int32), block_size=64))
+  with pytest.raises(ValueError, match="batch_size=5"):
+    next(_windows(np.arange(100, dtype=np.int32), global_batch_size=5))
+
+
+def test_text_corpus_byte_level_builder(tmp_path):
+  manual = tmp_path / "manual"
+  manual.mkdir()
+  (manual / "corpus.txt").write_text("héllo\n" * 50, encoding="utf-8")
+  kwargs = {"file": "corpus.txt", "level": "byte"}
+  builder = prepare.prepare("text_corpus", tmp_path / "tfds", kwargs, manual)
+  raw = ("héllo\n" * 50).encode("utf-8")
+  train = text_corpus.load_tokens(builder, "train")
+  val = text_corpus.load_tokens(builder, "val")
+  assert len(train) == int(len(raw) * 0.9) and len(train) + len(val) == len(raw)
+  np.testing.assert_array_equal(np.concatenate([train, val]), np.frombuffer(raw, np.uint8))
+  meta = datasets.get_metadata("text_corpus", kwargs, str(tmp_path / "tfds"))
+  assert meta["vocab_size"] == 256 and meta["level"] == "byte" and text_corpus.vocab_of(builder) is None
+  with pytest.raises(ValueError, match="level"):
+    datasets.make_config("text_corpus", {"level": "word"})
+
+
+def test_shakespeare_char_split_sizes_and_first_ids(shared_data_dir, tmp_path):
+  builder = prepare.prepare("shakespeare_char", tmp_path, {},
+                            shared_data_dir / "tinyshakespeare")
+  train = text_corpus.load_tokens(builder, "train")
+  val = text_corpus.load_tokens(builder, "val")
+  assert (len(train), len(val)) == (1_003_854, 111_540)
+  assert list(train[:13]) == [18, 47, 56, 57, 58, 1, 15, 47, 58, 47, 64, 43, 52]
+  vocab = text_corpus.vocab_of(builder)
+  assert len(vocab) == 65 and vocab[0] == "\n" and vocab[1] == " "
+  assert vocab[13:39] == "ABCDEFGHIJKLMNOPQRSTUVWXYZ" and vocab[39:] == "abcdefghijklmnopqrstuvwxyz"
+  assert text.decode(train[:13], vocab) == "First Citizen"
+  assert datasets.get_metadata("shakespeare_char", {}, str(tmp_path))["vocab_size"] == 65
