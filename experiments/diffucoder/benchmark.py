@@ -1,0 +1,337 @@
+r"""Speed of Dream / DiffuCoder diffusion sampling, the cache / parallel-decoding options, and a dry run
+of the real 7.6B model's step for a device count.
+
+Three modes:
+
+  # 1. tokens/s and ms per diffusion step for batch 1..32 and canvas 256/512 on a small random Dream
+  python -m experiments.diffucoder.benchmark --batches=1,2,4,8,16,32 --canvases=256,512
+  # 2. whole generations: plain (reference) vs block-wise decoding, prefix / dual KV cache and
+  #    confidence-threshold parallel decoding: forwards, seconds, tokens/s, speed-up, agreement
+  python -m experiments.diffucoder.benchmark --compare
+  # 3. the 7.6B config's compiled step on N fake CPU devices: memory per device and FLOPs per step
+  python -m experiments.diffucoder.benchmark --dry_run --devices=1,4,8 --global_batch=8 --canvas=512
+
+Mode 1, per (batch, canvas): the canvas is a prompt of canvas / 4 tokens plus 3 canvas / 4 masks,
+decoded with steps = new tokens (the reference's setting, one token per step on average) and the
+sampler of `--alg/--temperature/--top_p` (default: entropy, greedy, no top-p; DiffuCoder's recommended
+`--temperature=0.2 --top_p=0.95` adds a full-vocabulary sort per masked position and step, which on a
+CPU costs more than this small model's forward). compile_s is
+the jit compile of the REAL step (`sampling.plain_step_fn`: forward + shift + filtering + selection);
+ms_step the median of `--timed_steps` steps after it; tokens_per_s = batch x new / (steps x step time)
+= batch / step time. The model (`--hidden/--layers/--heads/--kv_heads/--vocab`) is small so the table
+runs in a few minutes on a CPU; a TPU / GPU run of the 7.6B model uses the same code.
+
+Mode 2 decodes `--compare_prompts` random prompts (greedy, alg entropy unless `--alg`) with each
+option and reports agreement = the fraction of generated tokens identical to plain decoding, and
+agreement_vs = the same against the decoding the option approximates (a cache against block-wise
+decoding without cache, threshold + cache against threshold without cache).
+`--logit_scale` multiplies the random model's output head: a random model's distributions are nearly
+flat, so confidence thresholds never fire; scaling the logits makes it confident like a trained one.
+
+Mode 3 sets `--xla_force_host_platform_device_count=N` for a child process per N (before JAX starts),
+builds the 7.6B parameters abstractly (`jax.eval_shape`, nothing allocated), lowers the pmapped plain
+step (params replicated; global_batch / N rows per device) and prints per device: arguments (weights
++ canvas), temp and output bytes of `memory_analysis()` (XLA CPU's estimate; TPU's differs), and
+FLOPs per step from `cost_analysis()` next to the analytic count.
+
+Shape glossary: B batch (rows), L canvas length, V vocabulary, N devices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Sequence
+
+from absl import app
+from absl import flags
+
+_BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "16", "32"], "Batch sizes.")
+_CANVASES = flags.DEFINE_list("canvases", ["256", "512"], "Canvas lengths.")
+_TIMED = flags.DEFINE_integer("timed_steps", 3, "Timed steps per cell (median).")
+_HIDDEN = flags.DEFINE_integer("hidden", 128, "Small model: hidden size.")
+_LAYERS = flags.DEFINE_integer("layers", 2, "Small model: layers.")
+_HEADS = flags.DEFINE_integer("heads", 4, "Small model: query heads.")
+_KV_HEADS = flags.DEFINE_integer("kv_heads", 2, "Small model: KV heads.")
+_VOCAB = flags.DEFINE_integer("vocab", 1024, "Small model: vocabulary.")
+_DTYPE = flags.DEFINE_string("dtype", "bfloat16", "Compute and parameter dtype.")
+_ALG = flags.DEFINE_string("alg", "entropy", "Sampler algorithm.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampler temperature (modes 1, 3).")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "Sampler top_p (modes 1, 3; 1 = off).")
+_COMPARE = flags.DEFINE_bool("compare", False, "Mode 2: cache / parallel decoding vs plain.")
+_COMPARE_PROMPTS = flags.DEFINE_integer("compare_prompts", 4, "Mode 2: prompts (one batch).")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Mode 2: prompt tokens.")
+_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Mode 2: new tokens.")
+_BLOCK = flags.DEFINE_integer("block_length", 32, "Mode 2: block length.")
+_THRESHOLD = flags.DEFINE_float("threshold", 0.9, "Mode 2: parallel-decoding threshold.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Mode 2: timed generations per option (median).")
+_LOGIT_SCALE = flags.DEFINE_float("logit_scale", 1.0, "Mode 2: scales the random output head.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Mode 3: the 7.6B step on fake CPU devices.")
+_DEVICES = flags.DEFINE_list("devices", ["1", "4", "8"], "Mode 3: device counts.")
+_GLOBAL_BATCH = flags.DEFINE_integer("global_batch", 8, "Mode 3: rows over all devices.")
+_CANVAS = flags.DEFINE_integer("canvas", 512, "Mode 3: canvas length (prompt + new tokens).")
+_PROMPT_FRACTION = flags.DEFINE_float("prompt_fraction", 0.25, "Prompt share of the canvas.")
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the rows as JSON.")
+_CHILD = flags.DEFINE_integer("dry_run_child", 0, "(internal) compile for this many devices.")
+
+GB = 1e9
+
+
+def small_config(hidden=128, layers=2, heads=4, kv_heads=2, vocab=1024, dtype="bfloat16"):
+  """A small random Dream (SwiGLU width 2.75 x hidden, as the 7B's 18944 / 3584 ~ 5.3 halved)."""
+  from modules import dream  # pylint: disable=g-import-not-at-top
+  return dream.DreamConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+                           num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, dtype=dtype,
+                           param_dtype=dtype)
+
+
+def analytic_flops(config, batch: int, canvas: int) -> float:
+  """Model FLOPs of one full forward over a [batch, canvas] canvas (2 per multiply-add; matmuls):
+  projections + SwiGLU per layer, attention scores and values (4 L^2 H Dh per layer), the head."""
+  D, F, H, K, Dh = (config.hidden_size, config.intermediate_size, config.num_heads,
+                    config.num_kv_heads, config.head_dim)
+  per_token = config.num_layers * (2 * D * (H + 2 * K) * Dh + 2 * H * Dh * D + 6 * D * F)
+  per_token += 2 * D * config.vocab_size
+  attention = config.num_layers * 4 * canvas * canvas * H * Dh
+  return float(batch) * (canvas * per_token + attention)
+
+
+def _random_params(config, seed=0):
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from modules import dream  # pylint: disable=g-import-not-at-top
+  return dream.dream_forward(config).init(jax.random.key(seed), jnp.zeros((1, 4), jnp.int32),
+                                          jnp.ones((1, 4), bool))
+
+
+def bench_cell(config, params, batch: int, canvas: int, opts, timed_steps: int,
+               prompt_fraction: float = 0.25, seed: int = 0) -> Dict[str, Any]:
+  """Compile and time the plain step for one (batch, canvas); see the module doc."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder import generate  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder import sampling  # pylint: disable=g-import-not-at-top
+  prompt_len = max(int(canvas * prompt_fraction), 1)
+  new = canvas - prompt_len
+  mask_id = config.vocab_size - 1
+  rng = np.random.default_rng(seed)
+  tokens = np.concatenate([rng.integers(0, mask_id, (batch, prompt_len)),
+                           np.full((batch, new), mask_id)], axis=1).astype(np.int32)
+  valid = np.ones_like(tokens, bool)
+  positions = np.asarray(sampling.positions_from_valid(jnp.asarray(valid)))
+  step = jax.jit(sampling.plain_step_fn(generate.model_forward(config), opts, mask_id=mask_id,
+                                        start=prompt_len))
+  ratios = sampling.transfer_ratios(new, opts.eps)
+  t0 = time.perf_counter()
+  compiled = step.lower(params, tokens, valid, positions, jax.random.key(0),
+                        jnp.float32(ratios[0])).compile()
+  compile_s = time.perf_counter() - t0
+  x = jnp.asarray(tokens)
+  times = []
+  for i in range(timed_steps):
+    t0 = time.perf_counter()
+    x = compiled(params, x, valid, positions, jax.random.key(i), jnp.float32(ratios[i]))
+    x.block_until_ready()
+    times.append(time.perf_counter() - t0)
+  step_s = statistics.median(times)
+  return dict(batch=batch, canvas=canvas, new_tokens=new, compile_s=compile_s,
+              ms_step=step_s * 1e3, tokens_per_s=batch * new / (new * step_s),
+              gflop_step=analytic_flops(config, batch, canvas) / 1e9,
+              gflop_per_s=analytic_flops(config, batch, canvas) / step_s / 1e9)
+
+
+def format_rows(rows: List[Dict[str, Any]], columns: Sequence[str]) -> str:
+  def fmt(v):
+    if isinstance(v, float):
+      return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+    return str(v)
+  table = [list(columns)] + [[fmt(r[c]) for c in columns] for r in rows]
+  widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
+  return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table)
+
+
+def run_table() -> List[Dict[str, Any]]:
+  from experiments.diffucoder import sampling  # pylint: disable=g-import-not-at-top
+  config = small_config(_HIDDEN.value, _LAYERS.value, _HEADS.value, _KV_HEADS.value, _VOCAB.value,
+                        _DTYPE.value)
+  params = _random_params(config)
+  rows = []
+  for canvas in map(int, _CANVASES.value):
+    new = canvas - max(int(canvas * _PROMPT_FRACTION.value), 1)
+    opts = sampling.SamplerOptions(steps=new, alg=_ALG.value, temperature=_TEMPERATURE.value,
+                                   top_p=_TOP_P.value)
+    for batch in map(int, _BATCHES.value):
+      row = bench_cell(config, params, batch, canvas, opts, _TIMED.value, _PROMPT_FRACTION.value)
+      rows.append(row)
+      print(format_rows([row], list(row)).splitlines()[-1], file=sys.stderr, flush=True)
+  from modules import dream  # pylint: disable=g-import-not-at-top
+  print(f"small random Dream: {dream.count_params(config):,} parameters ({config.hidden_size} "
+        f"hidden, {config.num_layers} layers, {config.num_heads}/{config.num_kv_heads} heads, "
+        f"vocab {config.vocab_size}, {config.dtype.name}); sampler {_ALG.value}, temperature "
+        f"{_TEMPERATURE.value}, top_p {_TOP_P.value}; steps = new tokens = 3/4 of the canvas")
+  print(format_rows(rows, ["batch", "canvas", "new_tokens", "compile_s", "ms_step", "tokens_per_s",
+                           "gflop_step", "gflop_per_s"]))
+  return rows
+
+
+def run_compare() -> List[Dict[str, Any]]:
+  """Mode 2; see the module doc."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder import generate  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder import sampling  # pylint: disable=g-import-not-at-top
+  config = small_config(_HIDDEN.value, _LAYERS.value, _HEADS.value, _KV_HEADS.value, _VOCAB.value,
+                        _DTYPE.value)
+  params = _random_params(config)
+  if _LOGIT_SCALE.value != 1.0:
+    head = params["dream/lm_head"]["w"]
+    params["dream/lm_head"]["w"] = (head.astype("float32") * _LOGIT_SCALE.value).astype(head.dtype)
+  forward = generate.model_forward(config)
+  mask_id = config.vocab_size - 1
+  rng = np.random.default_rng(0)
+  prompt = rng.integers(0, mask_id, (_COMPARE_PROMPTS.value, _PROMPT_LEN.value)).astype(np.int32)
+  valid = np.ones_like(prompt, bool)
+  new, bl = _NEW.value, _BLOCK.value
+  # (name, options, the row whose decoding the option approximates: the cache's own baseline)
+  variants = [
+      ("plain (reference)", dict(), 0),
+      (f"blocks of {bl}, no cache", dict(block_length=bl), 0),
+      ("prefix cache", dict(block_length=bl, cache="prefix"), 1),
+      ("dual cache", dict(block_length=bl, cache="dual"), 1),
+      (f"threshold {_THRESHOLD.value}, no cache", dict(block_length=bl, threshold=_THRESHOLD.value),
+       1),
+      (f"dual cache + threshold {_THRESHOLD.value}",
+       dict(block_length=bl, cache="dual", threshold=_THRESHOLD.value), 4),
+  ]
+  rows, outs = [], []
+  for name, kw, base in variants:
+    opts = sampling.SamplerOptions(steps=new, alg=_ALG.value, **kw)
+    runner = sampling.Runner(forward, opts, mask_id=mask_id)
+    runner.generate(params, prompt, valid, jax.random.key(0), max_new_tokens=new)   # compile
+    runs = [runner.generate(params, prompt, valid, jax.random.key(0), max_new_tokens=new)
+            for _ in range(_REPEATS.value)]
+    out = runs[0]
+    seconds = statistics.median(r.seconds for r in runs)
+    gen = out.tokens[:, _PROMPT_LEN.value:]
+    outs.append((gen, seconds))
+    rows.append(dict(decoding=name, forwards=out.forwards, seconds=seconds,
+                     tokens_per_s=gen.size / seconds, speedup=outs[0][1] / seconds,
+                     agreement=float(np.mean(gen == outs[0][0])),
+                     vs=variants[base][0], agreement_vs=float(np.mean(gen == outs[base][0]))))
+    print(format_rows([rows[-1]], list(rows[-1])).splitlines()[-1], file=sys.stderr, flush=True)
+  print(f"{_COMPARE_PROMPTS.value} prompts of {_PROMPT_LEN.value} tokens, {new} new tokens, "
+        f"{new} steps for the step-scheduled rows, greedy {_ALG.value}; small random Dream "
+        f"(hidden {config.hidden_size}, {config.num_layers} layers, vocab {config.vocab_size}, "
+        f"{config.dtype.name}), output head x {_LOGIT_SCALE.value}; agreement = identical tokens "
+        "vs plain; agreement_vs = vs the decoding the option approximates (`vs`); speedup vs "
+        f"plain; seconds: median of {_REPEATS.value} generations after compilation; forwards: "
+        "model calls (per block the most any device's loop ran)")
+  print(format_rows(rows, ["decoding", "forwards", "seconds", "tokens_per_s", "speedup",
+                           "agreement", "vs", "agreement_vs"]))
+  return rows
+
+
+def dry_run_child(n: int) -> Dict[str, Any]:
+  """Compile the 7.6B pmapped plain step on this process's n fake devices (mode 3)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from experiments.common import parallel  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder import generate  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder import sampling  # pylint: disable=g-import-not-at-top
+  from modules import dream  # pylint: disable=g-import-not-at-top
+  if jax.local_device_count() != n:
+    raise RuntimeError(f"expected {n} devices, got {jax.local_device_count()}")
+  if _GLOBAL_BATCH.value % n:
+    raise ValueError(f"--global_batch={_GLOBAL_BATCH.value} is not divisible by {n} devices. "
+                     f"Fix: use a multiple of {n}")
+  config = dream.DIFFUCODER_7B
+  b = _GLOBAL_BATCH.value // n
+  canvas = _CANVAS.value
+  start = max(int(canvas * _PROMPT_FRACTION.value), 1)
+  params = dream.param_shapes(config)
+  opts = sampling.SamplerOptions(steps=canvas - start, alg=_ALG.value,
+                                 temperature=_TEMPERATURE.value, top_p=_TOP_P.value)
+  step = parallel.pmap_step(sampling.plain_step_fn(generate.model_forward(config), opts,
+                                                   mask_id=151666, start=start,
+                                                   axis_name=parallel.AXIS),
+                            replicated_in=(0, 5))
+  sd = jax.ShapeDtypeStruct
+  key = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), n))
+  t0 = time.perf_counter()
+  lowered = step.lower(params, sd((n, b, canvas), jnp.int32), sd((n, b, canvas), jnp.bool_),
+                       sd((n, b, canvas), jnp.int32), key, sd((), jnp.float32))
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - t0
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  xla_flops = float((cost or {}).get("flops", float("nan")))
+  param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  return dict(devices=n, rows_per_device=b, canvas=canvas, new_tokens=canvas - start,
+              params=dream.count_params(config), weights_gb=param_bytes / GB,
+              argument_gb=mem.argument_size_in_bytes / GB, temp_gb=mem.temp_size_in_bytes / GB,
+              output_gb=mem.output_size_in_bytes / GB,
+              total_gb=(mem.argument_size_in_bytes + mem.temp_size_in_bytes
+                        + mem.output_size_in_bytes) / GB,
+              tflop_step_device_xla=xla_flops / 1e12,
+              tflop_step_device_analytic=analytic_flops(config, b, canvas) / 1e12,
+              compile_s=compile_s)
+
+
+def run_dry(counts: Sequence[int]) -> List[Dict[str, Any]]:
+  rows = []
+  for n in counts:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = " ".join(
+        [f for f in env.get("XLA_FLAGS", "").split()
+         if not f.startswith("--xla_force_host_platform_device_count")]
+        + [f"--xla_force_host_platform_device_count={n}"])
+    args = [sys.executable, "-m", "experiments.diffucoder.benchmark", f"--dry_run_child={n}",
+            f"--global_batch={_GLOBAL_BATCH.value}", f"--canvas={_CANVAS.value}",
+            f"--alg={_ALG.value}", f"--temperature={_TEMPERATURE.value}", f"--top_p={_TOP_P.value}",
+            f"--prompt_fraction={_PROMPT_FRACTION.value}"]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                              os.path.abspath(__file__)))))
+    if proc.returncode:
+      print(proc.stderr[-3000:], file=sys.stderr)
+      raise RuntimeError(f"dry run for {n} devices failed (exit {proc.returncode})")
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows.append(row)
+    print(format_rows([row], list(row)).splitlines()[-1], file=sys.stderr, flush=True)
+  print(f"DiffuCoder/Dream 7.6B ({rows[0]['params']:,} parameters, bfloat16 weights "
+        f"{rows[0]['weights_gb']:.2f} GB, replicated on every device by the data-parallel pmap), "
+        f"one plain diffusion step (forward + sampler, {_ALG.value}, top_p {_TOP_P.value}) for a "
+        f"global batch of {_GLOBAL_BATCH.value} canvases of {_CANVAS.value}; per device; memory: "
+        "XLA CPU memory_analysis (a TPU's differs)")
+  print(format_rows(rows, ["devices", "rows_per_device", "canvas", "argument_gb", "temp_gb",
+                           "output_gb", "total_gb", "tflop_step_device_xla",
+                           "tflop_step_device_analytic", "compile_s"]))
+  return rows
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _CHILD.value:
+    print(json.dumps(dry_run_child(_CHILD.value)), flush=True)
+    return
+  if _DRY_RUN.value:
+    rows = run_dry([int(n) for n in _DEVICES.value])
+  elif _COMPARE.value:
+    rows = run_compare()
+  else:
+    rows = run_table()
+  if _JSON_OUT.value:
+    with open(_JSON_OUT.value, "w") as f:
+      json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)

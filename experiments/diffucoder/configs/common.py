@@ -1,0 +1,61 @@
+"""Shared pieces of the DiffuCoder / Dream configs: the 7B architecture, the Qwen2 special ids, and
+the `get_config` skeleton every recipe fills in (see diffucoder_7b_base.py for the commands).
+
+Fields of a config:
+  model: modules.dream.DreamConfig fields (dtypes as strings).
+  tokens: special token ids: mask_id, pad_id, eos_id, bos_id, dlm_pad_id, im_start_id, im_end_id.
+  generate: the reference sampler's options (max_new_tokens, steps, temperature, top_p, top_k with
+    0 = off, alg in origin | maskgit_plus | topk_margin | entropy, alg_temp), plus block_length,
+    cache, threshold (block-wise KV cache / parallel decoding, off by default), batch_size (prompts
+    per device) and pad_to_multiple (prompt-length bucket); see experiments/diffucoder/generate.py.
+  checkpoint: a Hugging Face checkpoint folder (safetensors shards + index json) or an orbax folder
+    written by `python -m experiments.diffucoder.convert`.
+  tokenizer_dir: folder with vocab.json + merges.txt (+ tokenizer_config.json added tokens) or
+    tokenizer.json; "" = the checkpoint folder (a Hugging Face folder holds both).
+  chat_template: wrap prompts in the ChatML template (instruct models).
+  seed: sampling seed.
+"""
+
+import ml_collections
+
+from modules import dream
+
+# The Qwen2 tokenizer's special ids used by Dream and DiffuCoder (dream-reference.md).
+QWEN2_TOKENS = dict(
+    mask_id=151666,        # <|mask|>
+    pad_id=151643,         # <|endoftext|> (bos = eos = pad)
+    eos_id=151643,
+    bos_id=151643,
+    dlm_pad_id=151667,     # <|dlm_pad|>: the instruct model pads its answer with it
+    im_start_id=151644,    # <|im_start|>
+    im_end_id=151645,      # <|im_end|>
+)
+
+
+def base_config(*, model: dream.DreamConfig, tokens: dict, max_new_tokens: int, steps: int,
+                temperature: float, top_p: float, alg: str, chat_template: bool,
+                checkpoint: str = "", top_k: int = 0,
+                alg_temp: float = 0.0) -> ml_collections.ConfigDict:
+  """Builds a full config; recipes pass their model, ids and the reference's recommended sampler."""
+  c = ml_collections.ConfigDict()
+  c.model = ml_collections.ConfigDict(model.to_dict())
+  c.tokens = ml_collections.ConfigDict(dict(tokens))
+  c.generate = ml_collections.ConfigDict(dict(
+      max_new_tokens=max_new_tokens, steps=steps, temperature=temperature, top_p=top_p,
+      top_k=top_k, alg=alg, alg_temp=alg_temp,
+      # Beyond the reference (engineer B's sampler options, off by default; sampling.SamplerOptions):
+      # block-wise decoding with an approximate KV cache ("none" | "prefix" | "dual") and
+      # confidence-threshold parallel decoding (0 = off, e.g. 0.9; needs block_length > 0).
+      block_length=0, cache="none", threshold=0.0,
+      batch_size=1,          # prompts per device per batch (global batch = batch_size x devices)
+      pad_to_multiple=32))   # prompt lengths round up to this: fewer distinct shapes to compile
+  c.checkpoint = checkpoint
+  c.tokenizer_dir = ""
+  c.chat_template = chat_template
+  c.seed = 0
+  return c
+
+
+def dream_config(config: ml_collections.ConfigDict) -> dream.DreamConfig:
+  """config.model -> DreamConfig (raises ValueError naming a bad or unknown field)."""
+  return dream.DreamConfig.from_dict(config.model.to_dict())

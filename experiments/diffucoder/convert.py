@@ -1,0 +1,436 @@
+"""Hugging Face Dream / DiffuCoder safetensors -> podlab Haiku parameters (no torch, no pickle).
+
+  # convert a downloaded checkpoint folder to an orbax checkpoint (config from its config.json):
+  python -m experiments.diffucoder.convert --hf_dir=/ckpt/DiffuCoder-7B-Instruct --out=/ckpt/dc_instruct
+  # check a folder against a config without writing anything:
+  python -m experiments.diffucoder.convert --hf_dir=/ckpt/DiffuCoder-7B-Base \
+      --config=configs/diffucoder_7b_base.py
+  # write a random model in the real checkpoint layout (tests, demos, benchmarks):
+  python -m experiments.diffucoder.convert --write_random=/tmp/tiny_hf --config=configs/tiny.py \
+      --shards=3
+
+Conversion reads the shard headers first and checks every tensor's name, shape and dtype against
+the config (missing, unexpected, wrong shape, wrong dtype: one error listing them all), then streams
+the tensors through np.memmap one Haiku parameter at a time: q/k/v are concatenated and transposed to
+the fused `qkv_proj`, gate/up to `gate_up_proj`, torch [out, in] weights become [in, out]. Each result
+is placed on the device (or `sharding`) as soon as it is built, so host memory holds at most the few
+tensors of one parameter beyond what the device arrays use (on a CPU backend the device IS the host:
+then the peak is the model once plus about one tensor, never the whole model twice).
+
+Key layout (Hugging Face name -> Haiku parameter; see modules/dream.py):
+  model.embed_tokens.weight [V, D]                        -> dream/embed_tokens/embedding
+  model.layers.{n}.input_layernorm.weight [D]             -> dream/layer_{n}/input_layernorm/weight
+  model.layers.{n}.self_attn.{q,k,v}_proj.weight/.bias    -> dream/layer_{n}/self_attn/qkv_proj/w, b
+  model.layers.{n}.self_attn.o_proj.weight [D, H Dh]      -> dream/layer_{n}/self_attn/o_proj/w
+  model.layers.{n}.post_attention_layernorm.weight [D]    -> dream/layer_{n}/post_attention_layernorm/...
+  model.layers.{n}.mlp.{gate,up}_proj.weight [F, D]       -> dream/layer_{n}/mlp/gate_up_proj/w
+  model.layers.{n}.mlp.down_proj.weight [D, F]            -> dream/layer_{n}/mlp/down_proj/w
+  model.norm.weight [D]                                   -> dream/norm/weight
+  lm_head.weight [V, D]                                   -> dream/lm_head/w
+
+Shape glossary: V vocab, D hidden, H/K query/KV heads, Dh head dim, F SwiGLU width, n layer index.
+
+Synopsis:
+
+  import tempfile
+  import jax, jax.numpy as jnp
+  from experiments.diffucoder import convert
+  from modules import dream
+
+  cfg = dream.tiny_config()
+  d = tempfile.mkdtemp()
+  convert.write_random_checkpoint(d, cfg, seed=0, num_shards=3)   # 3 shards + index + config.json
+  params = convert.load_params(d, cfg)                            # the Haiku tree, bfloat16
+  tokens = jnp.array([[1, 2, 3]], jnp.int32)
+  logits = jax.jit(dream.dream_forward(cfg).apply)(params, tokens, tokens >= 0)  # [1, 3, 272]
+  convert.save_params(params, d + "/orbax", cfg)
+  restored = convert.restore_params(d + "/orbax", cfg)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+
+from experiments.diffucoder import safetensors_io as st
+from modules import dream
+
+CONFIG_JSON = "config.json"
+PODLAB_CONFIG_JSON = "dream_config.json"        # written next to an orbax checkpoint
+
+# Hugging Face config.json field -> DreamConfig field.
+_HF_FIELDS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
+              "intermediate_size": "intermediate_size", "num_hidden_layers": "num_layers",
+              "num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads",
+              "rope_theta": "rope_theta", "rms_norm_eps": "rms_norm_eps"}
+
+
+class ConversionError(ValueError):
+  """The checkpoint does not match the config (names, shapes, dtypes) or cannot be read."""
+
+
+# --------------------------------------------------------------------------------------------------
+# The key layout.
+# --------------------------------------------------------------------------------------------------
+
+
+def hf_tensor_specs(config: dream.DreamConfig) -> List[Tuple[str, Tuple[int, ...]]]:
+  """Every tensor of a Hugging Face Dream checkpoint, (name, torch shape), in checkpoint order."""
+  D, F, V = config.hidden_size, config.intermediate_size, config.vocab_size
+  Dq, Dkv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+  specs = [("model.embed_tokens.weight", (V, D))]
+  for n in range(config.num_layers):
+    p = f"model.layers.{n}."
+    specs += [(p + "input_layernorm.weight", (D,)),
+              (p + "self_attn.q_proj.weight", (Dq, D)), (p + "self_attn.q_proj.bias", (Dq,)),
+              (p + "self_attn.k_proj.weight", (Dkv, D)), (p + "self_attn.k_proj.bias", (Dkv,)),
+              (p + "self_attn.v_proj.weight", (Dkv, D)), (p + "self_attn.v_proj.bias", (Dkv,)),
+              (p + "self_attn.o_proj.weight", (D, Dq)),
+              (p + "post_attention_layernorm.weight", (D,)),
+              (p + "mlp.gate_proj.weight", (F, D)), (p + "mlp.up_proj.weight", (F, D)),
+              (p + "mlp.down_proj.weight", (D, F))]
+  specs += [("model.norm.weight", (D,)), ("lm_head.weight", (V, D))]
+  return specs
+
+
+def param_sources(config: dream.DreamConfig) -> List[Tuple[str, str, Tuple[str, ...], bool]]:
+  """(Haiku module, parameter, source HF tensors concatenated on axis 0, transpose?) per parameter."""
+  out = [("dream/embed_tokens", "embedding", ("model.embed_tokens.weight",), False)]
+  for n in range(config.num_layers):
+    p, m = f"model.layers.{n}.", f"dream/layer_{n}/"
+    out += [(m + "input_layernorm", "weight", (p + "input_layernorm.weight",), False),
+            (m + "self_attn/qkv_proj", "w", tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv"),
+             True),
+            (m + "self_attn/qkv_proj", "b", tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv"),
+             False),
+            (m + "self_attn/o_proj", "w", (p + "self_attn.o_proj.weight",), True),
+            (m + "post_attention_layernorm", "weight", (p + "post_attention_layernorm.weight",),
+             False),
+            (m + "mlp/gate_up_proj", "w", (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+             True),
+            (m + "mlp/down_proj", "w", (p + "mlp.down_proj.weight",), True)]
+  out += [("dream/norm", "weight", ("model.norm.weight",), False),
+          ("dream/lm_head", "w", ("lm_head.weight",), True)]
+  return out
+
+
+def params_from_tensors(get: Callable[[str], np.ndarray], config: dream.DreamConfig, *,
+                        place: Optional[Callable[[np.ndarray], jax.Array]] = None,
+                        progress: Optional[Callable[[str], None]] = None) -> dict:
+  """Builds the Haiku parameter tree from HF-layout tensors fetched one at a time by `get(name)`.
+
+  Values are cast to config.param_dtype; `place` moves each finished parameter off the host
+  (default jax.device_put) before the next one is read.
+  """
+  place = place or jax.device_put
+  dtype = np.dtype(config.param_dtype)
+  params: Dict[str, Dict[str, jax.Array]] = {}
+  for module, name, sources, transpose in param_sources(config):
+    parts = [get(s) for s in sources]
+    value = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    del parts
+    if transpose:
+      value = value.T
+    value = np.ascontiguousarray(value, dtype=dtype)                # one host copy of this param
+    params.setdefault(module, {})[name] = place(value)
+    del value
+    if progress is not None:
+      progress(f"{module}/{name}")
+  return params
+
+
+# --------------------------------------------------------------------------------------------------
+# Configs.
+# --------------------------------------------------------------------------------------------------
+
+
+def config_from_hf_json(path: str, **overrides) -> dream.DreamConfig:
+  """A DreamConfig from a Hugging Face config.json (dtypes: bfloat16 unless overridden)."""
+  try:
+    with open(path) as f:
+      hf = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ConversionError(f"{path}: cannot read the model config ({type(e).__name__}: {e}). Fix: "
+                          "pass --config=configs/<model>.py") from None
+  missing = [k for k in _HF_FIELDS if k not in hf]
+  if missing:
+    raise ConversionError(f"{path}: lacks {missing}; not a Dream/Qwen2 config. Fix: pass "
+                          "--config=configs/<model>.py")
+  if hf.get("tie_word_embeddings", False):
+    raise ConversionError(f"{path}: tie_word_embeddings=true, but Dream's output head is untied "
+                          "(lm_head.weight). Fix: use a Dream / DiffuCoder checkpoint")
+  fields = {ours: hf[theirs] for theirs, ours in _HF_FIELDS.items()}
+  fields.update(overrides)
+  return dream.DreamConfig(**fields)
+
+
+def check_against_hf_json(hf_dir: str, config: dream.DreamConfig) -> None:
+  """If hf_dir has a config.json, every architecture field must equal `config`'s."""
+  path = os.path.join(hf_dir, CONFIG_JSON)
+  if not os.path.isfile(path):
+    return
+  theirs = config_from_hf_json(path, dtype=config.dtype, param_dtype=config.param_dtype)
+  diffs = [f"{f}: config.json {getattr(theirs, f)!r} vs config.model {getattr(config, f)!r}"
+           for f in _HF_FIELDS.values() if getattr(theirs, f) != getattr(config, f)]
+  if diffs:
+    raise ConversionError(f"{hf_dir}: the checkpoint's config.json disagrees with the config: "
+                          f"{'; '.join(diffs)}. Fix: pass the config of this model")
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading.
+# --------------------------------------------------------------------------------------------------
+
+
+def check_checkpoint(ckpt: st.ShardedCheckpoint, config: dream.DreamConfig, *,
+                     allow_cast: bool = False) -> None:
+  """Names, shapes and dtypes of every tensor vs the config; raises one ConversionError listing all
+  missing, unexpected, wrongly shaped and wrongly typed tensors."""
+  want = dict(hf_tensor_specs(config))
+  have = ckpt.infos
+  problems = []
+  missing = [n for n in want if n not in have]
+  unexpected = sorted(n for n in have if n not in want)
+  if missing:
+    problems.append(f"{len(missing)} missing tensors (e.g. {missing[:4]})")
+  if unexpected:
+    problems.append(f"{len(unexpected)} unexpected tensors (e.g. {unexpected[:4]})")
+  shapes = [f"{n}: {have[n].shape} in the checkpoint, {want[n]} expected"
+            for n in want if n in have and have[n].shape != want[n]]
+  if shapes:
+    problems.append(f"{len(shapes)} wrong shapes ({'; '.join(shapes[:4])})")
+  dtype = np.dtype(config.param_dtype)
+  if not allow_cast:
+    dtypes = [f"{n}: {have[n].dtype_name}" for n in want if n in have and have[n].dtype != dtype]
+    if dtypes:
+      problems.append(f"{len(dtypes)} tensors are not {st.dtype_name(dtype)} = "
+                      f"config.model.param_dtype ({'; '.join(dtypes[:4])}); Fix: set "
+                      "config.model.param_dtype to the checkpoint's dtype or pass --cast "
+                      "(allow_cast=True)")
+  else:
+    bad = [f"{n}: {have[n].dtype_name}" for n in want
+           if n in have and not np.issubdtype(have[n].dtype, np.floating)
+           and have[n].dtype != np.dtype("bfloat16")]
+    if bad:
+      problems.append(f"non-float tensors cannot be cast ({'; '.join(bad[:4])})")
+  if problems:
+    raise ConversionError(
+        f"{ckpt.dir} does not match the config (V={config.vocab_size}, D={config.hidden_size}, "
+        f"F={config.intermediate_size}, layers={config.num_layers}, heads={config.num_heads}/"
+        f"{config.num_kv_heads}): " + " | ".join(problems) +
+        ". Fix: pass the config of this checkpoint (or its config.json)")
+
+
+def load_params(hf_dir: str, config: dream.DreamConfig, *, allow_cast: bool = False,
+                place: Optional[Callable[[np.ndarray], jax.Array]] = None,
+                progress: Optional[Callable[[str], None]] = None) -> dict:
+  """Reads a Hugging Face checkpoint folder into the Haiku parameter tree, streaming (see top).
+
+  Checks config.json (if present), the shard headers and every tensor's name, shape and dtype
+  before reading any weights. `place` puts each parameter somewhere (default jax.device_put; pass
+  e.g. `lambda x: jax.device_put(x, sharding)`).
+  """
+  check_against_hf_json(hf_dir, config)
+  try:
+    ckpt = st.ShardedCheckpoint(hf_dir)
+  except st.SafetensorsError as e:
+    raise ConversionError(str(e)) from None
+  check_checkpoint(ckpt, config, allow_cast=allow_cast)
+  return params_from_tensors(ckpt.get, config, place=place, progress=progress)
+
+
+def save_params(params: dict, out_dir: str, config: dream.DreamConfig) -> None:
+  """Writes an orbax checkpoint of `params` at out_dir/params (+ out_dir/dream_config.json)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  out_dir = os.path.abspath(out_dir)
+  os.makedirs(out_dir, exist_ok=True)
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(os.path.join(out_dir, "params"), params, force=True)
+    ckptr.wait_until_finished()
+  if jax.process_index() == 0:
+    with open(os.path.join(out_dir, PODLAB_CONFIG_JSON), "w") as f:
+      json.dump(config.to_dict(), f, indent=2)
+
+
+def restore_params(path: str, config: Optional[dream.DreamConfig] = None, *,
+                   sharding: Optional[jax.sharding.Sharding] = None) -> dict:
+  """Restores params written by `save_params`. With `config`, its architecture must equal the saved
+  one and the arrays come back in config.param_dtype with the expected shapes."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  path = os.path.abspath(path)
+  meta_path = os.path.join(path, PODLAB_CONFIG_JSON)
+  if not os.path.isfile(meta_path):
+    raise ConversionError(f"{path}: no {PODLAB_CONFIG_JSON}; not a checkpoint written by "
+                          "experiments.diffucoder.convert. Fix: convert the Hugging Face folder "
+                          "first, or pass it as a Hugging Face checkpoint")
+  with open(meta_path) as f:
+    saved = dream.DreamConfig(**json.load(f))
+  if config is None:
+    config = saved
+  diffs = [f"{f}: saved {getattr(saved, f)!r} vs config {getattr(config, f)!r}"
+           for f in _HF_FIELDS.values() if getattr(saved, f) != getattr(config, f)]
+  if diffs:
+    raise ConversionError(f"{path}: the checkpoint's architecture differs from the config: "
+                          f"{'; '.join(diffs)}. Fix: pass the config of this checkpoint")
+  sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                        dream.param_shapes(config))
+  with ocp.StandardCheckpointer() as ckptr:
+    return ckptr.restore(os.path.join(path, "params"), target)
+
+
+def is_hf_dir(path: str) -> bool:
+  return any(os.path.isfile(os.path.join(path, n)) for n in (st.INDEX_NAME, st.SINGLE_NAME))
+
+
+def load_checkpoint(path: str, config: dream.DreamConfig, **kwargs) -> dict:
+  """`path` is a Hugging Face folder (load_params) or an orbax folder (restore_params)."""
+  if not os.path.isdir(path):
+    raise ConversionError(f"checkpoint {path!r} is not a folder. Fix: set config.checkpoint to a "
+                          "Hugging Face checkpoint folder or a converted orbax folder")
+  if is_hf_dir(path):
+    return load_params(path, config, **kwargs)
+  return restore_params(path, config)
+
+
+# --------------------------------------------------------------------------------------------------
+# Random checkpoints in the real layout.
+# --------------------------------------------------------------------------------------------------
+
+
+def random_tensor(name: str, shape: Sequence[int], index: int, seed: int,
+                  dtype=np.float32) -> np.ndarray:
+  """The deterministic random value of one tensor of a random checkpoint (see write_random_checkpoint).
+
+  Linear weights ~ N(0, 1/in), biases ~ N(0, 0.1^2), norm weights ~ 1 + N(0, 0.1^2), embedding
+  rows ~ N(0, 1): a well-conditioned random model whose biases and norm weights all matter.
+  """
+  rng = np.random.default_rng([seed, index])
+  x = rng.standard_normal(tuple(shape), dtype=np.float32)
+  if name.endswith("layernorm.weight") or name == "model.norm.weight":
+    x = 1.0 + 0.1 * x
+  elif name.endswith(".bias"):
+    x *= 0.1
+  elif name != "model.embed_tokens.weight":
+    x *= 1.0 / np.sqrt(shape[1])
+  return x.astype(dtype)
+
+
+def hf_config_json(config: dream.DreamConfig, tokens: Optional[dict] = None) -> dict:
+  """The Hugging Face config.json of a Dream model with this architecture."""
+  tokens = tokens or {}
+  return {"architectures": ["DreamModel"], "model_type": "Dream",
+          "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+          "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
+          "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+          "rope_theta": config.rope_theta, "rms_norm_eps": config.rms_norm_eps,
+          "hidden_act": "silu", "tie_word_embeddings": False, "attention_dropout": 0.0,
+          "torch_dtype": config.param_dtype.name,
+          **{k.replace("_id", "_token_id"): v for k, v in tokens.items()}}
+
+
+def write_random_checkpoint(out_dir: str, config: dream.DreamConfig, *, seed: int = 0,
+                            num_shards: Optional[int] = None,
+                            max_shard_bytes: Optional[int] = None,
+                            tokens: Optional[dict] = None) -> List[str]:
+  """Writes a random Dream model as a Hugging Face folder: shards + index json + config.json.
+
+  Tensors are in the real key layout and torch [out, in] shapes, in config.param_dtype, generated
+  one at a time (`random_tensor`, so any size can be written with little memory). Give either the
+  number of shards (contiguous, about equal bytes) or the shard size limit. Returns the shard names.
+  """
+  specs = hf_tensor_specs(config)
+  dtype = np.dtype(config.param_dtype)
+  index = {name: i for i, (name, _) in enumerate(specs)}
+  shapes = dict(specs)
+  if max_shard_bytes is None and num_shards is None:
+    num_shards = 1
+  make = lambda name: random_tensor(name, shapes[name], index[name], seed, dtype)
+  names = st.write_sharded(out_dir, [(n, s, dtype) for n, s in specs], make,
+                           max_shard_bytes=max_shard_bytes, num_shards=num_shards)
+  with open(os.path.join(out_dir, CONFIG_JSON), "w") as f:
+    json.dump(hf_config_json(config, tokens), f, indent=2)
+  return names
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line.
+# --------------------------------------------------------------------------------------------------
+
+
+def _load_config_file(path: str):
+  """`configs/tiny.py[:arg]` (relative to the working directory or this folder) -> ConfigDict."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  from experiments.common import config_utils  # pylint: disable=g-import-not-at-top
+  argv = config_utils.resolve_config_argv(["x", f"--config={path}"], os.path.dirname(__file__))
+  file_path, _, arg = argv[1].split("=", 1)[1].partition(":")
+  spec = importlib.util.spec_from_file_location("_diffucoder_config", file_path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(arg or None)
+
+
+def main(argv: Sequence[str]) -> int:
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(
+      prog="python -m experiments.diffucoder.convert",
+      description="Hugging Face Dream/DiffuCoder safetensors -> podlab orbax params.")
+  parser.add_argument("--hf_dir", help="Hugging Face checkpoint folder (shards + index json)")
+  parser.add_argument("--out", help="orbax output folder (omitted: check and load only)")
+  parser.add_argument("--config", help="configs/<model>.py[:arg] (default: the folder's config.json)")
+  parser.add_argument("--cast", action="store_true",
+                      help="cast tensors to config.model.param_dtype instead of requiring it")
+  parser.add_argument("--write_random", metavar="DIR",
+                      help="write a random model in the real layout to DIR (needs --config)")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--shards", type=int, default=2)
+  args = parser.parse_args(argv)
+
+  config, tokens = None, None
+  if args.config:
+    c = _load_config_file(args.config)
+    config = dream.DreamConfig.from_dict(c.model.to_dict())
+    tokens = c.tokens.to_dict()
+  if args.write_random:
+    if config is None:
+      parser.error("--write_random needs --config (the architecture to write)")
+    names = write_random_checkpoint(args.write_random, config, seed=args.seed,
+                                    num_shards=args.shards, tokens=tokens)
+    print(f"wrote {len(names)} shards of a random {dream.count_params(config):,}-parameter Dream "
+          f"to {args.write_random}")
+    return 0
+  if not args.hf_dir:
+    parser.error("pass --hf_dir (or --write_random)")
+  if config is None:
+    config = config_from_hf_json(os.path.join(args.hf_dir, CONFIG_JSON))
+  start = time.time()
+  done = [0]
+  total = len(param_sources(config))
+
+  def progress(name):
+    done[0] += 1
+    print(f"\r[{done[0]}/{total}] {name:<60}", end="", file=sys.stderr, flush=True)
+
+  try:
+    params = load_params(args.hf_dir, config, allow_cast=args.cast, progress=progress)
+  except ConversionError as e:
+    print(f"\nerror: {e}", file=sys.stderr)
+    return 1
+  print(file=sys.stderr)
+  n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  print(f"loaded {n:,} parameters ({len(jax.tree.leaves(params))} arrays) in "
+        f"{time.time() - start:.1f} s")
+  if args.out:
+    save_params(params, args.out, config)
+    print(f"wrote orbax checkpoint {args.out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,263 @@
+r"""Generates completions with a Dream / DiffuCoder model: prompts in, JSONL out.
+
+  python -m experiments.diffucoder.generate --config=configs/diffucoder_7b_instruct.py \
+      --config.checkpoint=/ckpt/diffucoder_instruct_orbax --config.tokenizer_dir=/ckpt/DiffuCoder-7B-Instruct \
+      --prompt="Write a function that reverses a linked list." --output=/tmp/out.jsonl
+  python -m experiments.diffucoder.generate --config=configs/diffucoder_7b_base.py \
+      --config.checkpoint=/ckpt/DiffuCoder-7B-Base --prompts_jsonl=prompts.jsonl --output=out.jsonl \
+      --config.generate.batch_size=4 --config.generate.block_length=32 --config.generate.cache=dual
+  # tiny random model on a CPU (writes the model and a byte-level tokenizer first):
+  python -m experiments.diffucoder.convert --write_random=/tmp/tiny_hf --config=configs/tiny.py
+  python -m experiments.diffucoder.generate --config=configs/tiny.py --config.checkpoint=/tmp/tiny_hf \
+      --write_tiny_tokenizer --prompt="def add(a, b):"
+
+Prompts: `--prompt` (repeatable) and/or `--prompts_jsonl` (one JSON object per line with "prompt";
+an optional "id" is copied to the output). Instruct configs wrap each prompt in the ChatML template.
+Output (`--output`, default stdout): one JSON line per prompt, in input order, with id, prompt,
+completion (decoded up to the first <|endoftext|> / <|dlm_pad|> / <|im_end|>), completion_ids, and
+the batch's seconds and tokens/s.
+
+Batching: prompts are sorted by length and cut into global batches of `generate.batch_size` x
+devices rows, left-padded (pad id) to the batch's longest prompt rounded up to
+`generate.pad_to_multiple` (one compile per (batch, canvas) shape). The batch is data-parallel: params
+replicated on this host's devices (`experiments/common/parallel.py` pmap), each host takes its slice of
+every global batch (same distributed start-up as the other experiments: `--coordinator_address`,
+`--num_processes`, `--process_id` or PODLAB_* variables, auto on Cloud TPU), results are gathered and
+process 0 writes them. A progress bar counts diffusion steps (or blocks) over all batches.
+
+Shape glossary:
+  N: prompts    B: rows per global batch    P: padded prompt length    L = P + max_new_tokens
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+import ml_collections
+from ml_collections import config_flags
+
+from experiments.common import config_utils
+from experiments.common import distributed
+
+EXPERIMENT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (path[:arg]).",
+                                          lock_config=True)
+_PROMPT = flags.DEFINE_multi_string("prompt", [], "A prompt (repeat the flag for several).")
+_PROMPTS_JSONL = flags.DEFINE_string("prompts_jsonl", None,
+                                     'JSONL file of {"prompt": ..., "id": ...} objects.')
+_OUTPUT = flags.DEFINE_string("output", None, "Output JSONL path (default: stdout).")
+_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar (process 0).")
+_WRITE_TINY_TOKENIZER = flags.DEFINE_bool(
+    "write_tiny_tokenizer", False,
+    "Write the tiny config's byte-level tokenizer into the tokenizer folder first (demos).")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "host:port of process 0 for multi-process runs off TPU.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (off TPU).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (off TPU).")
+
+
+def sampler_options(config: ml_collections.ConfigDict):
+  """config.generate -> sampling.SamplerOptions (validated; errors name the field)."""
+  from experiments.diffucoder import sampling  # pylint: disable=g-import-not-at-top
+  g = config.generate
+  opts = sampling.SamplerOptions(
+      steps=int(g.steps), alg=str(g.alg), temperature=float(g.temperature),
+      top_p=None if g.top_p is None else float(g.top_p),
+      top_k=int(g.top_k) if g.get("top_k") else None, alg_temp=float(g.get("alg_temp", 0.0) or 0.0),
+      block_length=int(g.get("block_length", 0)), cache=str(g.get("cache", "none")),
+      threshold=float(g.get("threshold", 0.0)))
+  opts.validate(int(g.max_new_tokens))
+  return opts
+
+
+def model_forward(model_config):
+  """The sampler's forward(params, tokens, valid, positions, context=None, return_kv=False) for a
+  modules.dream.DreamConfig."""
+  from modules import dream  # pylint: disable=g-import-not-at-top
+  model = dream.dream_forward(model_config)
+
+  def forward(params, tokens, valid, positions, context=None, return_kv=False):
+    return model.apply(params, tokens, valid, positions, context, return_kv)
+  return forward
+
+
+def read_prompts(prompts: Sequence[str], jsonl: Optional[str]) -> List[Dict[str, Any]]:
+  """[{"id", "prompt"}] from --prompt values, then the JSONL file's lines."""
+  out = [{"id": i, "prompt": p} for i, p in enumerate(prompts)]
+  if jsonl:
+    with open(jsonl, encoding="utf-8") as f:
+      for n, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          obj = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{jsonl}:{n}: not JSON ({e}). Fix: one JSON object per line") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+          raise ValueError(f'{jsonl}:{n}: needs a string "prompt" field, got {line.strip()[:80]!r}. '
+                           'Fix: write {"prompt": "..."} per line')
+        out.append({"id": obj.get("id", len(out)), "prompt": obj["prompt"]})
+  if not out:
+    raise ValueError("no prompts. Fix: pass --prompt=... (repeatable) or --prompts_jsonl=FILE")
+  return out
+
+
+def stop_ids(config: ml_collections.ConfigDict) -> List[int]:
+  """Where a completion ends: eos, <|dlm_pad|>, and <|im_end|> for chat models."""
+  t = config.tokens
+  ids = [t.eos_id, t.dlm_pad_id]
+  if config.chat_template and "im_end_id" in t:
+    ids.append(t.im_end_id)
+  return [int(i) for i in ids]
+
+
+def batches(lengths: Sequence[int], global_batch: int) -> List[List[int]]:
+  """Prompt indices sorted by length, cut into batches of `global_batch` (the last one is padded
+  with repeats of its first prompt; they are decoded and dropped)."""
+  order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+  out = []
+  for s in range(0, len(order), global_batch):
+    chunk = order[s:s + global_batch]
+    out.append(chunk + [chunk[0]] * (global_batch - len(chunk)))
+  return out
+
+
+def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, params=None,
+        tok=None, progress: bool = False) -> List[Dict[str, Any]]:
+  """Generates a completion for every prompt; returns the output records (on every process).
+
+  params / tok: already loaded parameters and tokenizer (tests); else from config.checkpoint and
+  config.tokenizer_dir (or the checkpoint folder).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from experiments.common import parallel  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder import sampling  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder.configs import common  # pylint: disable=g-import-not-at-top
+
+  opts = sampler_options(config)
+  g = config.generate
+  max_new = int(g.max_new_tokens)
+  model_config = common.dream_config(config)
+  if tok is None:
+    tok_dir = config.tokenizer_dir or config.checkpoint
+    if not tok_dir:
+      raise config_utils.ConfigError("tokenizer_dir", tok_dir, "no tokenizer folder",
+                                     "pass --config.tokenizer_dir=<folder with vocab.json + "
+                                     "merges.txt or tokenizer.json>")
+    tok = tokenizer_lib.load(tok_dir)
+  special = {"<|mask|>": config.tokens.mask_id, "<|endoftext|>": config.tokens.pad_id}
+  if config.chat_template:
+    special.update({"<|im_start|>": config.tokens.im_start_id,
+                    "<|im_end|>": config.tokens.im_end_id})
+  tok.check_ids(special)
+  if params is None:
+    if not config.checkpoint:
+      raise config_utils.ConfigError("checkpoint", config.checkpoint, "no checkpoint",
+                                     "pass --config.checkpoint=<Hugging Face or converted folder>")
+    from experiments.diffucoder import convert  # pylint: disable=g-import-not-at-top
+    params = convert.load_checkpoint(config.checkpoint, model_config)
+
+  texts = [tokenizer_lib.chat_prompt(p["prompt"]) if config.chat_template else p["prompt"]
+           for p in prompts]
+  ids = [tok.encode(t) for t in texts]
+  for p, i in zip(prompts, ids):
+    if not i:
+      raise ValueError(f"prompt {p['id']!r} is empty after tokenisation. Fix: give some text")
+  data_parallel = jax.device_count() > 1
+  n_local = jax.local_device_count()
+  per_device = int(g.get("batch_size", 1))
+  if per_device < 1:
+    raise config_utils.ConfigError("generate.batch_size", per_device, "must be >= 1", "use 1")
+  host_rows = per_device * n_local if data_parallel else per_device
+  global_rows = host_rows * jax.process_count()
+  multiple = max(int(g.get("pad_to_multiple", 1)), 1)
+  if data_parallel:
+    params = parallel.replicate(params)
+  runner = sampling.Runner(model_forward(model_config), opts, mask_id=config.tokens.mask_id,
+                           data_parallel=data_parallel)
+  plan = batches([len(i) for i in ids], global_rows)
+  per_batch = opts.steps if opts.block_length == 0 else max_new // opts.block_length
+  bar = None
+  if progress and jax.process_index() == 0:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    unit = "step" if opts.block_length == 0 else "block"
+    bar = tqdm(total=per_batch * len(plan), unit=unit, desc=f"{len(prompts)} prompts",
+               file=sys.stderr)
+  stops = stop_ids(config)
+  key = jax.random.key(int(config.get("seed", 0)))
+  records: Dict[int, Dict[str, Any]] = {}
+  for b, chunk in enumerate(plan):
+    longest = max(len(ids[i]) for i in chunk)
+    length = -(-longest // multiple) * multiple
+    prompt, valid = sampling.left_pad([ids[i] for i in chunk], config.tokens.pad_id, length)
+    lo = jax.process_index() * host_rows
+    out = runner.generate(params, prompt[lo:lo + host_rows], valid[lo:lo + host_rows],
+                          jax.random.fold_in(key, b), max_new_tokens=max_new,
+                          progress=bar.update if bar is not None else None)
+    tokens = out.tokens
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      tokens = np.asarray(multihost_utils.process_allgather(tokens)).reshape(-1, tokens.shape[1])
+    new_tokens = len(chunk) * max_new
+    for row, i in enumerate(chunk):
+      if i in records:
+        continue
+      completion = sampling.cut_at_stop(tokens[row, length:], stops)
+      records[i] = dict(id=prompts[i]["id"], prompt=prompts[i]["prompt"],
+                        completion=tok.decode(completion), completion_ids=completion,
+                        prompt_tokens=len(ids[i]), batch=b, batch_seconds=round(out.seconds, 4),
+                        batch_tokens_per_s=round(new_tokens / max(out.seconds, 1e-9), 2),
+                        forwards=out.forwards)
+  if bar is not None:
+    bar.close()
+  return [records[i] for i in range(len(prompts))]
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  import jax  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder import convert  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  config = _CONFIG.value
+  with distributed.fail_fast():
+    try:
+      if _WRITE_TINY_TOKENIZER.value:
+        folder = config.tokenizer_dir or config.checkpoint
+        tokenizer_lib.write_byte_level_tokenizer(
+            folder, tokenizer_lib.tiny_special_tokens(config.tokens.to_dict()),
+            tokenizer_lib.TINY_MERGES, first_merge_id=max(config.tokens.to_dict().values()) + 1)
+      prompts = read_prompts(_PROMPT.value, _PROMPTS_JSONL.value)
+      t0 = time.perf_counter()
+      records = run(config, prompts, progress=_PROGRESS.value)
+      seconds = time.perf_counter() - t0
+    except (config_utils.ConfigError, ValueError, FileNotFoundError, convert.ConversionError) as e:
+      logging.error("%s", e)
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+    if jax.process_index() == 0:
+      lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+      if _OUTPUT.value:
+        with open(_OUTPUT.value, "w", encoding="utf-8") as f:
+          f.write(lines)
+        print(f"wrote {len(records)} completions to {_OUTPUT.value} in {seconds:.1f} s "
+              "(including compilation)", file=sys.stderr)
+      else:
+        sys.stdout.write(lines)
+  distributed.finalize()
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main, argv=config_utils.resolve_config_argv(sys.argv, EXPERIMENT_DIR))

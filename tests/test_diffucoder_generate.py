@@ -1,0 +1,183 @@
+"""DiffuCoder generation with the tiny random Dream: padding invariance, data parallelism, the
+`generate.run` pipeline (checkpoint + tokenizer + batching + stop ids) and the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.common import config_utils
+from experiments.diffucoder import convert
+from experiments.diffucoder import generate
+from experiments.diffucoder import sampling
+from experiments.diffucoder import tokenizer as tokenizer_lib
+from experiments.diffucoder.configs import tiny
+from modules import dream
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MASK = tiny.TINY_TOKENS["mask_id"]
+PAD = tiny.TINY_TOKENS["pad_id"]
+
+
+def _model(dtype="float32", seed=0):
+  cfg = dream.tiny_config(dtype=dtype, param_dtype=dtype)
+  params = dream.dream_forward(cfg).init(jax.random.key(seed), jnp.zeros((1, 4), jnp.int32),
+                                         jnp.ones((1, 4), bool))
+  return generate.model_forward(cfg), params
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_left_padded_row_decodes_like_the_row_alone(dtype):
+  forward, params = _model(dtype)
+  short, long = [10, 20, 30], [1, 2, 3, 4, 5, 6, 7]
+  opts = sampling.SamplerOptions(steps=8, alg="entropy")            # temperature 0
+  runner = sampling.Runner(forward, opts, mask_id=MASK)
+  alone = runner.generate(params, *sampling.left_pad([short], PAD), jax.random.key(0),
+                          max_new_tokens=8).tokens
+  prompt, valid = sampling.left_pad([short, long], PAD, length=12)   # 9 pads before `short`
+  batch = runner.generate(params, prompt, valid, jax.random.key(0), max_new_tokens=8).tokens
+  np.testing.assert_array_equal(batch[0, 12:], alone[0, 3:])
+  assert not np.any(batch[:, 12:] == MASK)
+
+
+def _check_data_parallel(opts):
+  if jax.local_device_count() < 2:
+    pytest.skip("needs several (fake) devices; tests/conftest.py sets 4")
+  forward, params = _model()
+  n = jax.local_device_count()
+  rows = [[5 + i, 6, 7 + i] for i in range(n)]
+  prompt, valid = sampling.left_pad(rows, PAD)
+  from experiments.common import parallel
+  single = sampling.Runner(forward, opts, mask_id=MASK).generate(
+      params, prompt, valid, jax.random.key(0), max_new_tokens=8)
+  multi = sampling.Runner(forward, opts, mask_id=MASK, data_parallel=True).generate(
+      parallel.replicate(params), prompt, valid, jax.random.key(0), max_new_tokens=8)
+  np.testing.assert_array_equal(multi.tokens, single.tokens)
+
+
+def test_data_parallel_equals_single_device():
+  _check_data_parallel(sampling.SamplerOptions(steps=4, alg="topk_margin"))
+
+
+@pytest.mark.slow
+def test_data_parallel_dual_cache_threshold_equals_single_device():
+  _check_data_parallel(sampling.SamplerOptions(steps=4, alg="entropy", block_length=4, cache="dual",
+                                               threshold=0.5))
+
+
+def _tiny_setup(tmp_path, **generate_overrides):
+  config = tiny.get_config("dtype=float32")
+  ckpt = str(tmp_path / "tiny_hf")
+  convert.write_random_checkpoint(ckpt, dream.DreamConfig.from_dict(config.model.to_dict()),
+                                  num_shards=2, tokens=config.tokens.to_dict())
+  tokenizer_lib.write_byte_level_tokenizer(
+      ckpt, tokenizer_lib.tiny_special_tokens(config.tokens.to_dict()), tokenizer_lib.TINY_MERGES,
+      first_merge_id=261)
+  config.checkpoint = ckpt
+  for k, v in generate_overrides.items():
+    config.generate[k] = v
+  return config
+
+
+def test_run_end_to_end_matches_single_prompt_decoding(tmp_path):
+  config = _tiny_setup(tmp_path, temperature=0.0, steps=8, max_new_tokens=8, batch_size=2,
+                       pad_to_multiple=8)
+  prompts = generate.read_prompts(["def add(a, b):", "print(x)"], None)
+  records = generate.run(config, prompts)
+  assert [r["id"] for r in records] == [0, 1]
+  tok = tokenizer_lib.load(config.checkpoint)
+  params = convert.load_checkpoint(config.checkpoint,
+                                   dream.DreamConfig.from_dict(config.model.to_dict()))
+  forward = generate.model_forward(dream.DreamConfig.from_dict(config.model.to_dict()))
+  runner = sampling.Runner(forward, generate.sampler_options(config), mask_id=MASK)
+  stops = generate.stop_ids(config)
+  for r in records:
+    ids = tok.encode(r["prompt"])
+    assert r["prompt_tokens"] == len(ids)
+    out = runner.generate(params, *sampling.left_pad([ids], PAD), jax.random.key(0),
+                          max_new_tokens=8).tokens[0, len(ids):]
+    want = sampling.cut_at_stop(out, stops)
+    assert r["completion_ids"] == want
+    assert r["completion"] == tok.decode(want)
+    assert not set(want) & set(stops)
+
+
+def test_chat_template_and_stop_ids(tmp_path):
+  config = _tiny_setup(tmp_path, temperature=0.0, steps=4, max_new_tokens=4)
+  config.chat_template = True
+  assert generate.stop_ids(config) == [PAD, tiny.TINY_TOKENS["dlm_pad_id"],
+                                       tiny.TINY_TOKENS["im_end_id"]]
+  records = generate.run(config, generate.read_prompts(["hi"], None))
+  tok = tokenizer_lib.load(config.checkpoint)
+  assert records[0]["prompt_tokens"] == len(tok.encode(tokenizer_lib.chat_prompt("hi")))
+
+
+def test_bad_inputs_give_clear_errors(tmp_path):
+  with pytest.raises(ValueError, match="no prompts"):
+    generate.read_prompts([], None)
+  bad = tmp_path / "p.jsonl"
+  bad.write_text('{"prompt": "ok"}\n{"text": "no prompt field"}\n')
+  with pytest.raises(ValueError, match=r"p.jsonl:2: needs a string \"prompt\""):
+    generate.read_prompts([], str(bad))
+  config = tiny.get_config()
+  config.generate.alg = "beam"
+  with pytest.raises(config_utils.ConfigError, match="generate.alg='beam'"):
+    generate.sampler_options(config)
+
+
+def test_batches_sort_by_length_and_pad():
+  assert generate.batches([5, 1, 3], 2) == [[1, 2], [0, 0]]
+
+
+@pytest.mark.slow
+def test_cli_writes_jsonl(tmp_path):
+  config = _tiny_setup(tmp_path)
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text('{"id": "a", "prompt": "def f():"}\n{"id": "b", "prompt": "import os"}\n')
+  out = tmp_path / "out.jsonl"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  subprocess.run([sys.executable, "-m", "experiments.diffucoder.generate",
+                  "--config=configs/tiny.py:dtype=float32", f"--config.checkpoint={config.checkpoint}",
+                  f"--prompts_jsonl={prompts}", "--prompt=x", f"--output={out}", "--noprogress"],
+                 cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+  records = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [r["id"] for r in records] == [0, "a", "b"]
+  assert all(len(r["completion_ids"]) <= 16 for r in records)
+
+
+def test_benchmark_analytic_flops_match_xla_cost_analysis():
+  from experiments.diffucoder import benchmark
+  config = benchmark.small_config(hidden=128, layers=2, heads=4, kv_heads=2, vocab=1024,
+                                  dtype="float32")
+  forward = generate.model_forward(config)
+  params = jax.eval_shape(lambda: benchmark._random_params(config))
+  b, length = 2, 64
+  sd = jax.ShapeDtypeStruct
+  compiled = jax.jit(forward).lower(params, sd((b, length), jnp.int32), sd((b, length), jnp.bool_),
+                                    sd((b, length), jnp.int32)).compile()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  analytic = benchmark.analytic_flops(config, b, length)
+  # matmuls by hand: per token 2 (D (H+2K) Dh + H Dh D + 3 D F) per layer + 2 D V, + 4 L^2 H Dh
+  d, f, v = 128, 352, 1024
+  per_token = 2 * (2 * (d * 256 + d * d + 3 * d * f)) + 2 * d * v
+  assert analytic == b * (length * per_token + 2 * 4 * length * length * d)
+  assert 0.97 < cost["flops"] / analytic < 1.1      # XLA also counts norms, softmax, RoPE
+
+
+@pytest.mark.slow
+def test_benchmark_cell_reports_consistent_numbers():
+  from experiments.diffucoder import benchmark
+  config = benchmark.small_config(hidden=32, layers=1, heads=2, kv_heads=1, vocab=64,
+                                  dtype="float32")
+  params = benchmark._random_params(config)
+  opts = sampling.SamplerOptions(steps=24, alg="entropy")
+  row = benchmark.bench_cell(config, params, 2, 32, opts, timed_steps=2)
+  assert row["new_tokens"] == 24 and row["batch"] == 2
+  np.testing.assert_allclose(row["tokens_per_s"], 2 / (row["ms_step"] / 1e3), rtol=1e-9)
+  assert row["gflop_step"] == benchmark.analytic_flops(config, 2, 32) / 1e9
