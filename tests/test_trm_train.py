@@ -231,6 +231,11 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
   rng = np.random.default_rng(0)
   puzzles, solutions = sudoku.generate_puzzles(n * per_device, seed=5, givens=45)
   dev = parallel.shard(parallel.device_indices())
+  text = train.log_parameter_table(train.init_state(model, adam, sign, seed=0, shard_table=True),
+                                   model, num_devices=4)
+  assert (f"Puzzle-embedding table (SignSGD, not counted above): ({num_ids}, "
+          f"{config.model.hidden_size}) = {num_ids * config.model.hidden_size:,}, sharded: 3 rows "
+          "on each of 4 devices") in text
   results = {}
   for shard in (False, True):
     state = parallel.replicate(train.init_state(model, adam, sign, seed=0, shard_table=shard))

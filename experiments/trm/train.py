@@ -367,15 +367,22 @@ def _model_batch(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
   return {k: batch[k] for k in ("inputs", "labels", "puzzle_identifiers")}
 
 
-def log_parameter_table(state: TrainState) -> str:
+def log_parameter_table(state: TrainState, model: Optional[trm.TRMModel] = None,
+                        num_devices: int = 1) -> str:
+  """The parameter overview; `model` and `num_devices` describe a sharded puzzle table."""
   table = parameter_overview.get_parameter_overview(parallel.unreplicate(state.params))
   n_adam = trm.adam_param_count(state.params)
   text = f"{table}\nAdam parameters: {n_adam:,}\n"
-  if state.puzzle_table is None:
-    text += "Puzzle-embedding table: none (puzzle_emb_ndim = 0)"
-  else:
+  if state.puzzle_table is not None:
     text += (f"Puzzle-embedding table (SignSGD, not counted above): "
              f"{tuple(state.puzzle_table.shape)} = {int(np.prod(state.puzzle_table.shape)):,}")
+  elif model is not None and model.config.prefix_len > 0:
+    rows, width = model.config.num_puzzle_identifiers, model.config.emb_ndim
+    text += (f"Puzzle-embedding table (SignSGD, not counted above): {(rows, width)} = "
+             f"{rows * width:,}, sharded: {sharded_table.rows_per_device(rows, num_devices):,} rows "
+             f"on each of {num_devices} devices")
+  else:
+    text += "Puzzle-embedding table: none (puzzle_emb_ndim = 0)"
   for line in text.splitlines():
     logging.info("%s", line)
   return text
@@ -457,7 +464,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     logging.info("Resumed from %s at step %d", ckpt.directory, start_step)
   else:
     start_step = 0
-  param_text = log_parameter_table(state)
+  param_text = log_parameter_table(state, model, jax.device_count())
 
   state = parallel.replicate(state)
   device_state = parallel.shard(device_state)
