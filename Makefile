@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.podlab-installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-slow run bench params faults clean-venv
+.PHONY: venv test test-slow run bench params faults clean-venv bazel-test
 RUN_WORKDIR ?= workdirs/cpu_demo
 
 venv: $(STAMP)
@@ -47,5 +47,42 @@ FAULT_ARGS ?=
 faults: $(STAMP)
 	$(PY) -m experiments.trm.faults $(FAULT_ARGS)
 
+.PHONY: diffucoder-bench
+DIFFUCODER_BENCH_ARGS ?=
+# DiffuCoder/Dream sampling: tokens/s and ms per diffusion step for batch 1..32 x canvas 256/512 on a
+# small random Dream (minutes on a CPU). DIFFUCODER_BENCH_ARGS=--compare: prefix/dual KV cache and
+# threshold parallel decoding vs plain (tokens/s, agreement); '--dry_run --devices=1,4,8': the 7.6B
+# model's compiled memory and FLOPs per device on fake CPU devices.
+diffucoder-bench: $(STAMP)
+	$(PY) -m experiments.diffucoder.benchmark $(DIFFUCODER_BENCH_ARGS)
+
+.PHONY: gpt-run gpt-bench
+GPT_WORKDIR ?= workdirs/shakespeare_char_cpu
+GPT_BENCH_ARGS ?=
+# nanoGPT's README CPU recipe (shakespeare_char, 4x4x128, 2000 iterations; prepares the data from
+# ../shared/data/tinyshakespeare on first use), then 2 samples. Re-running resumes from $(GPT_WORKDIR).
+gpt-run: $(STAMP)
+	$(PY) -m experiments.nanogpt.main --config=configs/shakespeare_char_cpu.py --workdir=$(GPT_WORKDIR)
+	$(PY) -m experiments.nanogpt.sample --config=configs/shakespeare_char_cpu.py \
+	    --workdir=$(GPT_WORKDIR) --num_samples=2
+# ms/iteration of the CPU recipe's training step and KV-cache vs no-cache sampling of 500 tokens.
+gpt-bench: $(STAMP)
+	$(PY) -m experiments.nanogpt.bench $(GPT_BENCH_ARGS)
+
 clean-venv:
 	rm -rf $(VENV)
+
+# Bazel (issue 7): `bazel test //...` over the same test files as `make test` (the @pytest.mark.slow
+# tests are NAME_slow targets tagged out; BAZEL_ARGS=--config=slow runs only them). The Bazel is
+# Debian's bazel-bootstrap 4.2.3, installed here with apt when missing: it works offline with the
+# local stand-ins in third_party/ (WORKSPACE says why not npm's @bazel/bazel 2.1.0). Its output base
+# is ~/.cache/bazel/_bazel_$USER/<hash of the checkout path>; BAZEL_TARGETS=//tests:test_layers narrows.
+BAZEL ?= bazel
+BAZEL_TARGETS ?= //...
+BAZEL_ARGS ?=
+bazel-test: $(STAMP)
+	@command -v $(BAZEL) >/dev/null || { echo "bazel-test: installing Debian's bazel-bootstrap"; \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); export DEBIAN_FRONTEND=noninteractive; \
+	  $$sudo apt-get install -y -q bazel-bootstrap || \
+	  { $$sudo apt-get update -q && $$sudo apt-get install -y -q bazel-bootstrap; }; }
+	$(BAZEL) test $(BAZEL_ARGS) $(BAZEL_TARGETS)
