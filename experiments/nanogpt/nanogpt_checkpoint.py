@@ -74,6 +74,18 @@ def config_from_args(model_args: Dict[str, Any], dtype: str = "float32") -> gpt.
                        bias=bool(model_args.get("bias", True)), dtype=dtype)
 
 
+def _layer_names(config: gpt.GPTConfig) -> list:
+  """(podlab module, nanoGPT prefix, kind) of every LayerNorm ("ln") and Linear ("linear")."""
+  names = []
+  for i in range(config.n_layer):
+    h, t = f"gpt/h_{i}", f"transformer.h.{i}"
+    names += [(f"{h}/ln_1", f"{t}.ln_1", "ln"), (f"{h}/attn/qkv_proj", f"{t}.attn.c_attn", "linear"),
+              (f"{h}/attn/o_proj", f"{t}.attn.c_proj", "linear"), (f"{h}/ln_2", f"{t}.ln_2", "ln"),
+              (f"{h}/mlp/c_fc", f"{t}.mlp.c_fc", "linear"),
+              (f"{h}/mlp/c_proj", f"{t}.mlp.c_proj", "linear")]
+  return names + [("gpt/ln_f", "transformer.ln_f", "ln")]
+
+
 def from_state_dict(state_dict: Dict[str, Any], config: gpt.GPTConfig) -> Dict[str, Dict[str, np.ndarray]]:
   """Haiku params (float32 numpy) from a nanoGPT state_dict; checks names and shapes."""
   sd = {}
@@ -96,25 +108,11 @@ def from_state_dict(state_dict: Dict[str, Any], config: gpt.GPTConfig) -> Dict[s
       "gpt/wpe": {"embedding": take("transformer.wpe.weight")},
   }
 
-  def ln(dst, src):
-    p[dst] = {"weight": take(f"{src}.weight")}
+  for dst, src, kind in _layer_names(config):
+    w, b = ("weight", "bias") if kind == "ln" else ("w", "b")
+    p[dst] = {w: take(f"{src}.weight", transpose=kind == "linear")}
     if config.bias:
-      p[dst]["bias"] = take(f"{src}.bias")
-
-  def linear(dst, src):
-    p[dst] = {"w": take(f"{src}.weight", transpose=True)}
-    if config.bias:
-      p[dst]["b"] = take(f"{src}.bias")
-
-  for i in range(config.n_layer):
-    h, t = f"gpt/h_{i}", f"transformer.h.{i}"
-    ln(f"{h}/ln_1", f"{t}.ln_1")
-    linear(f"{h}/attn/qkv_proj", f"{t}.attn.c_attn")
-    linear(f"{h}/attn/o_proj", f"{t}.attn.c_proj")
-    ln(f"{h}/ln_2", f"{t}.ln_2")
-    linear(f"{h}/mlp/c_fc", f"{t}.mlp.c_fc")
-    linear(f"{h}/mlp/c_proj", f"{t}.mlp.c_proj")
-  ln("gpt/ln_f", "transformer.ln_f")
+      p[dst][b] = take(f"{src}.bias")
   if "lm_head.weight" in sd:
     used.add("lm_head.weight")
     if not np.array_equal(sd["lm_head.weight"], sd["transformer.wte.weight"]):
@@ -142,25 +140,13 @@ def to_state_dict(params: Dict[str, Dict[str, Any]], config: gpt.GPTConfig) -> D
   sd = {"transformer.wte.weight": p["gpt/wte"]["embedding"],
         "transformer.wpe.weight": p["gpt/wpe"]["embedding"]}
 
-  def ln(src, dst):
-    sd[f"{dst}.weight"] = p[src]["weight"]
+  for src, dst, kind in _layer_names(config):
+    if kind == "ln":
+      sd[f"{dst}.weight"] = p[src]["weight"]
+    else:
+      sd[f"{dst}.weight"] = p[src]["w"].T.copy()
     if config.bias:
-      sd[f"{dst}.bias"] = p[src]["bias"]
-
-  def linear(src, dst):
-    sd[f"{dst}.weight"] = p[src]["w"].T.copy()
-    if config.bias:
-      sd[f"{dst}.bias"] = p[src]["b"]
-
-  for i in range(config.n_layer):
-    h, t = f"gpt/h_{i}", f"transformer.h.{i}"
-    ln(f"{h}/ln_1", f"{t}.ln_1")
-    linear(f"{h}/attn/qkv_proj", f"{t}.attn.c_attn")
-    linear(f"{h}/attn/o_proj", f"{t}.attn.c_proj")
-    ln(f"{h}/ln_2", f"{t}.ln_2")
-    linear(f"{h}/mlp/c_fc", f"{t}.mlp.c_fc")
-    linear(f"{h}/mlp/c_proj", f"{t}.mlp.c_proj")
-  ln("gpt/ln_f", "transformer.ln_f")
+      sd[f"{dst}.bias"] = p[src]["bias" if kind == "ln" else "b"]
   sd["lm_head.weight"] = sd["transformer.wte.weight"]
   return sd
 
