@@ -5,10 +5,14 @@ Trains the real step of a recipe (default configs/shakespeare_char_cpu.py: batch
 a block_until_ready per iteration, and prints compile time, the median (and p10/p90) ms/iteration,
 tokens/s and MFU against the measured CPU matmul peak; then times sampling 500 tokens (batch 1,
 temperature 0.8, top-k 200) with and without the KV cache (compile excluded; the same tokens are
-checked greedy). The machine may be shared: medians, not means.
+checked greedy). The machine may be shared: medians, not means; the CPU time of the process per
+iteration (all threads, `time.process_time`) is printed next to the wall time, as it is what a busy
+shared machine does not inflate. The recipe's `cpu_keep_heap` (experiments/nanogpt/host_malloc.py)
+is applied as in training; `--no_keep_heap` measures without it.
 
   python -m experiments.nanogpt.bench                          # the CPU recipe, 200 iterations
   python -m experiments.nanogpt.bench --iters=50 --dtype=bfloat16 --xla_flags=--xla_cpu_use_onednn=true
+  python -m experiments.nanogpt.bench --iters=40 --skip_sampling --no_keep_heap   # glibc default
   make gpt-bench
 """
 
@@ -29,12 +33,17 @@ def main(argv=None) -> None:
   ap.add_argument("--new_tokens", type=int, default=500)
   ap.add_argument("--xla_flags", default="", help="extra XLA_FLAGS (set before JAX starts)")
   ap.add_argument("--skip_sampling", action="store_true")
+  ap.add_argument("--no_keep_heap", action="store_true",
+                  help="do not apply the config's cpu_keep_heap (glibc's default mmap behaviour)")
   args = ap.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   if args.xla_flags:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
 
   import importlib  # pylint: disable=g-import-not-at-top
+  c = importlib.import_module(f"experiments.nanogpt.configs.{args.config}").get_config()
+  from experiments.nanogpt import host_malloc  # pylint: disable=g-import-not-at-top
+  keep_heap = c.cpu_keep_heap and not args.no_keep_heap and host_malloc.keep_heap_for_cpu_backend()
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -44,7 +53,6 @@ def main(argv=None) -> None:
   from experiments.nanogpt import train  # pylint: disable=g-import-not-at-top
   from modules import gpt  # pylint: disable=g-import-not-at-top
 
-  c = importlib.import_module(f"experiments.nanogpt.configs.{args.config}").get_config()
   c.model.dtype = args.dtype
   vocab = c.model.vocab_size if c.model.vocab_size > 0 else 65
   cfg = train.model_config(c, vocab)
@@ -64,6 +72,7 @@ def main(argv=None) -> None:
     return parallel.shard({"x": w[..., :-1], "y": w[..., 1:]})
 
   idx = parallel.shard(parallel.device_indices())
+  scratch = step.lower(state, batch(), idx).compile().memory_analysis()
   t0 = time.perf_counter()
   state, sums = step(state, batch(), idx)
   jax.block_until_ready(sums)
@@ -71,13 +80,14 @@ def main(argv=None) -> None:
   for _ in range(args.warmup):
     state, sums = step(state, batch(), idx)
   jax.block_until_ready(sums)
-  times = []
+  times, cpu_times = [], []
   for _ in range(args.iters):
     bt = batch()
-    t = time.perf_counter()
+    t, c0 = time.perf_counter(), time.process_time()
     state, sums = step(state, bt, idx)
     jax.block_until_ready(sums)
     times.append(1000 * (time.perf_counter() - t))
+    cpu_times.append(1000 * (time.process_time() - c0))
   ms = float(np.median(times))
   tokens = c.batch_size * c.grad_accum * T
   peak = mfu.peak_flops_per_device(c.peak_flops) * n
@@ -87,8 +97,12 @@ def main(argv=None) -> None:
           ("XLA_FLAGS", os.environ.get("XLA_FLAGS", "") or "(none)"),
           ("parameters", f"{n_params:,}"),
           ("compile", f"{compile_s:.2f} s"),
+          ("step scratch", f"{scratch.temp_size_in_bytes / 2**20:.1f} MiB per execution; "
+                           f"cpu_keep_heap {'on' if keep_heap else 'off'}"
+                           if scratch is not None else "(no memory analysis)"),
           ("ms/iteration", f"median {ms:.2f}  (p10 {np.percentile(times, 10):.2f}, p90 "
                            f"{np.percentile(times, 90):.2f}, {args.iters} iterations)"),
+          ("CPU ms/iteration", f"median {np.median(cpu_times):.2f}  (process CPU time, all threads)"),
           ("tokens/s", f"{tokens / ms * 1000:,.0f}"),
           ("MFU", f"{100 * flops / (ms / 1000) / peak:.1f}% of {peak / 1e9:.0f} GFLOP/s "
                   "(measured matmul peak)" if jax.devices()[0].platform == "cpu" else

@@ -43,6 +43,7 @@ from experiments.common import loop
 from experiments.common import metrics as metrics_lib
 from experiments.common import parallel
 from experiments.common import preemption
+from experiments.nanogpt import host_malloc
 from experiments.nanogpt import mfu as mfu_lib
 from experiments.nanogpt.configs import base as base_config
 from input_pipeline import datasets
@@ -230,6 +231,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
 def _train_and_evaluate(config, workdir, guard) -> Dict[str, Any]:
   validate_config(config)
   config_utils.check_workdir(workdir)
+  if config.cpu_keep_heap:
+    host_malloc.keep_heap_for_cpu_backend()   # no page faults on the step's scratch (host_malloc)
   n_local, per_device = loop.check_devices(config, "batch_size")
   data = TextData(config)
   model = model_config(config, data.vocab_size)
