@@ -50,33 +50,42 @@ from typing import Any, Dict, List, Sequence
 from absl import app
 from absl import flags
 
-_BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "16", "32"], "Batch sizes.")
-_CANVASES = flags.DEFINE_list("canvases", ["256", "512"], "Canvas lengths.")
-_TIMED = flags.DEFINE_integer("timed_steps", 3, "Timed steps per cell (median).")
-_HIDDEN = flags.DEFINE_integer("hidden", 128, "Small model: hidden size.")
-_LAYERS = flags.DEFINE_integer("layers", 2, "Small model: layers.")
-_HEADS = flags.DEFINE_integer("heads", 4, "Small model: query heads.")
-_KV_HEADS = flags.DEFINE_integer("kv_heads", 2, "Small model: KV heads.")
-_VOCAB = flags.DEFINE_integer("vocab", 1024, "Small model: vocabulary.")
-_DTYPE = flags.DEFINE_string("dtype", "bfloat16", "Compute and parameter dtype.")
-_ALG = flags.DEFINE_string("alg", "entropy", "Sampler algorithm.")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampler temperature (modes 1, 3).")
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "Sampler top_p (modes 1, 3; 1 = off).")
-_COMPARE = flags.DEFINE_bool("compare", False, "Mode 2: cache / parallel decoding vs plain.")
-_COMPARE_PROMPTS = flags.DEFINE_integer("compare_prompts", 4, "Mode 2: prompts (one batch).")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Mode 2: prompt tokens.")
-_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Mode 2: new tokens.")
-_BLOCK = flags.DEFINE_integer("block_length", 32, "Mode 2: block length.")
-_THRESHOLD = flags.DEFINE_float("threshold", 0.9, "Mode 2: parallel-decoding threshold.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Mode 2: timed generations per option (median).")
-_LOGIT_SCALE = flags.DEFINE_float("logit_scale", 1.0, "Mode 2: scales the random output head.")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Mode 3: the 7.6B step on fake CPU devices.")
-_DEVICES = flags.DEFINE_list("devices", ["1", "4", "8"], "Mode 3: device counts.")
-_GLOBAL_BATCH = flags.DEFINE_integer("global_batch", 8, "Mode 3: rows over all devices.")
-_CANVAS = flags.DEFINE_integer("canvas", 512, "Mode 3: canvas length (prompt + new tokens).")
-_PROMPT_FRACTION = flags.DEFINE_float("prompt_fraction", 0.25, "Prompt share of the canvas.")
-_JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the rows as JSON.")
-_CHILD = flags.DEFINE_integer("dry_run_child", 0, "(internal) compile for this many devices.")
+
+def _define_flags() -> None:
+  """The CLI flags, defined only when this module runs as the program (`__main__`), so that
+  importing it (tests, other tools) cannot clash with other modules' flags (e.g. `--devices`)."""
+  # pylint: disable=global-statement
+  global _BATCHES, _CANVASES, _TIMED, _HIDDEN, _LAYERS, _HEADS, _KV_HEADS, _VOCAB, _DTYPE, _ALG
+  global _TEMPERATURE, _TOP_P, _COMPARE, _COMPARE_PROMPTS, _PROMPT_LEN, _NEW, _BLOCK, _THRESHOLD
+  global _REPEATS, _LOGIT_SCALE, _DRY_RUN, _DEVICES, _GLOBAL_BATCH, _CANVAS, _PROMPT_FRACTION
+  global _JSON_OUT, _CHILD
+  _BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "16", "32"], "Batch sizes.")
+  _CANVASES = flags.DEFINE_list("canvases", ["256", "512"], "Canvas lengths.")
+  _TIMED = flags.DEFINE_integer("timed_steps", 3, "Timed steps per cell (median).")
+  _HIDDEN = flags.DEFINE_integer("hidden", 128, "Small model: hidden size.")
+  _LAYERS = flags.DEFINE_integer("layers", 2, "Small model: layers.")
+  _HEADS = flags.DEFINE_integer("heads", 4, "Small model: query heads.")
+  _KV_HEADS = flags.DEFINE_integer("kv_heads", 2, "Small model: KV heads.")
+  _VOCAB = flags.DEFINE_integer("vocab", 1024, "Small model: vocabulary.")
+  _DTYPE = flags.DEFINE_string("dtype", "bfloat16", "Compute and parameter dtype.")
+  _ALG = flags.DEFINE_string("alg", "entropy", "Sampler algorithm.")
+  _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampler temperature (modes 1, 3).")
+  _TOP_P = flags.DEFINE_float("top_p", 1.0, "Sampler top_p (modes 1, 3; 1 = off).")
+  _COMPARE = flags.DEFINE_bool("compare", False, "Mode 2: cache / parallel decoding vs plain.")
+  _COMPARE_PROMPTS = flags.DEFINE_integer("compare_prompts", 4, "Mode 2: prompts (one batch).")
+  _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Mode 2: prompt tokens.")
+  _NEW = flags.DEFINE_integer("max_new_tokens", 128, "Mode 2: new tokens.")
+  _BLOCK = flags.DEFINE_integer("block_length", 32, "Mode 2: block length.")
+  _THRESHOLD = flags.DEFINE_float("threshold", 0.9, "Mode 2: parallel-decoding threshold.")
+  _REPEATS = flags.DEFINE_integer("repeats", 3, "Mode 2: timed generations per option (median).")
+  _LOGIT_SCALE = flags.DEFINE_float("logit_scale", 1.0, "Mode 2: scales the random output head.")
+  _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Mode 3: the 7.6B step on fake CPU devices.")
+  _DEVICES = flags.DEFINE_list("devices", ["1", "4", "8"], "Mode 3: device counts.")
+  _GLOBAL_BATCH = flags.DEFINE_integer("global_batch", 8, "Mode 3: rows over all devices.")
+  _CANVAS = flags.DEFINE_integer("canvas", 512, "Mode 3: canvas length (prompt + new tokens).")
+  _PROMPT_FRACTION = flags.DEFINE_float("prompt_fraction", 0.25, "Prompt share of the canvas.")
+  _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the rows as JSON.")
+  _CHILD = flags.DEFINE_integer("dry_run_child", 0, "(internal) compile for this many devices.")
 
 GB = 1e9
 
@@ -334,4 +343,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
