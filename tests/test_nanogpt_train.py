@@ -97,6 +97,65 @@ def test_gradient_accumulation_equals_the_big_batch():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), pa, pb)
 
 
+def test_train_steps_match_a_torch_nanogpt_step():
+  """5 updates of our pmapped step == nanoGPT's loop in PyTorch on the same params and batches.
+
+  torch side (tests/torch_gpt_reference.py + train.py's optimisation): AdamW with the >= 2-dim decay
+  group, lr set per iteration by get_lr (warm-up, cosine, then min_lr), 2 micro-steps of loss / 2
+  backward, clip_grad_norm_ on the accumulated gradient (clipping active), optimizer.step.
+  """
+  torch = pytest.importorskip(
+      "torch", reason="the torch comparison needs torch (pip install '.[torch]')")
+  from tests import torch_gpt_reference  # pylint: disable=g-import-not-at-top
+  c = shakespeare_char_cpu.get_config()
+  c.lr, c.min_lr, c.warmup_iters, c.lr_decay_iters = 1e-2, 1e-3, 1, 3   # its 0..4: all branches
+  c.grad_clip, c.grad_accum = 0.1, 2
+  cfg = gpt.GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=16, bias=False)
+  model, tx = gpt.GPTModel(cfg), train.make_optimizer(c)
+  params = model.init(jax.random.key(0))
+  ref = torch_gpt_reference.GPT(cfg.model_args())
+  ref.load_state_dict({k: torch.tensor(np.asarray(v))
+                       for k, v in nanogpt_checkpoint.to_state_dict(params, cfg).items()})
+  named = dict(ref.named_parameters())
+  decay = [p for p in named.values() if p.dim() >= 2]
+  no_decay = [p for p in named.values() if p.dim() < 2]
+  opt = torch.optim.AdamW([{"params": decay, "weight_decay": c.weight_decay},
+                           {"params": no_decay, "weight_decay": 0.0}],
+                          lr=c.lr, betas=(c.beta1, c.beta2), eps=1e-8)
+  n = jax.local_device_count()
+  step = parallel.pmap_step(train.make_train_step(model, tx, c), replicated_in=(0,),
+                            out_axes=(None, 0))
+  state = parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
+  rng = np.random.default_rng(0)
+  for it in range(5):
+    w = rng.integers(0, 11, (2, 4 * n, 9))                       # [A, B, T + 1]: A micro-steps
+    batch = w.reshape(2, n, 4, 9).transpose(1, 0, 2, 3).astype(np.int32)   # [D, A, b, T + 1]
+    state, sums = step(state, parallel.shard({"x": batch[..., :-1], "y": batch[..., 1:]}),
+                       parallel.shard(parallel.device_indices()))
+    if it < c.warmup_iters:                                      # the doc's get_lr, written out
+      lr = c.lr * (it + 1) / (c.warmup_iters + 1)
+    elif it > c.lr_decay_iters:
+      lr = c.min_lr
+    else:
+      ratio = (it - c.warmup_iters) / (c.lr_decay_iters - c.warmup_iters)
+      lr = c.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c.lr - c.min_lr)
+    for group in opt.param_groups:
+      group["lr"] = lr
+    for micro in w:
+      logits = ref(torch.as_tensor(micro[:, :-1]))
+      loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 11),
+                                               torch.as_tensor(micro[:, 1:]).reshape(-1)) / 2
+      loss.backward()
+    norm = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), c.grad_clip))
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    assert norm > c.grad_clip                                    # the clipping is exercised
+    assert float(parallel.first_local(sums["grad_norm"])[0]) == pytest.approx(norm, rel=1e-4)
+  got = nanogpt_checkpoint.to_state_dict(parallel.unreplicate(state.params), cfg)
+  for k, v in ref.state_dict().items():
+    np.testing.assert_allclose(got[k], v.numpy(), rtol=0, atol=2e-6, err_msg=k)
+
+
 @pytest.fixture(scope="module")
 def small_model():
   cfg = gpt.GPTConfig(block_size=16, vocab_size=13, n_layer=2, n_head=2, n_embd=16, bias=False)
