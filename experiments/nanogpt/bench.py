@@ -7,7 +7,7 @@ tokens/s and MFU against the measured CPU matmul peak; then times sampling 500 t
 temperature 0.8, top-k 200) with and without the KV cache (compile excluded; the same tokens are
 checked greedy). The machine may be shared: medians, not means; the CPU time of the process per
 iteration (all threads, `time.process_time`) is printed next to the wall time, as it is what a busy
-shared machine does not inflate. The recipe's `cpu_keep_heap` (experiments/nanogpt/host_malloc.py)
+shared machine does not inflate. The recipe's `cpu_keep_heap` (experiments/common/host_malloc.py)
 is applied as in training; `--no_keep_heap` measures without it.
 
   python -m experiments.nanogpt.bench                          # the CPU recipe, 200 iterations
@@ -42,7 +42,7 @@ def main(argv=None) -> None:
 
   import importlib  # pylint: disable=g-import-not-at-top
   c = importlib.import_module(f"experiments.nanogpt.configs.{args.config}").get_config()
-  from experiments.nanogpt import host_malloc  # pylint: disable=g-import-not-at-top
+  from experiments.common import host_malloc  # pylint: disable=g-import-not-at-top
   keep_heap = c.cpu_keep_heap and not args.no_keep_heap and host_malloc.keep_heap_for_cpu_backend()
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top

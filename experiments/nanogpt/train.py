@@ -43,7 +43,7 @@ from experiments.common import loop
 from experiments.common import metrics as metrics_lib
 from experiments.common import parallel
 from experiments.common import preemption
-from experiments.nanogpt import host_malloc
+from experiments.common import host_malloc
 from experiments.nanogpt import mfu as mfu_lib
 from experiments.nanogpt.configs import base as base_config
 from input_pipeline import datasets

@@ -71,7 +71,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.nonfinite = "stop"                            # "stop" | "skip" the step | "continue"
   c.peak_flops = -1.0                             # per device, for MFU; -1 = the table / measured
   # CPU backend only: glibc keeps XLA's per-step scratch in the heap instead of mmap/munmap (and
-  # page-faulting) it every step; numerics unchanged. See experiments/nanogpt/host_malloc.py.
+  # page-faulting) it every step; numerics unchanged. See experiments/common/host_malloc.py.
   c.cpu_keep_heap = True
 
   # Hardware (as in TRM: num_devices > 0 states the device count the recipe was written for).

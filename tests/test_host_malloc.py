@@ -1,4 +1,4 @@
-"""Tests of experiments/nanogpt/host_malloc.py: with `keep_heap()` a large block that is freed and
+"""Tests of experiments/common/host_malloc.py: with `keep_heap()` a large block that is freed and
 allocated again (what XLA:CPU does with a training step's scratch buffer every step) comes back
 without page faults, also from a thread and above glibc's 64 MiB thread-arena limit; without it,
 every page of the block faults again.
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from experiments.nanogpt import host_malloc
+from experiments.common import host_malloc
 from experiments.nanogpt.configs import base
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -20,7 +20,7 @@ PAGE = 4096
 
 CHILD = r"""
 import ctypes, resource, sys, threading
-from experiments.nanogpt import host_malloc
+from experiments.common import host_malloc
 applied = host_malloc.keep_heap() if sys.argv[1] == "keep" else False
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
@@ -67,7 +67,7 @@ def test_keep_heap_reuses_a_freed_80_mib_block_without_page_faults():
 @pytest.mark.skipif(not host_malloc.is_glibc(), reason="host_malloc only acts on glibc (Linux)")
 def test_keep_heap_is_idempotent_and_on_by_default_in_the_config():
   assert base.get_config().cpu_keep_heap is True
-  script = ("from experiments.nanogpt import host_malloc as h; "
+  script = ("from experiments.common import host_malloc as h; "
             "print(h.keep_heap(), h.keep_heap())")
   out = subprocess.run([sys.executable, "-c", script], cwd=REPO, check=True, capture_output=True,
                        text=True, timeout=60).stdout.split()

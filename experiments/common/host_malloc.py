@@ -25,7 +25,7 @@ Shape glossary: none (host memory only).
 
 Synopsis:
 
-  from experiments.nanogpt import host_malloc
+  from experiments.common import host_malloc
   host_malloc.keep_heap_for_cpu_backend()   # True when applied (glibc, CPU backend)
 """
 
