@@ -9,7 +9,8 @@ RUNNABLE = ["modules.layers", "modules.trm", "experiments.common.parallel",
             "experiments.common.metrics", "experiments.common.optim", "experiments.common.preemption",
             "input_pipeline.arc", "input_pipeline.puzzle_csv", "experiments.common.sharded_table",
             "experiments.trm.losses", "experiments.common.loop", "modules.gpt", "modules.dream",
-            "input_pipeline.text", "experiments.nanogpt.sampling", "experiments.diffucoder.sampling",
+            "input_pipeline.text", "experiments.nanogpt.sampling", "experiments.nanogpt.torch_rng",
+            "experiments.diffucoder.sampling",
             "experiments.diffucoder.safetensors_io", "experiments.diffucoder.convert"]
 
 

@@ -230,6 +230,72 @@ def test_nanogpt_checkpoint_import_matches_torch(tmp_path):
     nanogpt_checkpoint.load(str(bad))
 
 
+def test_torch_rng_run_is_nanogpt_run_in_torch(shared_data_dir, tmp_path):
+  """config.rng="torch": our trainer's eval curve == nanoGPT's train.py loop re-enacted in torch.
+
+  torch side: torch.manual_seed(seed), GPT built and initialised as nanoGPT's, first batch fetched
+  before the loop, eval_iters batches per split at it % eval_interval == 0 (before the update),
+  forward, next batch, backward, clip, AdamW step; max_iters + 1 updates. Ours stops after 4
+  updates and resumes from its checkpoint.
+  """
+  torch = pytest.importorskip(
+      "torch", reason="the torch comparison needs torch (pip install '.[torch]')")
+  from tests import torch_gpt_reference  # pylint: disable=g-import-not-at-top
+  c = shakespeare_char_cpu.get_config("smoke")           # 4 x 4 x 128, block 64, batch 12
+  c.dataset.manual_dir = str(shared_data_dir / "tinyshakespeare")
+  c.dataset.data_dir = str(tmp_path / "tfds")
+  c.async_checkpoints = False
+  c.max_iters, c.eval_interval, c.eval_iters, c.grad_accum = 3, 3, 2, 2
+  assert c.rng == "torch"
+  train.train_and_evaluate(c, str(tmp_path / "work"))        # 4 updates, then resumed to 7:
+  c.max_iters = 6                                            # the stream replays to iteration 4
+  ours = train.train_and_evaluate(c, str(tmp_path / "work"))["val_curve"]
+
+  data = train.TextData(c)
+  splits = {"train": data.tokens["train"], "val": data.tokens["val"]}
+  T, B, A = c.model.block_size, c.batch_size, c.grad_accum
+  torch.manual_seed(c.seed)
+  args = dict(n_layer=4, n_head=4, n_embd=128, block_size=T, vocab_size=65, bias=False)
+  model = torch_gpt_reference.init_like_nanogpt(torch_gpt_reference.GPT(args), 4)
+  named = dict(model.named_parameters())
+  opt = torch.optim.AdamW(
+      [{"params": [p for p in named.values() if p.dim() >= 2], "weight_decay": c.weight_decay},
+       {"params": [p for p in named.values() if p.dim() < 2], "weight_decay": 0.0}],
+      lr=c.lr, betas=(c.beta1, c.beta2), eps=1e-8)
+
+  def get_batch(split):
+    d = splits[split]
+    ix = torch.randint(len(d) - T, (B,)).numpy()
+    w = torch.as_tensor(np.stack([d[i:i + T + 1] for i in ix]).astype(np.int64))
+    return w[:, :-1], w[:, 1:]
+
+  def loss_of(x, y):
+    logits = model(x)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+  theirs = {}
+  x, y = get_batch("train")
+  for it in range(c.max_iters + 1):
+    for group in opt.param_groups:
+      group["lr"] = train.lr_at(it, c)
+    if it % c.eval_interval == 0:
+      with torch.no_grad():
+        losses = {s: float(np.mean([loss_of(*get_batch(s)).item() for _ in range(c.eval_iters)]))
+                  for s in ("train", "val")}
+      theirs[it] = losses["val"]
+    for _ in range(A):
+      loss = loss_of(x, y) / A
+      x, y = get_batch("train")
+      loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+  assert sorted(ours) == sorted(theirs) == [0, 3, 6]
+  for it in theirs:
+    assert ours[it] == pytest.approx(theirs[it], abs=2e-4), it
+  assert ours[6] < ours[0] - 0.3
+
+
 @pytest.mark.slow    # ~40 s here: 21 updates + 3 evaluations + a resume
 def test_short_training_run_lowers_val_loss(shared_data_dir, tmp_path):
   c = shakespeare_char_cpu.get_config("smoke")

@@ -1,7 +1,9 @@
 """A minimal PyTorch GPT in nanoGPT's module layout (state_dict names), for the import tests.
 
 Written from ../shared/docs/gpt-reference.md (pre-LN, fused c_attn, causal softmax, exact GELU, tied
-lm_head, LayerNorm with optional bias); only what the tests need (no dropout, no generation).
+lm_head, LayerNorm with optional bias); only what the tests need (no dropout, no generation). Modules
+are created in nanoGPT's order, so `torch.manual_seed(s); init_like_nanogpt(GPT(args))` draws the
+same initial weights as nanoGPT's GPT(args).
 
 Synopsis:
   import torch
@@ -68,3 +70,20 @@ class GPT(nn.Module):
     for block in t.h:
       x = block(x)
     return self.lm_head(t.ln_f(x))
+
+
+def init_like_nanogpt(model, n_layer):
+  """nanoGPT's _init_weights (post-order apply) then the c_proj re-init; returns the model."""
+  def init_weights(m):
+    if isinstance(m, nn.Linear):
+      torch.nn.init.normal_(m.weight, mean=0.0, std=0.02)
+      if m.bias is not None:
+        torch.nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.Embedding):
+      torch.nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+  model.apply(init_weights)
+  for name, p in model.named_parameters():
+    if name.endswith("c_proj.weight"):
+      torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+  return model

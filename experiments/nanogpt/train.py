@@ -5,8 +5,11 @@ global-norm clipping, linear warm-up + cosine to min_lr (`lr_at`, 0-based iterat
 accumulation over `grad_accum` micro-batches (a scan inside the step; loss / grad_accum), random
 windows of the token stream, evaluation of the mean train/val loss over `eval_iters` random batches
 every `eval_interval` iterations (iteration 0 included; dropout off), MFU against the device's peak.
-`max_iters = N` performs N + 1 updates. The loop, checkpoints (resume from the workdir), metrics,
-preemption and the non-finite guard are TRM's (`experiments.common.loop`, `checkpointing`, ...).
+`max_iters = N` performs N + 1 updates. `config.rng = "torch"` (default) starts from nanoGPT's
+initial weights and trains/evaluates on nanoGPT's batches in its order (experiments/nanogpt/
+torch_rng.py); "stateless" uses Haiku's init and tf.data Philox windows per host. The loop,
+checkpoints (resume from the workdir), metrics, preemption and the non-finite guard are TRM's
+(`experiments.common.loop`, `checkpointing`, ...).
 
 Step numbering: our step k = k updates done = nanoGPT's iteration k - 1 finished; the evaluation
 nanoGPT makes at iteration i (before its update) is ours after step i.
@@ -22,6 +25,7 @@ Synopsis (tests run it with the smoke config):
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import os
@@ -45,6 +49,7 @@ from experiments.common import parallel
 from experiments.common import preemption
 from experiments.common import host_malloc
 from experiments.nanogpt import mfu as mfu_lib
+from experiments.nanogpt import torch_rng
 from experiments.nanogpt.configs import base as base_config
 from input_pipeline import datasets
 from input_pipeline import text
@@ -83,6 +88,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise E("min_lr", config.min_lr, f"is above lr={config.lr}", "use e.g. lr / 10")
   if config.nonfinite not in ("stop", "skip", "continue"):
     raise E("nonfinite", config.nonfinite, "must be 'stop', 'skip' or 'continue'", "use 'stop'")
+  if config.rng not in ("torch", "stateless"):
+    raise E("rng", config.rng, "must be 'torch' (nanoGPT's draws) or 'stateless'", "use 'torch'")
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> gpt.GPTConfig:
@@ -149,6 +156,16 @@ class TextData:
     self.tokens = {ds.train_split: text_corpus.load_tokens(builder, ds.train_split),
                    ds.val_split: text_corpus.load_tokens(builder, ds.val_split)}
     self.train_split, self.val_split = ds.train_split, ds.val_split
+
+  def torch_stream(self, config, *, n_local: int, init_draws: int) -> torch_rng.BatchStream:
+    """nanoGPT's own batch order (config.rng = "torch"): see experiments/nanogpt/torch_rng.py."""
+    return torch_rng.BatchStream(
+        self.tokens[self.train_split], self.tokens[self.val_split],
+        block_size=config.model.block_size, batch_size=config.batch_size,
+        grad_accum=config.grad_accum, eval_interval=config.eval_interval,
+        eval_iters=config.eval_iters, init_draws=init_draws, seed=config.seed,
+        local_device_count=n_local, process_index=jax.process_index(),
+        process_count=jax.process_count())
 
   def stream(self, split: str, stream: str, *, config, n_local: int, accum: int,
              start_step: int):
@@ -239,7 +256,11 @@ def _train_and_evaluate(config, workdir, guard) -> Dict[str, Any]:
   gpt_model = gpt.GPTModel(model)
   tx = make_optimizer(config)
   total_steps = config.max_iters + 1
-  params = gpt_model.init(jax.random.key(config.seed))
+  if config.rng == "torch":      # nanoGPT's initial weights for this seed (torch_rng)
+    params, init_draws = torch_rng.init_params(model, config.seed)
+    params = jax.tree.map(jnp.asarray, params)
+  else:
+    params, init_draws = gpt_model.init(jax.random.key(config.seed)), 0
   n_params = gpt.num_params(params)
   logging.info("nanoGPT: %s, %s parameters (non-embedding), %d updates, micro-batch %d = %d "
                "processes x %d devices x %d, grad_accum %d", model, f"{n_params:,}", total_steps,
@@ -285,8 +306,13 @@ def _train_and_evaluate(config, workdir, guard) -> Dict[str, Any]:
     writer.write_hparams(loop.flat_hparams(config))
   hooks = [periodic_actions.ReportProgress(num_train_steps=total_steps, writer=writer,
                                            every_steps=config.log_every_steps)]
-  train_iter = data.stream(data.train_split, "train", config=config, n_local=n_local,
-                           accum=config.grad_accum, start_step=start_step)
+  if config.rng == "torch":
+    batches = data.torch_stream(config, n_local=n_local, init_draws=init_draws)
+    train_iter = (batches.train(k) for k in itertools.count(start_step))
+  else:
+    batches = None
+    train_iter = data.stream(data.train_split, "train", config=config, n_local=n_local,
+                             accum=config.grad_accum, start_step=start_step)
   peak = mfu_lib.peak_flops_per_device(config.peak_flops) * jax.device_count()
   flops_per_iter = (gpt.flops_per_token(model, n_params) * model.block_size
                     * config.batch_size * config.grad_accum)
@@ -294,10 +320,14 @@ def _train_and_evaluate(config, workdir, guard) -> Dict[str, Any]:
 
   def estimate_loss(step: int) -> Dict[str, float]:
     out = {}
-    for split, stream in ((data.train_split, "eval_train"), (data.val_split, "eval_val")):
-      batches = data.stream(split, stream, config=config, n_local=n_local, accum=1,
-                            start_step=step * config.eval_iters)
-      losses = [p_eval_step(state.params, parallel.shard(next(batches)))
+    for split, stream, which in ((data.train_split, "eval_train", "train"),
+                                 (data.val_split, "eval_val", "val")):
+      if batches is not None:
+        eval_iter = iter(batches.eval(step, which))
+      else:
+        eval_iter = data.stream(split, stream, config=config, n_local=n_local, accum=1,
+                                start_step=step * config.eval_iters)
+      losses = [p_eval_step(state.params, parallel.shard(next(eval_iter)))
                 for _ in range(config.eval_iters)]
       out[split] = float(np.mean([float(parallel.unreplicate(l)) for l in losses]))
     curves["train"][step], curves["val"][step] = out[data.train_split], out[data.val_split]

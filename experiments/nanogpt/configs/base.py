@@ -20,6 +20,12 @@ SHAKESPEARE_DIR = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "ti
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 1337
+  # Random draws. "torch": nanoGPT's own, torch.manual_seed(seed) replayed in numpy
+  # (experiments/nanogpt/torch_rng.py): the same initial weights and the same batch windows in the
+  # same order as nanoGPT's train.py (one global stream; each host takes its rows). "stateless"
+  # (podlab's): Haiku init from jax.random.key(seed), windows drawn in tf.data from Philox keys
+  # (seed, host, stream, step), independent per host, no replay on resume.
+  c.rng = "torch"
 
   # Data: a TFDS text builder of input_pipeline.datasets (shakespeare_char or text_corpus).
   c.dataset = ml_collections.ConfigDict()
