@@ -50,8 +50,11 @@ class GPTConfig:
   """nanoGPT's model_args (+ the compute dtype).
 
   Fields: block_size (max T), vocab_size, n_layer, n_head, n_embd (divisible by n_head), dropout
-  (probability, 0 = off), bias (LayerNorm and Linear biases), dtype (compute dtype: "float32" is the
-  reference; "bfloat16" is an option).
+  (probability, 0 = off), bias (LayerNorm and Linear biases), dtype (matmul dtype: "float32" is the
+  reference; "bfloat16" is an option: bfloat16 matmul operands with float32 accumulation, float32
+  activations, norms, softmax and residual stream, as torch.autocast), fast_grad (on the CPU
+  backend, `layers.matmul`'s gradient: the weight gradient as a row-major matmul, and bfloat16
+  backward operands under "bfloat16"; float32 results are the same sums in another order).
   """
   block_size: int = 1024
   vocab_size: int = 50304
@@ -61,6 +64,7 @@ class GPTConfig:
   dropout: float = 0.0
   bias: bool = True
   dtype: str = "float32"
+  fast_grad: bool = True
 
   def __post_init__(self):
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -108,7 +112,8 @@ class GPT(hk.Module):
     """
     cfg = self.config
     B, T = idx.shape
-    dtype = jnp.dtype(cfg.dtype)
+    mm = jnp.dtype(cfg.dtype)                                    # matmul operands
+    dtype = jnp.float32                                          # activations
     normal = hk.initializers.RandomNormal(INIT_STD)
     proj = hk.initializers.RandomNormal(INIT_STD / math.sqrt(2 * cfg.n_layer))
     wte = layers.Embed(cfg.vocab_size, cfg.n_embd, w_init=normal, dtype=dtype, name="wte")
@@ -124,7 +129,8 @@ class GPT(hk.Module):
       with hk.name_scope(f"h_{i}"):
         attn = layers.CausalSelfAttention(
             num_heads=cfg.n_head, head_dim=cfg.head_dim, with_bias=cfg.bias,
-            dropout_rate=cfg.dropout, dtype=dtype, qkv_w_init=normal, out_w_init=proj, name="attn")
+            dropout_rate=cfg.dropout, dtype=dtype, qkv_w_init=normal, out_w_init=proj, name="attn",
+            fast_grad=cfg.fast_grad, matmul_dtype=mm)
         h = layers.LayerNorm(with_bias=cfg.bias, name="ln_1")(x)
         if kv_cache is None:
           a = attn(h, is_training=is_training)
@@ -134,12 +140,13 @@ class GPT(hk.Module):
         x = x + a                                                # [B, T, C]
         h = layers.LayerNorm(with_bias=cfg.bias, name="ln_2")(x)
         x = x + layers.GeluMLP(with_bias=cfg.bias, dropout_rate=cfg.dropout, dtype=dtype,
-                               w_init=normal, out_w_init=proj, name="mlp")(h, is_training=is_training)
+                               w_init=normal, out_w_init=proj, name="mlp",
+                               fast_grad=cfg.fast_grad, matmul_dtype=mm)(h, is_training=is_training)
     x = layers.LayerNorm(with_bias=cfg.bias, name="ln_f")(x)
     if last_only:
       x = x[:, -1:]                                              # [B, 1, C]
-    logits = wte.attend(x.reshape(-1, cfg.n_embd)).astype(jnp.float32).reshape(
-        x.shape[:2] + (cfg.vocab_size,))                         # [B, T, V]
+    logits = layers.matmul(x.reshape(-1, cfg.n_embd), wte.embeddings, mm, fast_grad=cfg.fast_grad,
+                           w_transposed=True).reshape(x.shape[:2] + (cfg.vocab_size,))  # [B, T, V]
     return logits if kv_cache is None else (logits, new_cache)
 
 

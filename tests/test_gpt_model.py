@@ -210,3 +210,67 @@ def test_config_errors_name_the_field():
     gpt.GPTConfig(n_embd=100, n_head=3)
   with pytest.raises(ValueError, match="dropout"):
     gpt.GPTConfig(dropout=1.5)
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 2e-5), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("w_transposed", [False, True])
+def test_fast_grad_matmul_gradients_match_numpy(dtype, tol, w_transposed):
+  """layers.matmul(fast_grad=True) (custom VJP, row-major transposes): value and both gradients of
+  sum(c * (x @ w)) against float64 NumPy; float32 also equals plain autodiff to rounding."""
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((96, 40)).astype(np.float32)
+  w = rng.standard_normal((24, 40) if w_transposed else (40, 24)).astype(np.float32) * 0.2
+  c = rng.standard_normal((96, 24)).astype(np.float32)
+  wm = f64(w).T if w_transposed else f64(w)
+
+  def loss(x, w, fast):
+    y = layers.matmul(x, w, dtype, fast_grad=fast, w_transposed=w_transposed)
+    assert y.dtype == jnp.float32
+    return jnp.sum(c * y)
+
+  val, (gx, gw) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=2)(x, w, True)
+  eager = jax.grad(loss, argnums=(0, 1))(x, w, True)            # op by op: the same numbers
+  np.testing.assert_allclose(eager[1], gw, rtol=1e-6, atol=1e-6)
+  scale = np.abs(f64(c) @ wm.T).max()
+  np.testing.assert_allclose(float(val), np.sum(f64(c) * (f64(x) @ wm)), rtol=tol)
+  np.testing.assert_allclose(f64(gx), f64(c) @ wm.T, atol=tol * scale)
+  want_w = f64(x).T @ f64(c)
+  np.testing.assert_allclose(f64(gw), want_w.T if w_transposed else want_w,
+                             atol=tol * np.abs(want_w).max())
+  assert gx.dtype == jnp.float32 and gw.dtype == jnp.float32
+  if dtype == "float32":
+    plain = jax.grad(loss, argnums=(0, 1))(x, w, False)
+    np.testing.assert_allclose(gw, plain[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gx, plain[0], rtol=1e-5, atol=1e-5)
+
+
+def test_gelu_exact_matches_erf_formula():
+  x = np.linspace(-8.0, 8.0, 4001).astype(np.float32)
+  np.testing.assert_allclose(f64(layers.gelu_exact(jnp.asarray(x))), np_gelu(f64(x)), atol=2e-6)
+  g = jax.grad(lambda v: jnp.sum(layers.gelu_exact(v)))(jnp.asarray(x))
+  want = 0.5 * (1 + np.vectorize(math.erf)(f64(x) / math.sqrt(2))) + f64(x) * np.exp(
+      -f64(x) ** 2 / 2) / math.sqrt(2 * math.pi)
+  np.testing.assert_allclose(f64(g), want, atol=3e-6)
+
+
+def test_bfloat16_gpt_is_autocast_style_and_close_to_float32():
+  """dtype="bfloat16": bfloat16 matmul operands, float32 activations; logits and gradients stay
+  close to the float32 model (same params), and fast_grad does not change float32 gradients."""
+  args = dict(block_size=16, vocab_size=13, n_layer=2, n_head=2, n_embd=32, bias=True)
+  cfg32 = gpt.GPTConfig(**args)
+  params = gpt.GPTModel(cfg32).init(jax.random.key(1))
+  idx = jax.random.randint(jax.random.key(2), (3, 16), 0, 13)
+
+  def loss(p, cfg):
+    return gpt.cross_entropy(gpt.GPTModel(cfg).apply(p, idx), idx)
+
+  l32, g32 = jax.value_and_grad(loss)(params, cfg32)
+  l16, g16 = jax.value_and_grad(loss)(params, gpt.GPTConfig(**args, dtype="bfloat16"))
+  lplain, gplain = jax.value_and_grad(loss)(params, gpt.GPTConfig(**args, fast_grad=False))
+  assert abs(float(l16) - float(l32)) < 1e-2
+  np.testing.assert_allclose(float(lplain), float(l32), rtol=1e-6)
+  for (path, a), b, c in zip(jax.tree_util.tree_leaves_with_path(g32), jax.tree.leaves(g16),
+                             jax.tree.leaves(gplain)):
+    assert b.dtype == jnp.float32
+    np.testing.assert_allclose(f64(c), f64(a), rtol=1e-4, atol=1e-6, err_msg=str(path))
+    assert np.abs(f64(b) - f64(a)).max() <= 0.05 * np.abs(f64(a)).max() + 1e-4, path

@@ -3,7 +3,7 @@ accumulation, sampling with/without the KV cache, nanoGPT checkpoint import, a s
 and the pod launcher running it.
 
 Expected values are the formulas of ../shared/docs/gpt-reference.md evaluated here in float64 NumPy
-(or the PyTorch reference model of tests/torch_gpt_reference.py for the import).
+(or the PyTorch reference model of experiments/nanogpt/torch_reference.py for the import).
 """
 import math
 import os
@@ -100,13 +100,13 @@ def test_gradient_accumulation_equals_the_big_batch():
 def test_train_steps_match_a_torch_nanogpt_step():
   """5 updates of our pmapped step == nanoGPT's loop in PyTorch on the same params and batches.
 
-  torch side (tests/torch_gpt_reference.py + train.py's optimisation): AdamW with the >= 2-dim decay
+  torch side (experiments/nanogpt/torch_reference.py + train.py's optimisation): AdamW with the >= 2-dim decay
   group, lr set per iteration by get_lr (warm-up, cosine, then min_lr), 2 micro-steps of loss / 2
   backward, clip_grad_norm_ on the accumulated gradient (clipping active), optimizer.step.
   """
   torch = pytest.importorskip(
       "torch", reason="the torch comparison needs torch (pip install '.[torch]')")
-  from tests import torch_gpt_reference  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import torch_reference as torch_gpt_reference  # pylint: disable=g-import-not-at-top
   c = shakespeare_char_cpu.get_config()
   c.lr, c.min_lr, c.warmup_iters, c.lr_decay_iters = 1e-2, 1e-3, 1, 3   # its 0..4: all branches
   c.grad_clip, c.grad_accum = 0.1, 2
@@ -202,7 +202,7 @@ def test_top_k_keeps_logits_at_least_the_kth():
 
 def test_nanogpt_checkpoint_import_matches_torch(tmp_path):
   torch = pytest.importorskip("torch", reason="the import test needs torch (pip install '.[torch]')")
-  from tests import torch_gpt_reference  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import torch_reference as torch_gpt_reference  # pylint: disable=g-import-not-at-top
   for bias in (True, False):
     args = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11, bias=bias, dropout=0.0)
     torch.manual_seed(0)
@@ -240,7 +240,7 @@ def test_torch_rng_run_is_nanogpt_run_in_torch(shared_data_dir, tmp_path):
   """
   torch = pytest.importorskip(
       "torch", reason="the torch comparison needs torch (pip install '.[torch]')")
-  from tests import torch_gpt_reference  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import torch_reference as torch_gpt_reference  # pylint: disable=g-import-not-at-top
   c = shakespeare_char_cpu.get_config("smoke")           # 4 x 4 x 128, block 64, batch 12
   c.dataset.manual_dir = str(shared_data_dir / "tinyshakespeare")
   c.dataset.data_dir = str(tmp_path / "tfds")

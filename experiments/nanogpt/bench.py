@@ -1,19 +1,25 @@
 r"""Benchmarks the nanoGPT CPU recipe here: training ms/iteration and KV-cache sampling speed.
 
 Trains the real step of a recipe (default configs/shakespeare_char_cpu.py: batch 12, block 64,
-4 x 4 x 128, float32) on random windows of random tokens (the data does not change the cost) with
-a block_until_ready per iteration, and prints compile time, the median (and p10/p90) ms/iteration,
-tokens/s and MFU against the measured CPU matmul peak; then times sampling 500 tokens (batch 1,
-temperature 0.8, top-k 200) with and without the KV cache (compile excluded; the same tokens are
-checked greedy). The machine may be shared: medians, not means; the CPU time of the process per
-iteration (all threads, `time.process_time`) is printed next to the wall time, as it is what a busy
-shared machine does not inflate. The recipe's `cpu_keep_heap` (experiments/common/host_malloc.py)
-is applied as in training; `--no_keep_heap` measures without it.
+4 x 4 x 128) on random windows of random tokens (the data does not change the cost), one
+`block_until_ready` per iteration, for each variant (default: float32 = the reference's precision,
+and the bfloat16 option), and with `--torch` nanoGPT's iteration re-enacted in PyTorch
+(experiments/nanogpt/torch_reference.py: SDPA causal attention, exact GELU, forward + backward,
+clip, AdamW; torch's default threads). Variants run in one process, alternating in blocks of
+`--block` iterations, so a shared machine's slow and fast periods fall on all of them alike: compare
+medians of one run. Printed per variant: median (p10-p90) ms/iteration, process CPU ms/iteration
+(all threads), tokens/s, MFU against the measured CPU matmul peak, and the ratio to the PyTorch
+median and to the issue's 35-38 ms. Then sampling 500 tokens (batch 1, temperature 0.8, top-k 200)
+with and without the KV cache (float32; compile excluded; greedy tokens checked identical).
 
-  python -m experiments.nanogpt.bench                          # the CPU recipe, 200 iterations
-  python -m experiments.nanogpt.bench --iters=50 --dtype=bfloat16 --xla_flags=--xla_cpu_use_onednn=true
+  python -m experiments.nanogpt.bench                          # float32 and bfloat16, 200 each
+  python -m experiments.nanogpt.bench --torch --skip_sampling  # + the PyTorch step, interleaved
+  python -m experiments.nanogpt.bench --variants=float32,float32:autodiff --iters=100
   python -m experiments.nanogpt.bench --iters=40 --skip_sampling --no_keep_heap   # glibc default
-  make gpt-bench
+  make gpt-bench GPT_BENCH_ARGS="--torch"
+
+A variant is DTYPE[:autodiff]: model.dtype, and `:autodiff` sets model.fast_grad=False (plain
+autodiff gradients instead of modules/layers.py `matmul`'s).
 """
 
 from __future__ import annotations
@@ -23,13 +29,17 @@ import os
 import sys
 import time
 
+REFERENCE_MS = (35.0, 38.0)          # the issue's uncontended nanoGPT figure on this machine
+
 
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--config", default="shakespeare_char_cpu")
-  ap.add_argument("--iters", type=int, default=200)
+  ap.add_argument("--variants", default="float32,bfloat16")
+  ap.add_argument("--iters", type=int, default=200, help="timed iterations per variant")
+  ap.add_argument("--block", type=int, default=10, help="iterations per turn of a variant")
   ap.add_argument("--warmup", type=int, default=10)
-  ap.add_argument("--dtype", default="float32")
+  ap.add_argument("--torch", action="store_true", help="also time nanoGPT's step in PyTorch")
   ap.add_argument("--new_tokens", type=int, default=500)
   ap.add_argument("--xla_flags", default="", help="extra XLA_FLAGS (set before JAX starts)")
   ap.add_argument("--skip_sampling", action="store_true")
@@ -41,19 +51,65 @@ def main(argv=None) -> None:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
 
   import importlib  # pylint: disable=g-import-not-at-top
-  c = importlib.import_module(f"experiments.nanogpt.configs.{args.config}").get_config()
+  get_config = importlib.import_module(f"experiments.nanogpt.configs.{args.config}").get_config
   from experiments.common import host_malloc  # pylint: disable=g-import-not-at-top
-  keep_heap = c.cpu_keep_heap and not args.no_keep_heap and host_malloc.keep_heap_for_cpu_backend()
+  keep_heap = (get_config().cpu_keep_heap and not args.no_keep_heap
+               and host_malloc.keep_heap_for_cpu_backend())
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import mfu  # pylint: disable=g-import-not-at-top
+
+  runs = [_jax_run(get_config(), spec, args.warmup) for spec in args.variants.split(",")]
+  if args.torch:
+    runs.append(_torch_run(get_config(), args.warmup))
+  for _ in range(-(-args.iters // args.block)):
+    for run in runs:
+      for _ in range(args.block):
+        t, c0 = time.perf_counter(), time.process_time()
+        run["step"]()
+        run["ms"].append(1000 * (time.perf_counter() - t))
+        run["cpu"].append(1000 * (time.process_time() - c0))
+
+  c = get_config()
+  n = jax.local_device_count()
+  peak = mfu.peak_flops_per_device(c.peak_flops) * n
+  torch_ms = float(np.median(runs[-1]["ms"])) if args.torch else None
+  print(f"recipe: {args.config}, {runs[0]['desc']}; {n} device(s); XLA_FLAGS="
+        f"{os.environ.get('XLA_FLAGS', '') or '(none)'}; cpu_keep_heap {'on' if keep_heap else 'off'}; "
+        f"{args.iters} iterations per variant in blocks of {args.block}; CPU matmul peak "
+        f"{peak / 1e9:.0f} GFLOP/s (measured)")
+  head = (f"{'variant':<34} {'median ms':>9} {'p10-p90':>13} {'CPU ms':>7} {'tokens/s':>9} "
+          f"{'MFU':>6} {'/torch':>7} {'/35-38 ms':>10}")
+  print(head + "\n" + "-" * len(head))
+  for run in runs:
+    ms = float(np.median(run["ms"]))
+    vs_torch = f"{ms / torch_ms:.2f}x" if torch_ms else "-"
+    print(f"{run['name']:<34} {ms:9.2f} {np.percentile(run['ms'], 10):6.1f}-"
+          f"{np.percentile(run['ms'], 90):<6.1f} {np.median(run['cpu']):7.1f} "
+          f"{run['tokens'] / ms * 1000:9,.0f} {100 * run['flops'] / (ms / 1000) / peak:5.1f}% "
+          f"{vs_torch:>7} {ms / REFERENCE_MS[0]:.2f}-{ms / REFERENCE_MS[1]:.2f}x")
+  for run in runs:
+    if run.get("scratch"):
+      print(f"{run['name']}: step scratch {run['scratch'] / 2**20:.1f} MiB per execution, compile "
+            f"{run['compile_s']:.2f} s")
+  if not args.skip_sampling:
+    _sampling(runs[0], args.new_tokens)
+
+
+def _jax_run(c, spec: str, warmup: int) -> dict:
+  """One variant's compiled step and state; `step()` runs one iteration to completion."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from experiments.common import parallel  # pylint: disable=g-import-not-at-top
-  from experiments.nanogpt import mfu  # pylint: disable=g-import-not-at-top
-  from experiments.nanogpt import sampling  # pylint: disable=g-import-not-at-top
   from experiments.nanogpt import train  # pylint: disable=g-import-not-at-top
   from modules import gpt  # pylint: disable=g-import-not-at-top
 
-  c.model.dtype = args.dtype
+  dtype, _, mode = spec.partition(":")
+  if mode not in ("", "autodiff"):
+    raise SystemExit(f"--variants: {spec!r}: the suffix must be ':autodiff' (e.g. float32:autodiff)")
+  c.model.dtype = dtype
+  c.model.fast_grad = mode != "autodiff"
   vocab = c.model.vocab_size if c.model.vocab_size > 0 else 65
   cfg = train.model_config(c, vocab)
   model = gpt.GPTModel(cfg)
@@ -63,73 +119,105 @@ def main(argv=None) -> None:
   n = jax.local_device_count()
   step = parallel.pmap_step(train.make_train_step(model, tx, c), replicated_in=(0,),
                             out_axes=(None, 0), donate_argnums=(0,))
-  state = parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
+  box = {"state": parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params,
+                                                      tx.init(params)))}
   rng = np.random.default_rng(0)
   T, b = cfg.block_size, c.batch_size // n
+  idx = parallel.shard(parallel.device_indices())
 
   def batch():
     w = rng.integers(0, vocab, (n, c.grad_accum, b, T + 1)).astype(np.int32)
     return parallel.shard({"x": w[..., :-1], "y": w[..., 1:]})
 
-  idx = parallel.shard(parallel.device_indices())
-  scratch = step.lower(state, batch(), idx).compile().memory_analysis()
-  t0 = time.perf_counter()
-  state, sums = step(state, batch(), idx)
-  jax.block_until_ready(sums)
-  compile_s = time.perf_counter() - t0
-  for _ in range(args.warmup):
-    state, sums = step(state, batch(), idx)
-  jax.block_until_ready(sums)
-  times, cpu_times = [], []
-  for _ in range(args.iters):
+  memory = step.lower(box["state"], batch(), idx).compile().memory_analysis()
+
+  def one():
     bt = batch()
-    t, c0 = time.perf_counter(), time.process_time()
-    state, sums = step(state, bt, idx)
+    box["state"], sums = step(box["state"], bt, idx)
     jax.block_until_ready(sums)
-    times.append(1000 * (time.perf_counter() - t))
-    cpu_times.append(1000 * (time.process_time() - c0))
-  ms = float(np.median(times))
-  tokens = c.batch_size * c.grad_accum * T
-  peak = mfu.peak_flops_per_device(c.peak_flops) * n
-  flops = gpt.flops_per_token(cfg, n_params) * tokens
-  rows = [("recipe", f"{args.config}: {cfg.n_layer}x{cfg.n_head}x{cfg.n_embd}, block {T}, batch "
-                     f"{c.batch_size}x{c.grad_accum}, {cfg.dtype}, {n} device(s)"),
-          ("XLA_FLAGS", os.environ.get("XLA_FLAGS", "") or "(none)"),
-          ("parameters", f"{n_params:,}"),
-          ("compile", f"{compile_s:.2f} s"),
-          ("step scratch", f"{scratch.temp_size_in_bytes / 2**20:.1f} MiB per execution; "
-                           f"cpu_keep_heap {'on' if keep_heap else 'off'}"
-                           if scratch is not None else "(no memory analysis)"),
-          ("ms/iteration", f"median {ms:.2f}  (p10 {np.percentile(times, 10):.2f}, p90 "
-                           f"{np.percentile(times, 90):.2f}, {args.iters} iterations)"),
-          ("CPU ms/iteration", f"median {np.median(cpu_times):.2f}  (process CPU time, all threads)"),
-          ("tokens/s", f"{tokens / ms * 1000:,.0f}"),
-          ("MFU", f"{100 * flops / (ms / 1000) / peak:.1f}% of {peak / 1e9:.0f} GFLOP/s "
-                  "(measured matmul peak)" if jax.devices()[0].platform == "cpu" else
-                  f"{100 * flops / (ms / 1000) / peak:.1f}% of {peak / 1e12:.0f} TFLOP/s")]
-  if not args.skip_sampling:
-    params = parallel.unreplicate(state.params)
-    prompt = np.zeros((1, 1), np.int32)
-    speeds = {}
-    for cache in (True, False):
-      kw = dict(temperature=0.8, top_k=200, seed=1337, kv_cache=cache)
-      sampling.generate(model, params, prompt, args.new_tokens, **kw)        # compile
-      runs = []
-      for _ in range(3):
-        t = time.perf_counter()
-        sampling.generate(model, params, prompt, args.new_tokens, **kw)
-        runs.append(time.perf_counter() - t)
-      speeds[cache] = float(np.median(runs))
-    greedy = [sampling.generate(model, params, prompt, args.new_tokens, temperature=0.0,
-                                kv_cache=cache, context="chunk") for cache in (True, False)]
-    same = bool((greedy[0] == greedy[1]).all())
-    rows += [("sample, KV cache", f"{args.new_tokens} tokens in {1000 * speeds[True]:.0f} ms "
-                                  f"({args.new_tokens / speeds[True]:,.0f} tokens/s)"),
-             ("sample, no cache", f"{args.new_tokens} tokens in {1000 * speeds[False]:.0f} ms "
-                                  f"({args.new_tokens / speeds[False]:,.0f} tokens/s)"),
-             ("cache speed-up", f"{speeds[False] / speeds[True]:.1f}x; greedy tokens identical: "
-                                f"{same}")]
-  print("\n".join(f"{k:<18} {v}" for k, v in rows), flush=True)
+
+  t0 = time.perf_counter()
+  one()
+  compile_s = time.perf_counter() - t0
+  for _ in range(warmup):
+    one()
+  return {"name": f"podlab {dtype}" + (" (autodiff grads)" if mode else ""), "step": one, "ms": [],
+          "cpu": [], "tokens": c.batch_size * c.grad_accum * T, "compile_s": compile_s,
+          "flops": gpt.flops_per_token(cfg, n_params) * c.batch_size * c.grad_accum * T,
+          "scratch": memory.temp_size_in_bytes if memory is not None else None,
+          "desc": f"{cfg.n_layer}x{cfg.n_head}x{cfg.n_embd}, block {T}, batch "
+                  f"{c.batch_size}x{c.grad_accum}", "model": model, "box": box}
+
+
+def _torch_run(c, warmup: int) -> dict:
+  """nanoGPT's training iteration in PyTorch (float32 on CPU, as its train.py there)."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise SystemExit("--torch needs PyTorch: pip install '.[torch]'") from None
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import torch_reference  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import train  # pylint: disable=g-import-not-at-top
+  from modules import gpt  # pylint: disable=g-import-not-at-top
+
+  m = c.model
+  vocab = m.vocab_size if m.vocab_size > 0 else 65
+  args = dict(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, block_size=m.block_size,
+              vocab_size=vocab, bias=m.bias)
+  torch.manual_seed(c.seed)
+  model = torch_reference.init_like_nanogpt(torch_reference.GPT(args), m.n_layer)
+  named = dict(model.named_parameters())
+  opt = torch.optim.AdamW(
+      [{"params": [p for p in named.values() if p.dim() >= 2], "weight_decay": c.weight_decay},
+       {"params": [p for p in named.values() if p.dim() < 2], "weight_decay": 0.0}],
+      lr=c.lr, betas=(c.beta1, c.beta2), eps=1e-8)
+  rng = np.random.default_rng(0)
+  T, B = m.block_size, c.batch_size
+
+  def one():
+    for _ in range(c.grad_accum):
+      w = torch.as_tensor(rng.integers(0, vocab, (B, T + 1)))
+      logits = model(w[:, :-1])
+      loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), w[:, 1:].reshape(-1))
+      (loss / c.grad_accum).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    loss.item()                                   # nanoGPT logs loss.item(): a sync per iteration
+
+  for _ in range(warmup):
+    one()
+  n_params = sum(p.numel() for p in named.values()) - named["transformer.wpe.weight"].numel()
+  cfg = train.model_config(c, vocab)
+  return {"name": f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads)", "step": one,
+          "ms": [], "cpu": [], "tokens": B * c.grad_accum * T,
+          "flops": gpt.flops_per_token(cfg, n_params) * B * c.grad_accum * T}
+
+
+def _sampling(run: dict, new_tokens: int) -> None:
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from experiments.common import parallel  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import sampling  # pylint: disable=g-import-not-at-top
+  model = run["model"]
+  params = parallel.unreplicate(run["box"]["state"].params)
+  prompt = np.zeros((1, 1), np.int32)
+  speeds = {}
+  for cache in (True, False):
+    kw = dict(temperature=0.8, top_k=200, seed=1337, kv_cache=cache)
+    sampling.generate(model, params, prompt, new_tokens, **kw)        # compile
+    times = []
+    for _ in range(3):
+      t = time.perf_counter()
+      sampling.generate(model, params, prompt, new_tokens, **kw)
+      times.append(time.perf_counter() - t)
+    speeds[cache] = float(np.median(times))
+  greedy = [sampling.generate(model, params, prompt, new_tokens, temperature=0.0,
+                              kv_cache=cache, context="chunk") for cache in (True, False)]
+  same = bool((greedy[0] == greedy[1]).all())
+  print(f"sampling ({run['name']}): {new_tokens} tokens with the KV cache "
+        f"{1000 * speeds[True]:.0f} ms ({new_tokens / speeds[True]:,.0f} tokens/s), without "
+        f"{1000 * speeds[False]:.0f} ms ({new_tokens / speeds[False]:,.0f} tokens/s): "
+        f"{speeds[False] / speeds[True]:.1f}x; greedy tokens identical: {same}", flush=True)
 
 
 if __name__ == "__main__":

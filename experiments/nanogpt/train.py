@@ -98,7 +98,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> gpt.GPTC
     return gpt.GPTConfig(block_size=m.block_size,
                          vocab_size=m.vocab_size if m.vocab_size > 0 else vocab_size,
                          n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
-                         bias=m.bias, dtype=m.dtype)
+                         bias=m.bias, dtype=m.dtype, fast_grad=m.fast_grad)
   except ValueError as e:
     raise config_utils.ConfigError("model", "", str(e), "change the named model field") from None
 

@@ -48,6 +48,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.dropout = 0.0
   c.model.vocab_size = -1
   c.model.dtype = "float32"                       # "bfloat16" is a podlab option (not the reference)
+  # CPU backend: weight gradients as row-major matmuls (XLA CPU's fast path); float32 results are
+  # the same sums in another order. False = plain autodiff. See modules/layers.py `matmul`.
+  c.model.fast_grad = True
 
   # Optimisation (nanoGPT train.py).
   c.batch_size = 12                               # global micro-batch (sequences per micro-step)

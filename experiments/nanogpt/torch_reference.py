@@ -1,13 +1,15 @@
-"""A minimal PyTorch GPT in nanoGPT's module layout (state_dict names), for the import tests.
+"""A minimal PyTorch GPT in nanoGPT's module layout (state_dict names): the tests' and the benchmark's
+stand-in for the reference (needs torch: pip install '.[torch]').
 
-Written from ../shared/docs/gpt-reference.md (pre-LN, fused c_attn, causal softmax, exact GELU, tied
-lm_head, LayerNorm with optional bias); only what the tests need (no dropout, no generation). Modules
-are created in nanoGPT's order, so `torch.manual_seed(s); init_like_nanogpt(GPT(args))` draws the
-same initial weights as nanoGPT's GPT(args).
+Written from ../shared/docs/gpt-reference.md (pre-LN, fused c_attn, causal attention through
+`F.scaled_dot_product_attention(is_causal=True)` as nanoGPT does on torch >= 2, exact GELU, tied
+lm_head, LayerNorm with optional bias); no dropout, no generation. Modules are created in nanoGPT's
+order, so `torch.manual_seed(s); init_like_nanogpt(GPT(args))` draws the same initial weights as
+nanoGPT's GPT(args).
 
 Synopsis:
   import torch
-  from tests.torch_gpt_reference import GPT
+  from experiments.nanogpt.torch_reference import GPT
   model = GPT(dict(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11, bias=False))
   logits = model(torch.zeros((1, 8), dtype=torch.long))          # [1, 8, 11]
 """
@@ -46,9 +48,8 @@ class Block(nn.Module):
     B, T, C = x.shape
     q, k, v = self.attn.c_attn(self.ln_1(x)).split(C, dim=2)
     q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-    att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-    att = att.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf"))
-    y = (F.softmax(att, dim=-1) @ v).transpose(1, 2).contiguous().view(B, T, C)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    y = y.transpose(1, 2).contiguous().view(B, T, C)
     x = x + self.attn.c_proj(y)
     return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x))))
 
