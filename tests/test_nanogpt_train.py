@@ -298,7 +298,10 @@ def test_torch_rng_run_is_nanogpt_run_in_torch(shared_data_dir, tmp_path):
 
 @pytest.mark.slow    # ~40 s here: 21 updates + 3 evaluations + a resume
 def test_short_training_run_lowers_val_loss(shared_data_dir, tmp_path):
+  """rng="stateless" (tf.data Philox windows; the default "torch" stream is tested against torch
+  in test_torch_rng_run_is_nanogpt_run_in_torch): a short run learns and resumes."""
   c = shakespeare_char_cpu.get_config("smoke")
+  c.rng = "stateless"
   c.dataset.manual_dir = str(shared_data_dir / "tinyshakespeare")
   c.dataset.data_dir = str(tmp_path / "tfds")
   c.async_checkpoints = False
