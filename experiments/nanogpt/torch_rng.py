@@ -203,7 +203,7 @@ class BatchStream:
   batches of i when i % eval_interval == 0 (E x B train offsets, E x B val offsets), micro-batches
   i*A + 1 .. i*A + A - 1. `train(i)` and `eval(i, split)` return this host's rows of them as
   window batches; the stream reads forward, one iteration at a time (resuming at iteration k skips
-  the draws before it, ~1 s per 300M).
+  the draws before it: 1.2 s per 300M draws here).
 
   Fields: train_tokens / val_tokens ([N] ids), block_size (T), batch_size (B, all hosts),
   grad_accum (A), eval_interval, eval_iters (E), init_draws (outputs the init used), seed,
@@ -233,10 +233,13 @@ class BatchStream:
     self._next = 0                     # the iteration the generator is positioned at
     self._cached: Tuple[int, Optional[dict]] = (-1, None)
 
-  def _iteration_draws(self, i: int) -> int:
+  def _draws_between(self, start: int, stop: int) -> int:
+    """Generator outputs iterations start .. stop - 1 use."""
     per = {s: draws_per_randint(len(t) - self.T) for s, t in self.tokens.items()}
-    evals = self.E * (per["train"] + per["val"]) if i % self.eval_interval == 0 else 0
-    return (self.A * per["train"] + evals) * self.B
+    every = self.eval_interval
+    evals = -(-stop // every) - -(-start // every)            # multiples of every in [start, stop)
+    return ((stop - start) * self.A * per["train"]
+            + evals * self.E * (per["train"] + per["val"])) * self.B
 
   def _read(self, i: int) -> dict:
     if self._cached[0] == i:
@@ -245,8 +248,7 @@ class BatchStream:
       self._gen = Generator(self.seed)
       self._gen.advance(self.init_draws)
       self._next = 0
-    skip = sum(self._iteration_draws(j) for j in range(self._next, i))
-    self._gen.advance(skip)
+    self._gen.advance(self._draws_between(self._next, i))
     g, n = self._gen, {s: len(t) - self.T for s, t in self.tokens.items()}
     first = g.randint(n["train"], self.B)                                 # [B]
     evals = None
