@@ -145,8 +145,7 @@ class GPT(hk.Module):
     x = layers.LayerNorm(with_bias=cfg.bias, name="ln_f")(x)
     if last_only:
       x = x[:, -1:]                                              # [B, 1, C]
-    logits = layers.matmul(x.reshape(-1, cfg.n_embd), wte.embeddings, mm, fast_grad=cfg.fast_grad,
-                           w_transposed=True).reshape(x.shape[:2] + (cfg.vocab_size,))  # [B, T, V]
+    logits = wte.attend(x, matmul_dtype=mm, fast_grad=cfg.fast_grad)   # [B, T, V] float32
     return logits if kv_cache is None else (logits, new_cache)
 
 

@@ -210,9 +210,12 @@ class Embed(hk.Module):
   def __call__(self, ids: jax.Array) -> jax.Array:              # [...] int -> [..., D]
     return jnp.take(self.embeddings.astype(self.dtype), ids, axis=0)
 
-  def attend(self, x: jax.Array) -> jax.Array:                  # [..., D] -> [..., V] (tied output head)
-    w = self.embeddings.astype(self.dtype)
-    return jnp.dot(x.astype(self.dtype), w.T, preferred_element_type=jnp.float32).astype(self.dtype)
+  def attend(self, x: jax.Array, *, matmul_dtype: Optional[DTypeLike] = None,
+             fast_grad: bool = False) -> jax.Array:              # [..., D] -> [..., V] (tied head)
+    """x @ embeddings^T in `dtype`; `matmul_dtype` (default `dtype`) / `fast_grad` as in `matmul`."""
+    y = matmul(x.reshape(-1, x.shape[-1]), self.embeddings, matmul_dtype or self.dtype,
+               fast_grad=fast_grad, w_transposed=True)
+    return y.reshape(x.shape[:-1] + (self.vocab_size,)).astype(self.dtype)
 
 
 def rms_norm(x: jax.Array, *, axis: int = -1, eps: float = 1e-5) -> jax.Array:
