@@ -20,7 +20,7 @@ import pytest
 
 import dream_numpy_reference as ref
 from experiments.diffucoder import convert
-from experiments.diffucoder import safetensors_io as st
+from experiments.common import safetensors_io as st
 from modules import dream
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -330,7 +330,8 @@ def test_full_size_7b_layout_on_sparse_shards(tmp_path):
 _RSS_SCRIPT = textwrap.dedent("""
     import json, resource, sys
     import jax, numpy as np
-    from experiments.diffucoder import convert, safetensors_io as st
+    from experiments.diffucoder import convert
+    from experiments.common import safetensors_io as st
     from modules import dream
     cfg = dream.DreamConfig(**json.loads(sys.argv[2]))
     jax.numpy.zeros(1).block_until_ready()
@@ -367,7 +368,7 @@ def test_conversion_peak_memory_is_model_plus_about_a_shard(tmp_path):
   assert growth < 1.75 * r["model"], r
 
 
-@pytest.mark.parametrize("module_name", ["experiments.diffucoder.safetensors_io",
+@pytest.mark.parametrize("module_name", ["experiments.common.safetensors_io",
                                          "experiments.diffucoder.convert"])
 def test_module_synopsis_runs(module_name):
   from test_docstrings import synopsis  # pylint: disable=g-import-not-at-top

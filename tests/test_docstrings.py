@@ -11,7 +11,7 @@ RUNNABLE = ["modules.layers", "modules.trm", "experiments.common.parallel",
             "experiments.trm.losses", "experiments.common.loop", "modules.gpt", "modules.dream",
             "input_pipeline.text", "experiments.nanogpt.sampling", "experiments.nanogpt.torch_rng",
             "experiments.diffucoder.sampling",
-            "experiments.diffucoder.safetensors_io", "experiments.diffucoder.convert"]
+            "experiments.common.safetensors_io", "experiments.diffucoder.convert"]
 
 
 def synopsis(module_name: str) -> str:

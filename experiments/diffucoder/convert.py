@@ -58,7 +58,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
-from experiments.diffucoder import safetensors_io as st
+from experiments.common import safetensors_io as st
 from modules import dream
 
 CONFIG_JSON = "config.json"

@@ -16,7 +16,7 @@ Synopsis:
 
   import os, tempfile
   import ml_dtypes, numpy as np
-  from experiments.diffucoder import safetensors_io as st
+  from experiments.common import safetensors_io as st
 
   d = tempfile.mkdtemp()
   tensors = {"a.weight": np.arange(6, dtype=np.float32).reshape(2, 3),
