@@ -31,21 +31,21 @@ run: $(STAMP)
 
 # Parameter counts of the six reference TRM configs, from the model code.
 params: $(STAMP)
-	$(PY) -m experiments.trm.params
+	$(PY) -m experiments.trm.tools.params
 
 BENCH_ARGS ?=
 # Benchmarks the real TRM training step (Sudoku TRM-MLP/Att): compile s, ms/step, examples/s, RSS,
 # compiled memory, analytic FLOP/s vs the measured matmul peak. Hours at full size on a CPU; narrow it
 # with BENCH_ARGS='--models=mlp --dtypes=bfloat16 --batches=64', smoke test with BENCH_ARGS=--quick.
 bench: $(STAMP)
-	$(PY) -m experiments.trm.bench $(BENCH_ARGS)
+	$(PY) -m experiments.trm.tools.bench $(BENCH_ARGS)
 
 FAULT_ARGS ?=
 # Fault injection: R trials of train -> SIGKILL (at a random step or during a checkpoint save) or
 # SIGTERM -> restart -> compare with an unbroken run; prints a table. Default 4 trials (~5 min here);
 # FAULT_ARGS='--trials=20', '--processes=2 --devices=2' for a 2-process run through launch/local.sh.
 faults: $(STAMP)
-	$(PY) -m experiments.trm.faults $(FAULT_ARGS)
+	$(PY) -m experiments.trm.tools.faults $(FAULT_ARGS)
 
 .PHONY: diffucoder-bench
 DIFFUCODER_BENCH_ARGS ?=
@@ -67,7 +67,7 @@ gpt-run: $(STAMP)
 	    --workdir=$(GPT_WORKDIR) --num_samples=2
 # ms/iteration of the CPU recipe's training step and KV-cache vs no-cache sampling of 500 tokens.
 gpt-bench: $(STAMP)
-	$(PY) -m experiments.nanogpt.bench $(GPT_BENCH_ARGS)
+	$(PY) -m experiments.nanogpt.tools.bench $(GPT_BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

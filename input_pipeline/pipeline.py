@@ -21,12 +21,12 @@ while the split is read, stored in the narrowest integer dtype (tokens uint8, la
 order with a (puzzle, index) permutation instead of a sorted copy, and gathered per batch (cast back
 to the builder's dtypes). arc1 with 1000 augmentations (3.6M rows x 2 x 900 tokens, 26 GB as int32)
 is 6.5 GB on a single host and 1/process_count of it per host of a pod
-(`python -m input_pipeline.stream_bench` measures a host's stream: load time, ms/batch, memory).
+(`python -m input_pipeline.tools.stream_bench` measures a host's stream: load time, ms/batch, memory).
 
 Sudoku augmentation (TF ops, one random group element per example, same map on inputs and labels):
 digit permutation (pad and blank fixed), transpose with p = 0.5, a permutation of the bands and of
 the rows within each band, and of the stacks and the columns within each stack. It is the
-distribution of `input_pipeline.sudoku.sample_transform` (the numpy reference). A fresh group
+distribution of `input_pipeline.puzzles.sudoku.sample_transform` (the numpy reference). A fresh group
 element per visit is what the reference's "pick one of 1000 materialised augmentations" converges
 to, without the finite-sample repeats and without writing anything.
 
@@ -67,9 +67,10 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from input_pipeline import datasets
-from input_pipeline import maze
+from input_pipeline import errors
 from input_pipeline import prepare
-from input_pipeline import sudoku
+from input_pipeline.puzzles import augment
+from input_pipeline.puzzles import sudoku
 
 _ALG = "philox"
 _TAG_PERMUTATION = 1
@@ -107,7 +108,7 @@ def num_eval_batches(num_examples: int, global_batch_size: int, process_count: i
 
 
 # --------------------------------------------------------------------------------------------
-# Sudoku augmentation in TF.
+# Stateless seeds.
 
 
 def fold_in(key: tf.Tensor, *data: Any) -> tf.Tensor:
@@ -123,73 +124,25 @@ def base_key(seed: int, process_index: int) -> tf.Tensor:
   return fold_in(tf.constant([0, seed], tf.int64), process_index)
 
 
-def _random_permutations(keys: tf.Tensor) -> tf.Tensor:
-  """Uniform random permutations along the last axis: argsort of i.i.d. int64 keys [..., n]."""
-  return tf.argsort(keys, axis=-1, stable=True, direction="ASCENDING")
-
-
-def sample_sudoku_transforms(key: tf.Tensor, batch_size: int) -> dict[str, tf.Tensor]:
-  """A random augmentation per example: the parameters of `sudoku.SudokuTransform`.
-
-  Returns:
-    digit_perm int32 [B, 9], transpose bool [B], row_perm int32 [B, 9], col_perm int32 [B, 9]
-    (row_perm[3a + b] = 3 * band_perm[a] + rows_in_band[a, b]; col_perm likewise).
-  """
-  u = tf.random.stateless_uniform([batch_size, 34], seed=key, minval=None, maxval=None,
-                                  dtype=tf.int64, alg=_ALG)  # [B, 34] i.i.d. full-range keys
-  digit_perm = _random_permutations(u[:, 0:9])  # [B, 9]
-  transpose = u[:, 9] < 0  # [B], p = 1/2
-  bands = _random_permutations(u[:, 10:13])  # [B, 3]
-  rows = _random_permutations(tf.reshape(u[:, 13:22], [-1, 3, 3]))  # [B, 3, 3]
-  stacks = _random_permutations(u[:, 22:25])  # [B, 3]
-  cols = _random_permutations(tf.reshape(u[:, 25:34], [-1, 3, 3]))  # [B, 3, 3]
-  row_perm = tf.reshape(3 * bands[:, :, None] + rows, [-1, 9])  # [B, 9]
-  col_perm = tf.reshape(3 * stacks[:, :, None] + cols, [-1, 9])  # [B, 9]
-  return dict(digit_perm=tf.cast(digit_perm, tf.int32), transpose=transpose,
-              row_perm=tf.cast(row_perm, tf.int32), col_perm=tf.cast(col_perm, tf.int32))
-
-
-def apply_sudoku_transforms(tokens: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
-  """Apply per-example transforms to tokens [B, 81] (negative labels such as -100 stay put)."""
-  rows = params["row_perm"][:, :, None]  # [B, 9, 1]
-  cols = params["col_perm"][:, None, :]  # [B, 1, 9]
-  positions = tf.where(params["transpose"][:, None, None], cols * 9 + rows, rows * 9 + cols)
-  positions = tf.reshape(positions, [-1, sudoku.NUM_CELLS])  # [B, 81]
-  moved = tf.gather(tokens, positions, batch_dims=1)  # [B, 81]
-  batch = tf.shape(tokens)[0]
-  fixed = tf.broadcast_to(tf.constant([sudoku.PAD_ID, sudoku.BLANK_ID], tf.int32), [batch, 2])
-  table = tf.concat([fixed, 2 + params["digit_perm"]], axis=1)  # [B, 11]
-  mapped = tf.gather(table, tf.maximum(moved, 0), batch_dims=1)  # [B, 81]
-  return tf.where(moved < 0, moved, mapped)
-
-
-def augment_sudoku_batch(batch: Mapping[str, tf.Tensor], key: tf.Tensor) -> dict[str, tf.Tensor]:
-  """One random transform per example, applied to `inputs` and `labels` [B, 81]."""
-  params = sample_sudoku_transforms(key, tf.shape(batch["inputs"])[0])
-  out = dict(batch)
-  out["inputs"] = apply_sudoku_transforms(batch["inputs"], params)
-  out["labels"] = apply_sudoku_transforms(batch["labels"], params)
-  return out
-
-
-_AUGMENTATIONS = {"sudoku": augment_sudoku_batch, "maze_dihedral": maze.augment_dihedral_batch,
-                  "none": None}   # e.g. ARC: its augmentations are materialised by the builder
+_AUGMENTATIONS = augment.AUGMENTATIONS   # the builders' metadata["augmentation"] -> function
 
 # --------------------------------------------------------------------------------------------
 # Loading a host's examples into memory.
 
 
-def _prepared_builder(data_dir: str, dataset_name: str,
-                      builder_kwargs: Optional[Mapping[str, Any]]) -> tfds.core.DatasetBuilder:
+def prepared_builder(data_dir: str, dataset_name: str,
+                     builder_kwargs: Optional[Mapping[str, Any]]) -> tfds.core.DatasetBuilder:
+  """The dataset's TFDS builder; `errors.NotPrepared` (with the command that prepares it) when it
+  is not prepared in `data_dir`."""
   builder = datasets.get_builder(dataset_name, data_dir, builder_kwargs)
   if not builder.is_prepared():
     manual = (" --manual_dir=<folder with the public files>"
               if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) else "")
-    raise FileNotFoundError(
-        f"{builder.info.full_name} is not prepared in {data_dir}; run "
-        f"`python -m input_pipeline.prepare --dataset={dataset_name} --data_dir={data_dir}{manual} "
-        f"--builder_kwargs='{json.dumps(dict(builder_kwargs or {}))}'` "
-        "(or input_pipeline.prepare.prepare) first")
+    raise errors.NotPrepared(
+        builder.info.full_name, data_dir,
+        f"run `python -m input_pipeline.prepare --dataset={dataset_name} --data_dir={data_dir}"
+        f"{manual} --builder_kwargs='{json.dumps(dict(builder_kwargs or {}))}'`, or set "
+        "--config.dataset.prepare_if_missing=True (with --config.dataset.manual_dir for public data)")
   return builder
 
 
@@ -316,7 +269,7 @@ def create_train_dataset(
         f"process_index={process_index} must lie in [0, process_count={process_count})")
   if start_step < 0:
     raise ValueError(f"start_step={start_step} must be >= 0")
-  builder = _prepared_builder(data_dir, dataset_name, builder_kwargs)
+  builder = prepared_builder(data_dir, dataset_name, builder_kwargs)
   total = builder.info.splits[split].num_examples
   per_host = per_device * local_device_count
   steps_per_epoch = train_steps_per_epoch(total, global_batch_size, process_count)
@@ -393,7 +346,7 @@ def create_group_train_iterator(
   """
   per_device = per_device_batch_size(global_batch_size, process_count, local_device_count)
   per_host = per_device * local_device_count
-  builder = _prepared_builder(data_dir, dataset_name, builder_kwargs)
+  builder = prepared_builder(data_dir, dataset_name, builder_kwargs)
   dtypes = {name: value.dtype for name, value in _empty_arrays(builder).items()}
   # Only this host's groups, in the narrowest dtypes, in file order: nothing is copied afterwards.
   arrays = load_split(builder, split, narrow=True, sort=False,
@@ -541,7 +494,7 @@ def create_eval_iterator(
   if not 0 <= process_index < process_count:
     raise ValueError(
         f"process_index={process_index} must lie in [0, process_count={process_count})")
-  builder = _prepared_builder(data_dir, dataset_name, builder_kwargs)
+  builder = prepared_builder(data_dir, dataset_name, builder_kwargs)
   total = builder.info.splits[split].num_examples
   if subset_size is None or subset_size >= total:
     num_examples = total
@@ -621,7 +574,7 @@ class DataSource:
 
   def num_examples(self, split: str) -> int:
     """Examples in `split` over all hosts."""
-    builder = _prepared_builder(self.data_dir, self.name, self.builder_kwargs)
+    builder = prepared_builder(self.data_dir, self.name, self.builder_kwargs)
     return builder.info.splits[split].num_examples
 
   def train_iterator(self, *, global_batch_size: int, local_device_count: int,

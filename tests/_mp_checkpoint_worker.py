@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 
 from experiments.common import checkpointing  # noqa: E402
 from experiments.common import distributed  # noqa: E402
+from experiments.common import parallel  # noqa: E402
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray, name: str) -> None:
@@ -53,10 +54,10 @@ def main() -> None:
                                   process_id=args.process_id)
   pid = info.process_index
   assert (info.process_count, info.local_device_count, info.device_count) == (2, 2, 4), info
-  assert distributed.global_mesh().devices.shape == (4,)
-  assert distributed.local_mesh().devices.shape == (2,)
+  assert parallel.global_mesh().devices.shape == (4,)
+  assert parallel.local_mesh().devices.shape == (2,)
 
-  local_mesh = distributed.local_mesh()
+  local_mesh = parallel.local_mesh()
   w = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
   replicated = {
       "params": {
@@ -65,7 +66,7 @@ def main() -> None:
           # Replicated over this host's devices, and pmap-stacked (one identical row per device).
           "w_replicated": jax.device_put(w, NamedSharding(local_mesh, P())),
           "w_stacked": jax.device_put(np.stack([w[0]] * 2),
-                                      NamedSharding(local_mesh, P("devices"))),
+                                      NamedSharding(local_mesh, P(parallel.AXIS))),
       },
       "step": np.int32(7),
       "flags": np.array([True, False, True]),
@@ -77,7 +78,7 @@ def main() -> None:
   per_device = {
       "carry": {"z": rows.astype(np.float32) + 0.25,
                 "z_bf16": rows.astype(ml_dtypes.bfloat16)},
-      "halted": jax.device_put((rows % 2 == 0), NamedSharding(local_mesh, P("devices"))),
+      "halted": jax.device_put((rows % 2 == 0), NamedSharding(local_mesh, P(parallel.AXIS))),
       "count": rows.astype(np.int32),
   }
   want_per_device = jax.tree.map(np.asarray, per_device)

@@ -52,6 +52,7 @@ import numpy as np  # noqa: E402
 from experiments.common import distributed  # noqa: E402
 from experiments.common import metrics as metrics_lib  # noqa: E402
 from experiments.common import parallel  # noqa: E402
+from experiments.common import trainer
 from experiments.trm import train  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
 from input_pipeline import datasets  # noqa: E402
@@ -157,8 +158,8 @@ def main() -> None:
   device_state = parallel.shard(train.init_device_state(model, per_device, n_local,
                                                         info.device_count, shard_table=True))
   device_index = parallel.shard(parallel.device_indices())
-  p_step = parallel.pmap_step(train.make_train_step(model, adam, sign, c, per_device),
-                              replicated_in=(0,), out_axes=(None, 0, 0), donate_argnums=(0, 1))
+  p_step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, c, per_device),
+                                      c.nonfinite)
 
   batches = global_batches()
   metrics = []

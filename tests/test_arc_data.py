@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from input_pipeline import arc
+from input_pipeline.puzzles import arc
 from input_pipeline.datasets import arc_agi
 
 RNG = np.random.default_rng(0)

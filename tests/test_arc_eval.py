@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from experiments.trm import arc_eval
-from input_pipeline import arc
+from input_pipeline.puzzles import arc
 
 RNG = np.random.default_rng(0)
 VARIANT = arc.Variant("toy", ("toy_train", "toy_test"), "toy_test")

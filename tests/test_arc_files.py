@@ -1,11 +1,11 @@
-"""input_pipeline.arc: the shipped ARC-AGI files read with the documented counts; malformed JSON is
+"""input_pipeline.puzzles.arc: the shipped ARC-AGI files read with the documented counts; malformed JSON is
 named with the file, the task id and the place."""
 import json
 
 import numpy as np
 import pytest
 
-from input_pipeline import arc
+from input_pipeline.puzzles import arc
 
 # (set, tasks, test inputs) from ../shared/data/README.md.
 FACTS = [("training", 400, None), ("evaluation", 400, 419), ("concept", 160, 480),

@@ -1,4 +1,4 @@
-"""Tests of experiments/trm/bench.py at tiny sizes (hidden 32, per-device batch 2, 1 step).
+"""Tests of experiments/trm/tools/bench.py at tiny sizes (hidden 32, per-device batch 2, 1 step).
 
 The analytic FLOP counts of the REAL recipes (D = 512) are checked against the reference's figure
 (TRM-MLP Sudoku: 25.6 forward + 17.1 backward = 42.7 GFLOP per example per step) and against an
@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.trm import bench
+from experiments.trm.tools import bench
 from modules import trm
 
 

@@ -14,6 +14,7 @@ Synopsis:
 
   .venv/bin/python -m pytest tests/test_build_files.py -q
   .venv/bin/python tests/test_build_files.py modules/gpt.py    # prints the stanza for one file
+  .venv/bin/python tests/test_build_files.py --fix             # rewrites the BUILD files' stanzas
 """
 from __future__ import annotations
 
@@ -396,6 +397,142 @@ def test_the_drift_checks_catch_a_missing_and_an_extra_file(tmp_path, monkeypatc
     test_every_listed_file_exists()
 
 
+# ---------------------------------------------------------------------------------------------------
+# Rewriting the BUILD files from the sources (`python tests/test_build_files.py --fix`).
+
+_RULE_START = ("podlab_py_library(", "podlab_py_test(", "podlab_py_binary(", "filegroup(",
+               "exports_files(", "sh_binary(", "podlab_sh_binary(")
+
+
+def _blocks(text: str):
+  """(header lines before the first rule, [rule blocks as text]) of a BUILD file."""
+  lines = text.splitlines()
+  header, blocks, current = [], [], None
+  for line in lines:
+    if current is None and not line.startswith(_RULE_START):
+      if blocks:
+        continue
+      header.append(line)
+      continue
+    if line.startswith(_RULE_START):
+      current = [line]
+      blocks.append(current)
+    elif current is not None:
+      current.append(line)
+      if line == ")":
+        current = None
+  return header, ["\n".join(b).strip() for b in blocks]
+
+
+def _field(block: str, name: str) -> Optional[str]:
+  """The text of `    name = [...],` (a list field) in a rule block, or None."""
+  lines = block.splitlines()
+  for i, line in enumerate(lines):
+    if line.startswith(f"    {name} = ["):
+      if line.rstrip().endswith("],"):
+        return line
+      for j in range(i + 1, len(lines)):
+        if lines[j].startswith("    ],"):
+          return "\n".join(lines[i:j + 1])
+  return None
+
+
+def fix_build_files() -> List[str]:
+  """Rewrites every package's library and test stanzas from the sources (deps from the imports;
+  `data` fields and other rules kept; rules listing files that no longer exist dropped). Returns
+  the BUILD files it changed. Binaries and other rules are kept as they are when their files exist."""
+  changed = []
+  for package in packages():
+    if not package.startswith(PROJECT_PACKAGES):
+      continue
+    directory = REPO_ROOT / package
+    path = build_file(directory) or directory / "BUILD"
+    old_text = path.read_text() if path.is_file() else ""
+    header, blocks = _blocks(old_text)
+    old = {}
+    keep = []
+    for block in blocks:
+      name_line = next((l for l in block.splitlines() if l.strip().startswith("name = ")), "")
+      name = name_line.split('"')[1] if '"' in name_line else ""
+      kind = block.split("(", 1)[0]
+      srcs = [t for t in read_build_text(package, block) for t in t.srcs]
+      missing = [s for s in srcs if not (directory / s).is_file() and not s.startswith(("//", ":"))]
+      if kind in ("podlab_py_library", "podlab_py_test"):
+        old[name] = block
+      elif not missing:
+        keep.append(block)
+    files = sorted(p.name for p in directory.glob("*.py") if p.is_file())
+    files.sort(key=lambda f: (f != "__init__.py", f.startswith("test_"), f))
+    stanzas = []
+    targets = all_targets()
+    if package.endswith("/configs"):     # config files load by path: one target bundles them all
+      stanzas.append(_bundle_stanza(package, files, targets))
+      files = []
+    for name in files:
+      rel = f"{package}/{name}" if package else name
+      body = stanza(rel, targets).split("\n", 1)[1]
+      stem = body.split('"')[1]
+      data = _field(old.get(stem, ""), "data")
+      if data:
+        body = body[:-1] + data + "\n)"
+      stanzas.append(body)
+    if not header:
+      header = [f"# {package}: podlab_py_* targets of its modules.",
+                f'load("{MACROS}", "podlab_py_library")']
+    kinds = sorted({b.split("(", 1)[0] for b in stanzas + keep if b.startswith("podlab_py_")})
+    header = [l for l in header if not l.startswith("load(")]
+    while header and not header[-1].strip():
+      header.pop()
+    header.append(f'load("{MACROS}", ' + ", ".join(f'"{k}"' for k in kinds) + ")")
+    text = "\n".join(header) + "\n\n" + "\n\n".join(stanzas + keep) + "\n"
+    if text != old_text:
+      path.write_text(text)
+      changed.append(str(path.relative_to(REPO_ROOT)))
+  return changed
+
+
+def _bundle_stanza(package: str, files: Sequence[str], targets: Sequence[Target]) -> str:
+  """One library of all `files` of a package (its name: the package's), deps of all of them."""
+  owned = owners(targets)
+  own = {f"{package}/{f}" for f in files}
+  need, pips = set(), set()
+  for f in files:
+    need |= required_deps(f"{package}/{f}")
+    pips |= set(third_party_imports(f"{package}/{f}"))
+  deps = set()
+  for n in need - own:
+    owner = owned.get(n)
+    deps.add(f'"{relative_label(package, owner) if owner else intended_label(package, n)}",')
+  deps = sorted(deps, key=lambda d: (d.startswith('"//'), d)) + [f"# pip: {p}" for p in sorted(pips)]
+  name = package.rsplit("/", 1)[-1]
+  lines = ["podlab_py_library(", f'    name = "{name}",', "    srcs = ["]
+  lines += [f'        "{f}",' for f in files] + ["    ],", "    deps = ["]
+  lines += [f"        {d}" for d in deps] + ["    ],", ")"]
+  return "\n".join(lines)
+
+
+def read_build_text(package: str, text: str) -> List[Target]:
+  """The targets of a piece of BUILD text (see read_build)."""
+  targets: List[Target] = []
+
+  def rule(kind):
+    def record(name="", srcs=(), deps=(), data=(), slow=False, **unused):
+      del unused
+      targets.append(Target(package, kind, name, list(srcs), list(deps), list(data), slow))
+    return record
+
+  scope = {name: rule(name) for name in ("podlab_py_library", "podlab_py_binary", "podlab_py_test",
+                                         "filegroup", "sh_binary", "podlab_sh_binary",
+                                         "exports_files")}
+  scope["glob"] = lambda patterns, **unused: []
+  exec(compile(text, f"{package}/BUILD", "exec"), scope)  # pylint: disable=exec-used
+  return targets
+
+
 if __name__ == "__main__":
-  for arg in sys.argv[1:]:
-    print(stanza(arg), end="\n\n")
+  if sys.argv[1:] == ["--fix"]:
+    for changed in fix_build_files():
+      print(f"rewrote {changed}")
+  else:
+    for arg in sys.argv[1:]:
+      print(stanza(arg), end="\n\n")

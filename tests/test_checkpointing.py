@@ -16,6 +16,7 @@ import pytest
 
 from experiments.common import checkpointing
 from experiments.common import distributed
+from experiments.common import parallel
 
 
 class AdamState(NamedTuple):
@@ -27,7 +28,7 @@ def _replicated(seed: int = 0) -> dict:
   rng = np.random.default_rng(seed)
   w = rng.standard_normal((3, 5)).astype(np.float32)
   w[0, 0] = np.nan  # Bitwise comparison must survive NaN.
-  mesh = distributed.local_mesh()
+  mesh = parallel.local_mesh()
   return {
       "params": {
           "dense": {"w": w, "b": np.zeros(5, np.float32)},
@@ -205,8 +206,8 @@ def test_mismatched_templates_and_topology_are_clear_errors(ckpt_dir):
 
 
 def test_bad_leaves_are_rejected_on_save(ckpt_dir):
-  mesh = distributed.global_mesh()
-  sharded = jax.device_put(np.arange(16.0).reshape(2, 8), NamedSharding(mesh, P(None, "devices")))
+  mesh = parallel.global_mesh()
+  sharded = jax.device_put(np.arange(16.0).reshape(2, 8), NamedSharding(mesh, P(None, parallel.AXIS)))
   with checkpointing.CheckpointManager(ckpt_dir, save_interval_steps=1) as ckpt:
     with pytest.raises(checkpointing.CheckpointError, match=r"replicated\['w'\].*per_device"):
       ckpt.save(1, replicated={"w": sharded}, per_device={})

@@ -12,6 +12,7 @@ import jax
 import pytest
 
 from experiments.common import distributed
+from experiments.common import parallel
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO_ROOT / "tests" / "_mp_checkpoint_worker.py"
@@ -56,10 +57,10 @@ def test_bad_settings_are_rejected_before_initialising(clean_env):
 
 
 def test_meshes_cover_all_and_local_devices():
-  mesh = distributed.global_mesh()
-  assert mesh.axis_names == (distributed.MESH_AXIS,) == ("devices",)
+  mesh = parallel.global_mesh()
+  assert mesh.axis_names == (parallel.AXIS,) == ("data",)
   assert list(mesh.devices) == sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-  assert list(distributed.local_mesh().devices) == jax.local_devices()
+  assert list(parallel.local_mesh().devices) == jax.local_devices()
 
 
 def _free_port() -> int:

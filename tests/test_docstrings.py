@@ -6,9 +6,9 @@ import textwrap
 import pytest
 
 RUNNABLE = ["modules.layers", "modules.trm", "experiments.common.parallel",
-            "experiments.common.metrics", "experiments.common.optim", "experiments.common.preemption",
-            "input_pipeline.arc", "input_pipeline.puzzle_csv", "experiments.common.sharded_table",
-            "experiments.trm.losses", "experiments.common.loop", "modules.gpt", "modules.dream",
+            "experiments.common.metrics", "experiments.trm.optim", "experiments.common.preemption",
+            "input_pipeline.puzzles.arc", "input_pipeline.puzzles.puzzle_csv", "experiments.trm.sharded_table",
+            "experiments.trm.losses", "modules.gpt", "modules.dream",
             "input_pipeline.text", "experiments.nanogpt.sampling", "experiments.nanogpt.torch_rng",
             "experiments.diffucoder.sampling",
             "experiments.common.safetensors_io", "experiments.diffucoder.convert"]

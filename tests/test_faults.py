@@ -1,7 +1,7 @@
 """Preemption, exact resume, atomic/corrupt checkpoints, the non-finite guard, early validation.
 
 The kill/resume test runs the real command (`python -m experiments.trm.main`) in subprocesses and
-injects the faults with experiments/trm/faults.py, the library behind `make faults` (which runs many
+injects the faults with experiments/trm/tools/faults.py, the library behind `make faults` (which runs many
 random trials; this is one fixed sequence of them).
 
   .venv/bin/python -m pytest tests/test_faults.py -q
@@ -17,8 +17,10 @@ import pytest
 
 from experiments.common import checkpointing
 from experiments.common import config_utils
+from experiments.common import errors
+from experiments.common import trainer
 from experiments.common import preemption
-from experiments.trm import faults
+from experiments.trm.tools import faults
 from experiments.trm import train
 from experiments.trm.configs import cpu_demo
 
@@ -159,7 +161,7 @@ def test_nonfinite_stops_keeping_the_last_good_checkpoint_or_skips(tmp_path):
   # parameters blow up and the loss turns NaN at step 4 or 5; the run stops there, saving nothing.
   bad = _smoke(tmp_path, total_steps=6, lr=3e38, lr_warmup_steps=1, final_eval=False)
   assert bad.lr_min_ratio == 1.0
-  with pytest.raises(train.NonFiniteError) as e:
+  with pytest.raises(errors.NonFiniteError) as e:
     train.train_and_evaluate(bad, workdir)
   message = str(e.value)
   assert re.match(r"step [45]: non-finite training metric: (lm_loss = nan|the updated parameters)",
@@ -196,7 +198,7 @@ def test_unwritable_workdir_fails_before_anything_is_compiled(tmp_path):
 
 def test_nonfinite_option_is_validated(tmp_path):
   with pytest.raises(config_utils.ConfigError, match=r"config.nonfinite='ignore'.*'stop', 'skip'"):
-    train.validate_config(_smoke(tmp_path, nonfinite="ignore"))
+    trainer.check_config(train.TRM(), _smoke(tmp_path, nonfinite="ignore"))
 
 
 def test_two_process_sigterm_stops_every_host_at_one_step_and_resumes_exactly(tmp_path):

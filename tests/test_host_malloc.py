@@ -66,7 +66,7 @@ def test_keep_heap_reuses_a_freed_80_mib_block_without_page_faults():
 
 @pytest.mark.skipif(not host_malloc.is_glibc(), reason="host_malloc only acts on glibc (Linux)")
 def test_keep_heap_is_idempotent_and_on_by_default_in_the_config():
-  assert base.get_config().cpu_keep_heap is True
+  assert base.get_config().cpu_tuning is True
   script = ("from experiments.common import host_malloc as h; "
             "print(h.keep_heap(), h.keep_heap())")
   out = subprocess.run([sys.executable, "-c", script], cwd=REPO, check=True, capture_output=True,

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from input_pipeline import datasets
-from input_pipeline import maze
+from input_pipeline.puzzles import augment
+from input_pipeline.puzzles import maze
 from input_pipeline import pipeline
 from input_pipeline import prepare
 from input_pipeline.datasets import maze_generated
@@ -251,24 +252,24 @@ def test_tf_dihedral_matches_numpy(mazes):
   import tensorflow as tf
   questions, answers = mazes
   ids = np.arange(12) % 8
-  out = maze.apply_dihedral_tf(tf.constant(questions.astype(np.int32)), tf.constant(ids, tf.int32))
+  out = augment.apply_dihedral_tf(tf.constant(questions.astype(np.int32)), tf.constant(ids, tf.int32))
   for i, tid in enumerate(ids):
     assert np.array_equal(out.numpy()[i], maze.apply_dihedral(questions[i], tid))
   n = 8000
   key = tf.constant([0, 7], tf.int64)
-  drawn = maze.sample_dihedral_ids(key, n).numpy()
+  drawn = augment.sample_dihedral_ids(key, n).numpy()
   counts = np.bincount(drawn, minlength=8)
   chi2 = float(((counts - n / 8) ** 2 / (n / 8)).sum())
   assert counts.size == 8 and chi2 < 7 + 5 * math.sqrt(14)
   allowed = np.arange(n) % 2 == 0
-  masked = maze.sample_dihedral_ids(key, n, tf.constant(allowed)).numpy()
+  masked = augment.sample_dihedral_ids(key, n, tf.constant(allowed)).numpy()
   assert np.all(masked[~allowed] == 0) and np.array_equal(masked[allowed], drawn[allowed])
   # The batch hook: same transform on inputs and labels, flags respected, ids composed.
   batch = {"inputs": tf.constant(np.repeat(questions[:1], 64, 0).astype(np.int32)),
            "labels": tf.constant(np.repeat(answers[:1], 64, 0).astype(np.int32)),
            "dihedral_augment": tf.constant(np.arange(64) < 48),
            "dihedral_id": tf.constant(np.where(np.arange(64) < 48, 0, 5).astype(np.int32))}
-  aug = {k: v.numpy() for k, v in maze.augment_dihedral_batch(batch, key).items()}
+  aug = {k: v.numpy() for k, v in augment.augment_dihedral_batch(batch, key).items()}
   assert maze.is_valid_pair(aug["inputs"], aug["labels"]).all()
   assert np.all(aug["dihedral_id"][48:] == 5) and np.all(aug["inputs"][48:] == questions[0])
   assert len(set(aug["dihedral_id"][:48].tolist())) > 4
@@ -529,7 +530,7 @@ def maze_hook(monkeypatch):
   """The pipeline's "maze_dihedral" augmentation entry (registered in pipeline._AUGMENTATIONS)."""
   del monkeypatch
   hooks = pipeline._AUGMENTATIONS  # pylint: disable=protected-access
-  assert hooks["maze_dihedral"] is maze.augment_dihedral_batch
+  assert hooks["maze_dihedral"] is augment.augment_dihedral_batch
   return hooks["maze_dihedral"]
 
 
@@ -587,7 +588,7 @@ def test_on_the_fly_dihedral_stream(gen_dir, maze_hook):
 
 
 def test_module_synopsis_runs():
-  doc = importlib.import_module("input_pipeline.maze").__doc__
+  doc = importlib.import_module("input_pipeline.puzzles.maze").__doc__
   body = doc.partition("Synopsis:")[2]
   lines = []
   for line in body.splitlines()[1:]:
@@ -596,4 +597,4 @@ def test_module_synopsis_runs():
     lines.append(line)
   code = textwrap.dedent("\n".join(lines))
   assert "generate_mazes" in code
-  exec(compile(code, "<input_pipeline.maze synopsis>", "exec"), {})  # pylint: disable=exec-used
+  exec(compile(code, "<input_pipeline.puzzles.maze synopsis>", "exec"), {})  # pylint: disable=exec-used

@@ -3,7 +3,7 @@ accumulation, sampling with/without the KV cache, nanoGPT checkpoint import, a s
 and the pod launcher running it.
 
 Expected values are the formulas of ../shared/docs/gpt-reference.md evaluated here in float64 NumPy
-(or the PyTorch reference model of experiments/nanogpt/torch_reference.py for the import).
+(or the PyTorch reference model of experiments/nanogpt/tools/torch_reference.py for the import).
 """
 import math
 import os
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from experiments.common import parallel
+from experiments.common import trainer
 from experiments.nanogpt import nanogpt_checkpoint
 from experiments.nanogpt import sampling
 from experiments.nanogpt import train
@@ -86,11 +87,11 @@ def test_gradient_accumulation_equals_the_big_batch():
   outs = []
   for accum, batch in ((4, x), (1, x.reshape(n, 1, 8, 9))):
     c.grad_accum = accum
-    step = parallel.pmap_step(train.make_train_step(model, tx, c), replicated_in=(0,),
-                              out_axes=(None, 0))
+    step = trainer.parallel_train_step(train.make_train_step(model, tx, c), c.nonfinite,
+                                       donate=False)
     state = parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
     b = parallel.shard({"x": batch[..., :-1], "y": batch[..., 1:]})
-    new, sums = step(state, b, parallel.shard(parallel.device_indices()))
+    new, _, sums = step(state, None, b, parallel.shard(parallel.device_indices()))
     outs.append((parallel.unreplicate(new.params), float(parallel.first_local(sums["loss"])[0])))
   (pa, la), (pb, lb) = outs
   assert la == pytest.approx(lb, rel=1e-5)
@@ -100,13 +101,13 @@ def test_gradient_accumulation_equals_the_big_batch():
 def test_train_steps_match_a_torch_nanogpt_step():
   """5 updates of our pmapped step == nanoGPT's loop in PyTorch on the same params and batches.
 
-  torch side (experiments/nanogpt/torch_reference.py + train.py's optimisation): AdamW with the >= 2-dim decay
+  torch side (experiments/nanogpt/tools/torch_reference.py + train.py's optimisation): AdamW with the >= 2-dim decay
   group, lr set per iteration by get_lr (warm-up, cosine, then min_lr), 2 micro-steps of loss / 2
   backward, clip_grad_norm_ on the accumulated gradient (clipping active), optimizer.step.
   """
   torch = pytest.importorskip(
       "torch", reason="the torch comparison needs torch (pip install '.[torch]')")
-  from experiments.nanogpt import torch_reference as torch_gpt_reference  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt.tools import torch_reference as torch_gpt_reference  # pylint: disable=g-import-not-at-top
   c = shakespeare_char_cpu.get_config()
   c.lr, c.min_lr, c.warmup_iters, c.lr_decay_iters = 1e-2, 1e-3, 1, 3   # its 0..4: all branches
   c.grad_clip, c.grad_accum = 0.1, 2
@@ -123,14 +124,14 @@ def test_train_steps_match_a_torch_nanogpt_step():
                            {"params": no_decay, "weight_decay": 0.0}],
                           lr=c.lr, betas=(c.beta1, c.beta2), eps=1e-8)
   n = jax.local_device_count()
-  step = parallel.pmap_step(train.make_train_step(model, tx, c), replicated_in=(0,),
-                            out_axes=(None, 0))
+  step = trainer.parallel_train_step(train.make_train_step(model, tx, c), c.nonfinite,
+                                       donate=False)
   state = parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
   rng = np.random.default_rng(0)
   for it in range(5):
     w = rng.integers(0, 11, (2, 4 * n, 9))                       # [A, B, T + 1]: A micro-steps
     batch = w.reshape(2, n, 4, 9).transpose(1, 0, 2, 3).astype(np.int32)   # [D, A, b, T + 1]
-    state, sums = step(state, parallel.shard({"x": batch[..., :-1], "y": batch[..., 1:]}),
+    state, _, sums = step(state, None, parallel.shard({"x": batch[..., :-1], "y": batch[..., 1:]}),
                        parallel.shard(parallel.device_indices()))
     if it < c.warmup_iters:                                      # the doc's get_lr, written out
       lr = c.lr * (it + 1) / (c.warmup_iters + 1)
@@ -202,7 +203,7 @@ def test_top_k_keeps_logits_at_least_the_kth():
 
 def test_nanogpt_checkpoint_import_matches_torch(tmp_path):
   torch = pytest.importorskip("torch", reason="the import test needs torch (pip install '.[torch]')")
-  from experiments.nanogpt import torch_reference as torch_gpt_reference  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt.tools import torch_reference as torch_gpt_reference  # pylint: disable=g-import-not-at-top
   for bias in (True, False):
     args = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11, bias=bias, dropout=0.0)
     torch.manual_seed(0)
@@ -240,7 +241,7 @@ def test_torch_rng_run_is_nanogpt_run_in_torch(shared_data_dir, tmp_path):
   """
   torch = pytest.importorskip(
       "torch", reason="the torch comparison needs torch (pip install '.[torch]')")
-  from experiments.nanogpt import torch_reference as torch_gpt_reference  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt.tools import torch_reference as torch_gpt_reference  # pylint: disable=g-import-not-at-top
   c = shakespeare_char_cpu.get_config("smoke")           # 4 x 4 x 128, block 64, batch 12
   c.dataset.manual_dir = str(shared_data_dir / "tinyshakespeare")
   c.dataset.data_dir = str(tmp_path / "tfds")
@@ -253,7 +254,7 @@ def test_torch_rng_run_is_nanogpt_run_in_torch(shared_data_dir, tmp_path):
 
   data = train.TextData(c)
   splits = {"train": data.tokens["train"], "val": data.tokens["val"]}
-  T, B, A = c.model.block_size, c.batch_size, c.grad_accum
+  T, B, A = c.model.block_size, c.global_batch_size, c.grad_accum
   torch.manual_seed(c.seed)
   args = dict(n_layer=4, n_head=4, n_embd=128, block_size=T, vocab_size=65, bias=False)
   model = torch_gpt_reference.init_like_nanogpt(torch_gpt_reference.GPT(args), 4)

@@ -1,4 +1,4 @@
-"""Tests of experiments/common/optim.py against independent float64 NumPy references."""
+"""Tests of experiments/trm/optim.py against independent float64 NumPy references."""
 import math
 
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments.common import optim
+from experiments.trm import optim
 
 
 # --------------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 A tiny `sudoku_generated` dataset (64 train / 20 test) and a tiny `sudoku_extreme` manual dir are
 prepared in a tmp dir once per session. TF outputs are checked with the numpy validators and the
-numpy reference augmentation of `input_pipeline.sudoku`.
+numpy reference augmentation of `input_pipeline.puzzles.sudoku`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pytest
 from input_pipeline import datasets
 from input_pipeline import pipeline
 from input_pipeline import prepare
-from input_pipeline import sudoku
+from input_pipeline.puzzles import augment
+from input_pipeline.puzzles import sudoku
 from input_pipeline.datasets import sudoku_extreme
 from input_pipeline.datasets import sudoku_generated
 
@@ -256,8 +257,8 @@ def test_numpy_reference_augmentation_keeps_valid_pairs():
 
 def _tf_augment(n: int, seed: int, tokens: np.ndarray):
   import tensorflow as tf
-  params = pipeline.sample_sudoku_transforms(pipeline.fold_in(tf.constant([0, seed]), 1), n)
-  out = pipeline.apply_sudoku_transforms(tf.constant(tokens), params)
+  params = augment.sample_sudoku_transforms(pipeline.fold_in(tf.constant([0, seed]), 1), n)
+  out = augment.apply_sudoku_transforms(tf.constant(tokens), params)
   return out.numpy(), {k: v.numpy() for k, v in params.items()}
 
 
@@ -268,10 +269,10 @@ def test_tf_augmentation_valid_and_reachable():
   inputs = sudoku.grid_to_tokens(puzzles)[rows]  # [n, 81]
   labels = sudoku.grid_to_tokens(solutions)[rows]  # [n, 81]
   import tensorflow as tf
-  p = pipeline.sample_sudoku_transforms(pipeline.fold_in(tf.constant([0, 3]), 1), n)
+  p = augment.sample_sudoku_transforms(pipeline.fold_in(tf.constant([0, 3]), 1), n)
   params = {k: v.numpy() for k, v in p.items()}
-  aug_in = pipeline.apply_sudoku_transforms(tf.constant(inputs), p).numpy()
-  aug_lab = pipeline.apply_sudoku_transforms(tf.constant(labels), p).numpy()
+  aug_in = augment.apply_sudoku_transforms(tf.constant(inputs), p).numpy()
+  aug_lab = augment.apply_sudoku_transforms(tf.constant(labels), p).numpy()
   # Valid pairs, givens preserved (count and agreement), still uniquely solvable.
   assert sudoku.is_valid_pair(sudoku.tokens_to_grid(aug_in), sudoku.tokens_to_grid(aug_lab)).all()
   assert np.array_equal((aug_in == 1).sum(1), (inputs == 1).sum(1))
@@ -289,7 +290,7 @@ def test_tf_augmentation_valid_and_reachable():
     assert np.array_equal(sudoku.apply_transform(labels[i], t), aug_lab[i])
   # Pad and ignored labels are fixed.
   special = np.array([[0, -100] + [1] * 79], np.int32)
-  out = pipeline.apply_sudoku_transforms(tf.constant(special), {k: v[:1] for k, v in p.items()})
+  out = augment.apply_sudoku_transforms(tf.constant(special), {k: v[:1] for k, v in p.items()})
   assert sorted(out.numpy()[0].tolist()) == sorted(special[0].tolist())
 
 

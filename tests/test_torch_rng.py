@@ -58,7 +58,7 @@ def test_draws_match_torch():
 
 
 def _torch_nanogpt_init(torch, cfg, seed):
-  from experiments.nanogpt import torch_reference as torch_gpt_reference  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt.tools import torch_reference as torch_gpt_reference  # pylint: disable=g-import-not-at-top
   torch.manual_seed(seed)
   model = torch_gpt_reference.init_like_nanogpt(torch_gpt_reference.GPT(cfg.model_args()),
                                                 cfg.n_layer)

@@ -12,10 +12,12 @@ import tensorflow as tf
 
 from experiments.common import config_utils
 from experiments.common import parallel
+from experiments.common import layout
+from experiments.common import trainer
 from experiments.trm import train
 from experiments.trm.configs import arc1_att, arc2_att, base, cpu_demo, maze_att
 from experiments.trm.configs import sudoku_att, sudoku_mlp, v4_64
-from input_pipeline import sudoku
+from input_pipeline.puzzles import sudoku
 from modules import trm
 
 TRM_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
@@ -94,8 +96,8 @@ def test_training_on_a_fixed_batch_lowers_the_loss():
            "puzzle_identifiers": np.zeros((n, per_device), np.int32)}
   state = parallel.replicate(train.init_state(model, adam, sign, seed=0))
   carry = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count()))
-  step = parallel.pmap_step(train.make_train_step(model, adam, sign, config, per_device),
-                            replicated_in=(0,), out_axes=(None, 0, 0))
+  step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, config, per_device),
+                                      config.nonfinite)
   batch, dev = parallel.shard(batch), parallel.shard(parallel.device_indices())
   losses = []
   for _ in range(30):
@@ -158,18 +160,18 @@ def test_config_errors_name_field_value_and_fix():
   c.unlock()
   c.model.hiden_size = 3
   with pytest.raises(config_utils.ConfigError, match=r"hiden_size.*hidden_size"):
-    train.validate_config(c)
+    trainer.check_config(train.TRM(), c)
 
   c = v4_64.get_config()
   with pytest.raises(config_utils.ConfigError) as e:
-    train._check_devices(c)
+    layout.batch_layout(c)
   msg = str(e.value)
   assert "num_devices=32" in msg and "4" in msg and "--config.num_devices=4" in msg
 
   c = cpu_demo.get_config("smoke")
   c.global_batch_size = 18
   with pytest.raises(config_utils.ConfigError, match=r"global_batch_size=18.*multiple of 4"):
-    train._check_devices(c)
+    layout.batch_layout(c)
 
   c = cpu_demo.get_config("smoke")
   c.model.num_heads = 3
@@ -200,25 +202,28 @@ def test_main_runs_the_used_by_command_and_names_the_device_mismatch(tmp_path):
 
 
 def test_dry_run_compiles_the_pod_config_on_this_machine():
-  """`--dry_run` compiles one v4-64 host's step with 4 fake devices and reports the pod layout."""
+  """`--dry_run --target=cpu` compiles one v4-64 host's steps with 4 fake devices and reports the
+  pod layout."""
   import subprocess
   import sys
   repo = os.path.dirname(TRM_DIR.rstrip("/").rsplit("/", 1)[0])
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="")
   proc = subprocess.run([sys.executable, "-m", "experiments.trm.main", "--config=configs/v4_64.py",
-                         "--dry_run"], cwd=repo, env=env, capture_output=True, text=True, timeout=180)
+                         "--dry_run", "--target=cpu"], cwd=repo, env=env, capture_output=True,
+                        text=True, timeout=180)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = proc.stdout
-  assert "32 = 8 hosts x 4" in out
-  assert "global 768, per host 96, per device 24" in out
-  assert "total steps        65,104" in out
-  assert "Adam parameters    5,028,866" in out
-  assert "42.72 GFLOP/example" in out
+  assert "32 = 8 host(s) x 4" in out
+  assert "global batch 768 = 8 host(s) x 4 cpu device(s) x 24" in out
+  assert "65,104 updates" in out
+  assert "5,028,866 Adam parameters" in out
+  assert "42.72 GFLOP per example" in out
+  assert "eval_step" in out
 
 
 def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_path):
   """The table split by rows over the 4 devices (the default) gives bitwise the reference's numbers."""
-  from experiments.common import sharded_table  # pylint: disable=g-import-not-at-top
+  from experiments.trm import sharded_table  # pylint: disable=g-import-not-at-top
   config = _smoke_config(tmp_path)
   config.model.puzzle_emb_ndim = config.model.hidden_size      # the puzzle-embedding prefix on
   config.model.puzzle_emb_len = 4
@@ -231,7 +236,7 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
   rng = np.random.default_rng(0)
   puzzles, solutions = sudoku.generate_puzzles(n * per_device, seed=5, givens=45)
   dev = parallel.shard(parallel.device_indices())
-  text = train.log_parameter_table(train.init_state(model, adam, sign, seed=0, shard_table=True),
+  text = train.parameter_table(train.init_state(model, adam, sign, seed=0, shard_table=True),
                                    model, num_devices=4)
   assert (f"Puzzle-embedding table (SignSGD, not counted above): ({num_ids}, "
           f"{config.model.hidden_size}) = {num_ids * config.model.hidden_size:,}, sharded: 3 rows "
@@ -241,8 +246,8 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
     state = parallel.replicate(train.init_state(model, adam, sign, seed=0, shard_table=shard))
     dstate = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count(),
                                                     shard_table=shard))
-    step = parallel.pmap_step(train.make_train_step(model, adam, sign, config, per_device),
-                              replicated_in=(0,), out_axes=(None, 0, 0))
+    step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, config, per_device),
+                                      config.nonfinite)
     rng = np.random.default_rng(0)
     for _ in range(4):         # ids 0..9 over 4 devices of R = 3 rows: every shard gets updates
       ids = rng.integers(0, num_ids, (n, per_device)).astype(np.int32)

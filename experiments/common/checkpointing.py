@@ -46,7 +46,10 @@ from the previous one.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shutil
 import time
 from typing import Any, Optional
 
@@ -59,7 +62,8 @@ import orbax.checkpoint as ocp
 import tensorflow as tf
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
-from experiments.common import distributed
+from experiments.common import errors
+from experiments.common import parallel
 
 PyTree = Any
 
@@ -69,8 +73,7 @@ _META = "meta"
 _FORMAT_VERSION = 1
 
 
-class CheckpointError(RuntimeError):
-  """A checkpoint cannot be saved or restored; the message names the path and a fix."""
+CheckpointError = errors.CheckpointError
 
 
 def _is_url(directory: str) -> bool:
@@ -148,6 +151,59 @@ def _step_dir(directory: str, step: int) -> str:
   return f"{directory.rstrip('/')}/{step}"
 
 
+def write_tree(path: str, tree: PyTree, *, metadata: Optional[dict] = None,
+               force: bool = False) -> None:
+  """Saves a standalone pytree (numpy/jax leaves) at `path` with orbax, atomically (a tmp folder
+  renamed when complete); `metadata` (JSON) is stored beside it. For converted weights, not runs:
+  a run's checkpoints go through CheckpointManager."""
+  ocp.PyTreeCheckpointer().save(path, tree, force=force, custom_metadata=metadata or {})
+
+
+def read_tree(path: str, *, with_metadata: bool = False):
+  """A pytree saved by `write_tree`, or one item folder of a run's checkpoint
+  (`<workdir>/checkpoints/<step>/replicated`), without a template: numpy leaves. With
+  `with_metadata`, returns (tree, metadata dict)."""
+  if not tf.io.gfile.isdir(path):
+    raise CheckpointError(f"{path}: no such checkpoint folder. Fix: check the path")
+  checkpointer = ocp.PyTreeCheckpointer()
+  try:
+    meta = checkpointer.metadata(path)
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                meta.item_metadata.tree)
+    tree = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointError(f"{path} is not a readable orbax pytree ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}). Fix: point at a folder "
+                          "written by podlab") from None
+  if with_metadata:
+    return tree, dict(meta.custom_metadata or {})
+  return tree
+
+
+def find_checkpoint(path: str) -> Optional[tuple[str, int]]:
+  """(checkpoint directory, step) of the newest complete podlab checkpoint at `path`: a workdir, its
+  `checkpoints/` folder, or one step's folder (`.../checkpoints/<step>`); None when `path` holds no
+  podlab checkpoint (e.g. a file of another program's format)."""
+  path = path.rstrip("/")
+  if not tf.io.gfile.isdir(path):
+    return None
+  candidates = [(f"{path}/checkpoints", None), (path, None)]
+  parent, _, last = path.rpartition("/")
+  if last.isdigit():
+    candidates.append((parent, int(last)))
+  for directory, step in candidates:
+    if not tf.io.gfile.isdir(directory):
+      continue
+    steps = sorted(int(name.rstrip("/")) for name in tf.io.gfile.listdir(directory)
+                   if name.rstrip("/").isdigit()
+                   and tf.io.gfile.exists(f"{directory}/{name.rstrip('/')}/{_META}"))
+    if step is not None and step in steps:
+      return directory, step
+    if step is None and steps:
+      return directory, steps[-1]
+  return None
+
+
 class CheckpointManager:
   """Saves and restores `(step, replicated, per_device)` checkpoints; see the module doc.
 
@@ -182,8 +238,8 @@ class CheckpointManager:
     if max_to_keep is not None and max_to_keep < 1:
       raise ValueError(f"max_to_keep={max_to_keep}: must be >= 1 or None (keep all).")
     self._directory = directory
-    self._mesh = distributed.global_mesh()
-    self._sharding = NamedSharding(self._mesh, PartitionSpec(distributed.MESH_AXIS))
+    self._mesh = parallel.global_mesh()
+    self._sharding = NamedSharding(self._mesh, PartitionSpec(parallel.AXIS))
     options = ocp.CheckpointManagerOptions(
         # Preemption saves are forced by the trainer (experiments.common.preemption), which
         # agrees on the step across hosts; orbax's own preemption policy would race with it.
@@ -246,8 +302,9 @@ class CheckpointManager:
         "items": sorted(items),
     }
     items[_META] = ocp.args.JsonSave(meta)
-    saved = self._manager.save(
-        step, args=ocp.args.Composite(**items), force=True)  # The interval was checked above.
+    with self._disk_errors(step):
+      saved = self._manager.save(
+          step, args=ocp.args.Composite(**items), force=True)  # The interval was checked above.
     if saved:
       logging.info("checkpointing: saving step %d to %s", step, _step_dir(self._directory, step))
     return saved
@@ -259,6 +316,7 @@ class CheckpointManager:
       replicated_like: PyTree,
       per_device_like: PyTree,
       restore_per_device: bool = True,
+      partial: bool = False,
   ) -> Optional[tuple[int, PyTree, Optional[PyTree]]]:
     """Restores `(step, replicated, per_device)`, or returns None when there is no checkpoint.
 
@@ -269,6 +327,8 @@ class CheckpointManager:
       per_device_like: template with leaves `[local_device_count, ...]`.
       restore_per_device: False skips the per-device state (returned as None), e.g. to resume on
         a different number of devices and re-initialise it.
+      partial: `replicated_like` may name a subset of the saved tree (e.g. only {"state": ...}
+        without the metric window): only that subset is read.
 
     Returns:
       `replicated` as host numpy arrays; `per_device` as this process' `[local_device_count, ...]`
@@ -309,7 +369,8 @@ class CheckpointManager:
       args[_REPLICATED] = ocp.args.PyTreeRestore(
           rep_specs,
           restore_args=jax.tree.map(
-              lambda s: ocp.RestoreArgs(restore_type=np.ndarray, dtype=s.dtype), rep_specs))
+              lambda s: ocp.RestoreArgs(restore_type=np.ndarray, dtype=s.dtype), rep_specs),
+          partial_restore=partial)
     local = jax.local_device_count()
     pd_specs = None
     if restore_per_device:
@@ -447,11 +508,48 @@ class CheckpointManager:
 
   def wait_until_finished(self) -> None:
     """Blocks until this process' async save (if any) is committed."""
-    self._manager.wait_until_finished()
+    with self._disk_errors(None):
+      self._manager.wait_until_finished()
+
+  @contextlib.contextmanager
+  def _disk_errors(self, step: Optional[int]):
+    """A full disk (or a read-only one) while saving: errors.WorkdirError naming the directory, the
+    free space and the newest complete checkpoint, instead of orbax's traceback."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      text = f"{type(e).__name__}: {e}"
+      reasons = {"No space left": "no space left on the device", "ENOSPC": "no space left on the "
+                 "device", "Read-only file system": "the file system is read-only",
+                 "Disk quota exceeded": "the disk quota is exceeded"}
+      reason = next((v for k, v in reasons.items() if k in text), None)
+      if reason is None:
+        raise
+      free = ""
+      if not _is_url(self._directory):
+        try:
+          free = f" ({shutil.disk_usage(self._directory).free / 2**20:.1f} MiB free)"
+        except OSError:
+          pass
+      try:
+        complete = [s for s in self._manager.all_steps() if s != step]
+      except Exception:  # pylint: disable=broad-except
+        complete = []
+      intact = (f"the newest complete checkpoint is step {max(complete)}, intact" if complete
+                else "no checkpoint was complete yet")
+      failed = re.search(r"/checkpoints/(\d+)", text)     # the save that failed (async: an earlier one)
+      if failed:
+        step = int(failed.group(1))
+      what = f"checkpoint {step}" if step is not None else "a checkpoint"
+      raise errors.WorkdirError(
+          f"cannot write {what} to {self._directory}: {reason}{free}; "
+          f"{intact}. Fix: free space there (or pass another --workdir) and rerun the same "
+          "command to resume") from None
 
   def close(self) -> None:
     """Waits for pending saves and releases resources; call before `distributed.finalize()`."""
-    self._manager.close()
+    with self._disk_errors(None):
+      self._manager.close()
 
   def __enter__(self) -> "CheckpointManager":
     return self

@@ -26,48 +26,15 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import ml_collections
 
-class ConfigError(ValueError):
-  """A config problem; the message names the field, its value and the fix, on one line.
+from experiments.common import errors
 
-  Example: `raise ConfigError("batch_size", 7, "must be divisible by 4 devices", "use 8")` reads
-  `config.batch_size=7: must be divisible by 4 devices. Fix: use 8`.
-  """
-
-  def __init__(self, field: str, value: Any, problem: str, fix: str):
-    self.field = field
-    self.value = value
-    self.problem = problem
-    self.fix = fix
-    super().__init__(f"config.{field}={value!r}: {problem}. Fix: {fix}")
-
-
-class WorkdirError(ValueError):
-  """The --workdir cannot be created or written; the message names it and the fix."""
-
-
-def check_workdir(workdir: str) -> None:
-  """Creates `workdir` (local path or gs://...) and proves it is writable, before any compute.
-
-  Writes and deletes a small probe file (per process, so every host checks its own access).
-  Raises WorkdirError with the path, the underlying error and the fix.
-  """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy; only trainers need it)
-  import jax  # pylint: disable=g-import-not-at-top
-  probe = f"{workdir.rstrip('/')}/.podlab-write-probe-{jax.process_index()}"
-  try:
-    tf.io.gfile.makedirs(workdir)
-    with tf.io.gfile.GFile(probe, "w") as f:
-      f.write("ok")
-    tf.io.gfile.remove(probe)
-  except (tf.errors.OpError, OSError) as e:
-    message = getattr(e, "message", None) or str(e)
-    raise WorkdirError(
-        f"--workdir={workdir!r}: cannot write there ({type(e).__name__}: {message.strip()}). Fix: "
-        "pass a writable local path or a gs:// bucket path you can write to") from None
+ConfigError = errors.ConfigError     # the errors' home is experiments/common/errors.py
+WorkdirError = errors.WorkdirError
 
 
 def _split_config_value(value: str) -> tuple[str, str]:
@@ -83,11 +50,11 @@ def _resolve_path(value: str, experiment_dir: str, flag: str) -> str:
   candidate = os.path.join(experiment_dir, path)
   if os.path.exists(candidate):
     return candidate + suffix
-  raise SystemExit(
-      f"error: --{flag}={value}: config file {path!r} not found; tried {os.path.abspath(path)} "
-      f"(from the working directory) and {os.path.abspath(candidate)} (in the experiment "
-      f"directory). Fix: pass a path that exists relative to the working directory or to "
-      f"{experiment_dir}.")
+  print(f"error: --{flag}={value}: config file {path!r} not found; tried {os.path.abspath(path)} "
+        f"(from the working directory) and {os.path.abspath(candidate)} (in the experiment "
+        f"directory). Fix: pass a path that exists relative to the working directory or to "
+        f"{experiment_dir}.", file=sys.stderr)
+  raise SystemExit(errors.EXIT_BAD_INPUT)
 
 
 def resolve_config_argv(
@@ -197,4 +164,79 @@ def parse_arg(arg: Optional[str], **defaults: Any) -> ml_collections.ConfigDict:
       raise ConfigError(f"arg:{key}", raw, f"expected a {type(default).__name__}",
                         f"write e.g. {key}={default}") from None
     out[key] = value
+  return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The run section every experiment's base config starts from.
+
+NONFINITE_POLICIES = ("stop", "skip", "continue")
+
+
+def run_config(**overrides: Any) -> ml_collections.ConfigDict:
+  """The fields the trainer (experiments/common/trainer.py) reads, with their defaults.
+
+  An experiment's base config starts from it and adds its own sections (data, model, optimiser);
+  `overrides` set the experiment's defaults (e.g. `global_batch_size=768`).
+  """
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  # The batch: `global_batch_size` examples per micro-step over all devices of all hosts,
+  # `grad_accum` micro-steps per update (experiments/common/layout.py).
+  c.global_batch_size = 32
+  c.grad_accum = 1
+  c.total_steps = -1                  # updates; -1: the experiment derives it (epochs, max_iters)
+  # Start: the workdir's own newest checkpoint, else `init_from`, else random init. init_from: a
+  # podlab workdir / checkpoint (weights only: fine-tuning), or a file of the experiment's reference
+  # format (TRM .pt, nanoGPT ckpt.pt, GPT-2 / Dream Hugging Face folders).
+  c.init_from = ""
+  # Logging, evaluation and checkpoints.
+  c.log_every_steps = 100
+  c.final_eval = True
+  c.checkpoint_every_steps = 1000
+  c.keep_checkpoints = 3
+  c.async_checkpoints = True
+  c.restore_fallback = False          # newest checkpoint unreadable -> set aside, restore the previous
+  c.nonfinite = "stop"                # NaN/Inf loss, gradient or update: "stop" | "skip" | "continue"
+  c.allow_config_change = False       # resume with a config that differs from the workdir's first run
+  c.profile_steps = 0                 # > 0: a profiler trace of that many steps into <workdir>/profile
+  c.peak_flops = -1.0                 # per device, for MFU; -1 = the device table / measured on a CPU
+  # Hardware. num_devices > 0: the JAX device count the config is written for (another machine
+  # stops with the fix); devices_per_host: the pod's chips per host (the dry run's layout); target:
+  # the gcloud accelerator type of a pod config (`--dry_run` compiles for it), "" = this machine.
+  c.num_devices = -1
+  c.devices_per_host = -1
+  c.target = ""
+  # CPU-only speed-ups (the glibc heap setting, the experiments' CPU matmul forms): on when the
+  # program is compiled for a CPU; never part of a TPU program whatever this says.
+  c.cpu_tuning = True
+  for key, value in overrides.items():
+    c[key] = value
+  return c
+
+
+def validate_run_config(config: Any) -> None:
+  """Value checks of the run section (raises ConfigError naming the field, the value and the fix)."""
+  for field in ("log_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
+    if int(config[field]) <= 0:
+      raise ConfigError(field, config[field], "must be positive", "use e.g. 100")
+  if config.nonfinite not in NONFINITE_POLICIES:
+    raise ConfigError("nonfinite", config.nonfinite, f"must be one of {NONFINITE_POLICIES}",
+                      "use 'stop' (end the run at the first NaN/Inf step, keeping the last "
+                      "checkpoint)")
+  if int(config.profile_steps) < 0:
+    raise ConfigError("profile_steps", config.profile_steps, "must be >= 0", "use 0 (off) or 5")
+
+
+def flat_hparams(config: Any) -> dict:
+  """The config as a flat {"a.b": scalar} dict (the hparams writer, the config fingerprint)."""
+  out = {}
+
+  def walk(prefix, node):
+    for k, v in node.items():
+      if isinstance(v, (dict, ml_collections.ConfigDict)):
+        walk(f"{prefix}{k}.", v)
+      else:
+        out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+  walk("", config.to_dict() if hasattr(config, "to_dict") else config)
   return out

@@ -6,7 +6,6 @@ Every trainer calls `initialize()` first thing (before any other JAX call) and `
 
   def main(argv):
     info = distributed.initialize()          # TPU pod: auto-detected; laptop: no-op.
-    mesh = distributed.global_mesh()          # 1-D Mesh over every device of every host.
     with distributed.fail_fast():             # a failing host exits at once (see fail_fast)
       ...                                     # train, save checkpoints
       checkpoint_manager.close()              # wait for this host's async writes
@@ -45,8 +44,8 @@ from typing import Iterator, Optional
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh
-import numpy as np
+
+from experiments.common import console
 
 ENV_COORDINATOR = "PODLAB_COORDINATOR"
 ENV_NUM_PROCESSES = "PODLAB_NUM_PROCESSES"
@@ -58,10 +57,6 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 30
 terminates every other process (JAX's own default is 100 s). A process blocked in a collective whose
 peer died never returns by itself: this timeout is what bounds the hang. Heartbeats come from a
 background thread, so long compilations or steps do not trip it."""
-
-MESH_AXIS = "devices"
-"""Name of the single axis of `global_mesh()` and `local_mesh()`."""
-
 
 @dataclasses.dataclass(frozen=True)
 class DistributedInfo:
@@ -185,10 +180,13 @@ def initialize(
       device_kinds=tuple(sorted({d.device_kind for d in devices})),
       platform=devices[0].platform,
   )
-  logging.info(
-      "distributed: process %d/%d, %d local / %d global devices, kinds %s (platform %s)",
-      info.process_index, info.process_count, info.local_device_count, info.device_count,
-      ", ".join(info.device_kinds), info.platform)
+  line = (f"distributed: process {info.process_index}/{info.process_count}, "
+          f"{info.local_device_count} local / {info.device_count} global devices, kinds "
+          f"{', '.join(info.device_kinds)} (platform {info.platform})")
+  if info.process_count > 1:
+    console.say(line)          # every worker's log says which host it is
+  else:
+    logging.info("%s", line)
   return info
 
 
@@ -237,19 +235,3 @@ def fail_fast() -> Iterator[None]:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # pylint: disable=protected-access
-
-
-def global_mesh() -> Mesh:
-  """1-D mesh over all devices of all processes, axis `'devices'`.
-
-  Devices are ordered by (process index, device id), so each process owns one contiguous block of
-  the axis: row `i` of a host-local `[local_device_count, ...]` array lands at global row
-  `process_index * local_device_count + i` when sharded `P('devices')`.
-  """
-  devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-  return Mesh(np.array(devices), (MESH_AXIS,))
-
-
-def local_mesh() -> Mesh:
-  """1-D mesh over this process' devices (in `jax.local_devices()` order), axis `'devices'`."""
-  return Mesh(np.array(jax.local_devices()), (MESH_AXIS,))

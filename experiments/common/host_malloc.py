@@ -15,18 +15,18 @@ the OS) and M_ARENA_MAX = 1 (threads created afterwards share the main heap: a t
 hold a block over 64 MiB and falls back to a fresh mmap whatever M_MMAP_MAX says). Numerics are
 unchanged (it only changes where the bytes live); the price is that the process keeps the memory it
 has freed (up to its peak). Threads that already have their own arena keep it, so scratch buffers
-over 64 MiB are only covered when it runs before the JAX CPU backend starts its threads (what
-`keep_heap_for_cpu_backend()` does when JAX_PLATFORMS / jax_platforms names cpu first; otherwise it
-runs after, which covers the CPU recipe's 51 MiB). It is process-wide, so the trainer applies it only
-on the CPU backend (`config.cpu_keep_heap`, default True) and the benchmark has `--no_keep_heap` to
-measure without it. Elsewhere than glibc (macOS, musl) it does nothing.
+over 64 MiB are only covered when it runs before the JAX CPU backend starts its threads; the trainer
+runs it once the run's devices are known (the CPU recipes' scratch is below that). It is
+process-wide, so the trainer applies it only when the program is compiled for a CPU
+(`config.cpu_tuning`, default True: experiments/common/layout.py `cpu_tuning`), and the benchmark
+has `--no_keep_heap` to measure without it. Elsewhere than glibc (macOS, musl) it does nothing.
 
 Shape glossary: none (host memory only).
 
 Synopsis:
 
   from experiments.common import host_malloc
-  host_malloc.keep_heap_for_cpu_backend()   # True when applied (glibc, CPU backend)
+  host_malloc.keep_heap()                   # True when applied (glibc)
 """
 
 from __future__ import annotations
@@ -41,19 +41,6 @@ M_ARENA_MAX = -8
 TRIM_THRESHOLD_BYTES = 1 << 30
 
 _applied = False
-
-
-def keep_heap_for_cpu_backend() -> bool:
-  """`keep_heap()` when JAX runs on the CPU; True when applied.
-
-  Before the backend starts (so that its threads share the main heap) when `jax_platforms` names cpu
-  first; otherwise after asking JAX for its default backend (which starts it).
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  platforms = (jax.config.jax_platforms or "").split(",")
-  if platforms[0].strip() == "cpu" or jax.default_backend() == "cpu":
-    return keep_heap()
-  return False
 
 
 def is_glibc() -> bool:

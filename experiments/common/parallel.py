@@ -24,13 +24,23 @@ Synopsis:
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-AXIS = "batch"
+AXIS = "data"
+"""The one mesh axis of podlab's data parallelism: pmapped steps' collectives, `global_mesh()`,
+`local_mesh()` and the checkpoints' per-device arrays all use it."""
+
+
+def global_mesh() -> Mesh:
+  """1-D mesh over all devices of all processes, ordered by (process index, device id), so each
+  process owns one contiguous block: row `i` of a host-local `[local_device_count, ...]` array is
+  global row `process_index * local_device_count + i` when sharded `P(AXIS)`."""
+  devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+  return Mesh(np.array(devices), (AXIS,))
 
 
 def local_mesh() -> Mesh:
@@ -66,7 +76,8 @@ def first_local(x: Any) -> np.ndarray:
 
 
 def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_axes: Any = 0,
-              donate_argnums: Sequence[int] = ()) -> Callable[..., Any]:
+              donate_argnums: Sequence[int] = (), devices: Optional[Sequence[Any]] = None
+              ) -> Callable[..., Any]:
   """`jax.pmap(fn)` over local devices with axis name `AXIS`.
 
   Args:
@@ -76,11 +87,13 @@ def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_
     out_axes: as in `jax.pmap`: None for outputs that are the same on every device (they stay
       replicated, with no device axis), 0 for per-device outputs; a tuple for a tuple of outputs.
     donate_argnums: arguments whose buffers may be reused for outputs (state updated in place).
+    devices: the devices to map over (default: this process's); the dry run passes a TPU
+      topology's devices to compile for a whole slice from a CPU machine.
   """
   num_args = len(inspect.signature(fn).parameters)
   in_axes = tuple(None if i in replicated_in else 0 for i in range(num_args))
   return jax.pmap(fn, axis_name=AXIS, in_axes=in_axes, out_axes=out_axes,
-                  donate_argnums=tuple(donate_argnums))
+                  donate_argnums=tuple(donate_argnums), devices=devices)
 
 
 def device_indices() -> np.ndarray:

@@ -14,14 +14,19 @@ the prompt from a file. Prints the wall time and tokens/s of each sample.
 from __future__ import annotations
 
 import os
-import sys
 import time
 
-from absl import app
 from absl import flags
+import jax
+import numpy as np
 
-from experiments.common import config_utils
-from experiments.common import main_lib
+from experiments.common import entry
+from experiments.common import trainer
+from experiments.nanogpt import nanogpt_checkpoint
+from experiments.nanogpt import sampling
+from experiments.nanogpt import train
+from input_pipeline import text
+from modules import gpt
 
 _CKPT = flags.DEFINE_string("ckpt", None, "A nanoGPT ckpt.pt to sample from instead of --workdir.")
 _START = flags.DEFINE_string("start", "\n", "Prompt text, or FILE:path.")
@@ -33,44 +38,18 @@ _SEED = flags.DEFINE_integer("seed", 1337, "Sampling seed.")
 _CACHE = flags.DEFINE_bool("kv_cache", True, "Use the KV cache (context policy 'chunk').")
 
 
-def main(argv):
-  del argv
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.common import checkpointing  # pylint: disable=g-import-not-at-top
-  from experiments.nanogpt import nanogpt_checkpoint  # pylint: disable=g-import-not-at-top
-  from experiments.nanogpt import sampling  # pylint: disable=g-import-not-at-top
-  from experiments.nanogpt import train  # pylint: disable=g-import-not-at-top
-  from input_pipeline import text  # pylint: disable=g-import-not-at-top
-  from modules import gpt  # pylint: disable=g-import-not-at-top
-
-  config = main_lib._CONFIG.value  # pylint: disable=protected-access
-  try:
-    train.validate_config(config)
-    data = train.TextData(config)
-  except (config_utils.ConfigError, FileNotFoundError) as e:
-    sys.exit(f"error: {e}")
+def main() -> None:
+  config = entry.config()
+  trainer.check_config(train.NanoGPT(), config)
+  data = train.TextData(config)
   if _CKPT.value:
     cfg, params, meta = nanogpt_checkpoint.load(_CKPT.value)
     print(f"nanoGPT checkpoint {_CKPT.value}: {cfg.model_args()}, iter {meta['iter_num']}, best val "
           f"{meta['best_val_loss']}")
   else:
-    workdir = main_lib._WORKDIR.value or main_lib.default_workdir(main_lib.config_filename())  # pylint: disable=protected-access
+    workdir = entry.workdir()
     cfg = train.model_config(config, data.vocab_size)
-    model = gpt.GPTModel(cfg)
-    tx = train.make_optimizer(config)
-    params = model.init(jax.random.key(0))
-    template = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-    ckpt = checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints"))
-    restored = ckpt.restore(replicated_like={"state": template, "window": {
-        "sums": {k: np.float32(0) for k in train.TRAIN_METRICS}, "steps": np.int32(0)}},
-                            per_device_like={})
-    ckpt.close()
-    if restored is None:
-      sys.exit(f"error: no checkpoint in {workdir}/checkpoints; train first or pass --ckpt")
-    step, saved, _ = restored
-    params = saved["state"].params
+    step, params = trainer.restore_params(train.NanoGPT(), config, workdir)
     print(f"podlab checkpoint {workdir} at step {step}")
   model = gpt.GPTModel(cfg)
   start = _START.value
@@ -89,6 +68,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config"])
-  app.run(main, argv=config_utils.resolve_config_argv(sys.argv, os.path.dirname(
-      os.path.abspath(__file__))))
+  entry.run_program(os.path.dirname(os.path.abspath(__file__)), main)

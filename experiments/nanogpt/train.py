@@ -1,15 +1,15 @@
-"""nanoGPT training on the shared machinery: `train_and_evaluate(config, workdir)`.
+"""nanoGPT on the shared trainer: the experiment's state, steps, data and evaluation (what differs).
 
-The recipe of ../shared/docs/gpt-reference.md: AdamW (decay 0.1 on tensors with >= 2 dims only),
-global-norm clipping, linear warm-up + cosine to min_lr (`lr_at`, 0-based iteration), gradient
-accumulation over `grad_accum` micro-batches (a scan inside the step; loss / grad_accum), random
-windows of the token stream, evaluation of the mean train/val loss over `eval_iters` random batches
-every `eval_interval` iterations (iteration 0 included; dropout off), MFU against the device's peak.
+The recipe of docs/nanogpt.md: AdamW (decay 0.1 on tensors with >= 2 dims only), global-norm
+clipping, linear warm-up + cosine to min_lr (`lr_at`, 0-based iteration), gradient accumulation over
+`grad_accum` micro-batches (a scan inside the step; loss / grad_accum), random windows of the token
+stream, evaluation of the mean train/val loss over `eval_iters` random batches every `eval_interval`
+iterations (iteration 0 included; dropout off), MFU against the device's peak (the trainer).
 `max_iters = N` performs N + 1 updates. `config.rng = "torch"` (default) starts from nanoGPT's
 initial weights and trains/evaluates on nanoGPT's batches in its order (experiments/nanogpt/
-torch_rng.py); "stateless" uses Haiku's init and tf.data Philox windows per host. The loop,
-checkpoints (resume from the workdir), metrics, preemption and the non-finite guard are TRM's
-(`experiments.common.loop`, `checkpointing`, ...).
+torch_rng.py); "stateless" uses Haiku's init and tf.data Philox windows per host.
+`config.init_from` starts from a podlab checkpoint or nanoGPT's `ckpt.pt` (experiments/nanogpt/
+nanogpt_checkpoint.py).
 
 Step numbering: our step k = k updates done = nanoGPT's iteration k - 1 finished; the evaluation
 nanoGPT makes at iteration i (before its update) is ours after step i.
@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import math
-import os
-import time
 from typing import Any, Dict, NamedTuple, Optional
 
 import jax
@@ -37,26 +34,24 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-import tensorflow as tf
-from absl import logging
-from clu import periodic_actions
 
-from experiments.common import checkpointing
-from experiments.common import config_utils
-from experiments.common import loop
+from experiments.common import errors
+from experiments.common import experiment
+from experiments.common import layout as layout_lib
 from experiments.common import metrics as metrics_lib
 from experiments.common import parallel
-from experiments.common import preemption
-from experiments.common import host_malloc
-from experiments.nanogpt import mfu as mfu_lib
+from experiments.common import trainer
+from experiments.common import workdir as workdir_lib
+from experiments.nanogpt import nanogpt_checkpoint
 from experiments.nanogpt import torch_rng
 from experiments.nanogpt.configs import base as base_config
 from input_pipeline import datasets
+from input_pipeline import pipeline
 from input_pipeline import text
 from input_pipeline.datasets import text_corpus
 from modules import gpt
 
-TRAIN_METRICS = ("loss", "grad_norm", "nonfinite_steps", "steps")
+PROGRESS = ("train/loss", "train/lr")
 
 
 class TrainState(NamedTuple):
@@ -70,15 +65,11 @@ class TrainState(NamedTuple):
 # Configuration.
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Checks field names against configs/base.py and values against each other (ConfigError)."""
-  reference = base_config.get_config()
-  reference.dataset.builder_kwargs = ml_collections.ConfigDict()
-  config_utils.validate_config(config, reference)
-  E = config_utils.ConfigError
-  for field in ("batch_size", "grad_accum", "eval_iters", "log_every_steps",
-                "checkpoint_every_steps", "eval_interval"):
+  """nanoGPT's value checks (field names are checked by the trainer against configs/base.py)."""
+  E = errors.ConfigError
+  for field in ("eval_iters", "eval_interval"):
     if config[field] <= 0:
-      raise E(field, config[field], "must be positive", f"use e.g. {reference[field]}")
+      raise E(field, config[field], "must be positive", f"use e.g. {base_config.get_config()[field]}")
   if config.max_iters < 0:
     raise E("max_iters", config.max_iters, "must be >= 0", "use e.g. 2000")
   if config.decay_lr and config.lr_decay_iters < config.warmup_iters:
@@ -86,21 +77,21 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             "use lr_decay_iters >= warmup_iters (nanoGPT: ~= max_iters)")
   if config.min_lr > config.lr:
     raise E("min_lr", config.min_lr, f"is above lr={config.lr}", "use e.g. lr / 10")
-  if config.nonfinite not in ("stop", "skip", "continue"):
-    raise E("nonfinite", config.nonfinite, "must be 'stop', 'skip' or 'continue'", "use 'stop'")
   if config.rng not in ("torch", "stateless"):
     raise E("rng", config.rng, "must be 'torch' (nanoGPT's draws) or 'stateless'", "use 'torch'")
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> gpt.GPTConfig:
+def model_config(config: ml_collections.ConfigDict, vocab_size: int,
+                 fast_grad: bool = False) -> gpt.GPTConfig:
+  """GPTConfig of the config's model fields; `fast_grad`: the CPU matmul forms (layout.cpu_tuning)."""
   m = config.model
   try:
     return gpt.GPTConfig(block_size=m.block_size,
                          vocab_size=m.vocab_size if m.vocab_size > 0 else vocab_size,
                          n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
-                         bias=m.bias, dtype=m.dtype, fast_grad=m.fast_grad)
+                         bias=m.bias, dtype=m.dtype, fast_grad=fast_grad)
   except ValueError as e:
-    raise config_utils.ConfigError("model", "", str(e), "change the named model field") from None
+    raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 
 
 def lr_at(it: Any, config: ml_collections.ConfigDict) -> Any:
@@ -140,17 +131,10 @@ class TextData:
   """This host's train/val token arrays and its random-window streams."""
 
   def __init__(self, config: ml_collections.ConfigDict):
-    from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
     ds = config.dataset
     self.source = pipeline.DataSource.from_config(ds, seed=config.seed)
-    builder = datasets.get_builder(self.source.name, self.source.data_dir,
-                                   self.source.builder_kwargs)
-    if not builder.is_prepared():
-      raise FileNotFoundError(
-          f"{builder.info.full_name} is not prepared in {self.source.data_dir}; run `python -m "
-          f"input_pipeline.prepare --dataset={self.source.name} --data_dir={self.source.data_dir} "
-          f"--manual_dir=<folder with the text file>` or set --config.dataset.prepare_if_missing=True "
-          f"with --config.dataset.manual_dir")
+    builder = pipeline.prepared_builder(self.source.data_dir, self.source.name,
+                                        self.source.builder_kwargs)
     self.vocab = text_corpus.vocab_of(builder)
     self.vocab_size = int(builder.info.metadata["vocab_size"])
     self.tokens = {ds.train_split: text_corpus.load_tokens(builder, ds.train_split),
@@ -161,7 +145,7 @@ class TextData:
     """nanoGPT's own batch order (config.rng = "torch"): see experiments/nanogpt/torch_rng.py."""
     return torch_rng.BatchStream(
         self.tokens[self.train_split], self.tokens[self.val_split],
-        block_size=config.model.block_size, batch_size=config.batch_size,
+        block_size=config.model.block_size, batch_size=config.global_batch_size,
         grad_accum=config.grad_accum, eval_interval=config.eval_interval,
         eval_iters=config.eval_iters, init_draws=init_draws, seed=config.seed,
         local_device_count=n_local, process_index=jax.process_index(),
@@ -170,10 +154,10 @@ class TextData:
   def stream(self, split: str, stream: str, *, config, n_local: int, accum: int,
              start_step: int):
     return text.window_iterator(
-        self.tokens[split], block_size=config.model.block_size, global_batch_size=config.batch_size,
-        local_device_count=n_local, accum_steps=accum, seed=config.seed,
-        process_index=jax.process_index(), process_count=jax.process_count(), stream=stream,
-        start_step=start_step)
+        self.tokens[split], block_size=config.model.block_size,
+        global_batch_size=config.global_batch_size, local_device_count=n_local, accum_steps=accum,
+        seed=config.seed, process_index=jax.process_index(), process_count=jax.process_count(),
+        stream=stream, start_step=start_step)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,16 +165,16 @@ class TextData:
 
 def make_train_step(model: gpt.GPTModel, tx: optax.GradientTransformation,
                     config: ml_collections.ConfigDict):
-  """(state, batch [A, b, T] x/y, device_index) -> (state, sums); pmapped by the caller."""
+  """(state, device_state (None), batch [A, b, T] x/y, device_index) -> (state, None, sums, finite);
+  the per-device step of experiments/common/experiment.py."""
   accum = config.grad_accum
   dropout = model.config.dropout > 0
-  nonfinite = config.nonfinite
 
   def loss_fn(params, x, y, rng):
     logits = model.apply(params, x, rng if dropout else None, is_training=dropout)
     return gpt.cross_entropy(logits, y)
 
-  def train_step(state: TrainState, batch, device_index):
+  def train_step(state: TrainState, device_state, batch, device_index):
     base = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), state.step),
                               device_index)
 
@@ -212,15 +196,10 @@ def make_train_step(model: gpt.GPTModel, tx: optax.GradientTransformation,
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    if nonfinite == "skip":
-      params = jax.tree.map(lambda new, old: jnp.where(finite, new, old), params, state.params)
-      opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), opt_state,
-                               state.opt_state)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)   # the trainer adds the skip policy
     new = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
-    sums = {"loss": loss, "grad_norm": grad_norm,
-            "nonfinite_steps": 1.0 - finite.astype(jnp.float32), "steps": jnp.ones(())}
-    return new, sums
+    sums = {"loss": loss, "grad_norm": grad_norm, "steps": jnp.ones(())}
+    return new, device_state, sums, finite
 
   return train_step
 
@@ -232,173 +211,162 @@ def make_eval_step(model: gpt.GPTModel):
   return eval_step
 
 
+
 # --------------------------------------------------------------------------------------------------
-# The run.
+# The experiment.
+
+def train_scalars(config: ml_collections.ConfigDict, sums: Dict[str, float], n: int,
+                  step: int) -> Dict[str, float]:
+  return {"train/loss": sums.get("loss", 0.0) / max(n, 1),
+          "train/grad_norm": sums.get("grad_norm", 0.0) / max(n, 1),
+          "train/lr": float(lr_at(step - 1, config))}
+
+
+def curves(history: Dict[int, Dict[str, Dict[str, float]]]) -> Dict[str, Dict[int, float]]:
+  """{"train": {step: loss}, "val": {step: loss}} of the evaluations so far."""
+  out = {"train": {}, "val": {}}
+  for step, evals in sorted(history.items()):
+    if "eval" in evals:
+      out["train"][step] = evals["eval"]["train_loss"]
+      out["val"][step] = evals["eval"]["val_loss"]
+  return out
+
+
+def curve_table(config: ml_collections.ConfigDict, final: Any, history: Any) -> str:
+  del final
+  c = curves(history)
+  rows = {f"step {s}": {"train_loss": c["train"][s], "val_loss": v} for s, v in c["val"].items()}
+  return (f"(mean over {config.eval_iters} batches per split)\n"
+          + metrics_lib.format_table(rows, ("train_loss", "val_loss")))
+
+
+class NanoGPT(experiment.Experiment):
+  """nanoGPT (docs/nanogpt.md) on the shared trainer."""
+
+  name = "nanogpt"
+
+  def base_config(self) -> ml_collections.ConfigDict:
+    reference = base_config.get_config()
+    reference.dataset.builder_kwargs = ml_collections.ConfigDict()
+    return reference
+
+  def validate(self, config: ml_collections.ConfigDict) -> None:
+    validate_config(config)
+
+  def build(self, config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout, *,
+            abstract: bool = False) -> experiment.Build:
+    n_local = layout.devices_per_host
+    if abstract:
+      data = None
+      vocab_size = (config.model.vocab_size if config.model.vocab_size > 0 else
+                    int(datasets.get_metadata(config.dataset.name)["vocab_size"]))
+    else:
+      data = TextData(config)
+      vocab_size = data.vocab_size
+    model = model_config(config, vocab_size, fast_grad=layout.cpu_tuning)
+    gpt_model = gpt.GPTModel(model)
+    tx = make_optimizer(config)
+    init_draws = 0
+    if abstract:
+      params = jax.eval_shape(gpt_model.init, jax.random.key(config.seed))
+      state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+                         opt_state=jax.eval_shape(tx.init, params))
+    else:
+      if config.rng == "torch":      # nanoGPT's initial weights for this seed (torch_rng)
+        params, init_draws = torch_rng.init_params(model, config.seed)
+        params = jax.tree.map(jnp.asarray, params)
+      else:
+        params = gpt_model.init(jax.random.key(config.seed))
+      state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    n_params = gpt.num_params(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), params)
+                              if abstract else params)
+    T = model.block_size
+    shape = (n_local, config.grad_accum, layout.per_device_batch, T)
+    example_batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32) for k in "xy"}
+    tokens = layout.global_batch * config.grad_accum * T
+    flops = gpt.flops_per_token(model, n_params) * tokens
+    eval_batch = {k: jax.ShapeDtypeStruct((n_local, 1, layout.per_device_batch, T), jnp.int32)
+                  for k in "xy"}
+    programs = {"eval_step": experiment.Program(
+        make_eval_step(gpt_model), (state.params, eval_batch), replicated_in=(0,), out_axes=None,
+        items=layout.global_batch * T,
+        flops=gpt.flops_per_token(model, n_params) / 3 * layout.global_batch * T)} if abstract else {}
+    common = dict(
+        state=state, train_step=make_train_step(gpt_model, tx, config),
+        total_steps=config.max_iters + 1, example_batch=example_batch,
+        train_scalars=functools.partial(train_scalars, config), progress=PROGRESS,
+        parameters=f"number of parameters: {n_params / 1e6:.2f}M ({n_params:,}); {model}",
+        summary=(f"number of parameters: {n_params / 1e6:.2f}M ({n_params:,}); {model.n_layer} "
+                 f"layers x {model.n_head} heads x {model.n_embd}, block {T}, vocab "
+                 f"{model.vocab_size}, {model.dtype}; {config.max_iters + 1:,} updates of "
+                 f"{tokens:,} tokens"),
+        items_per_step=tokens, item_name="tokens", flops_per_step=flops, model_config=model,
+        nonfinite_order=("loss", "grad_norm"), eval_programs=programs,
+        final_table=functools.partial(curve_table, config),
+        results=lambda final, history: {"train_curve": curves(history)["train"],
+                                        "val_curve": curves(history)["val"],
+                                        "num_params": n_params})
+    if abstract:
+      def init():
+        p = gpt_model.init(jax.random.key(config.seed))
+        return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)), None
+      return experiment.Build(batches=lambda start: iter(()), init=init, **common)
+
+    stream = (data.torch_stream(config, n_local=n_local, init_draws=init_draws)
+              if config.rng == "torch" else None)
+
+    def batches(start_step: int):
+      if stream is not None:
+        return (stream.train(k) for k in itertools.count(start_step))
+      return data.stream(data.train_split, "train", config=config, n_local=n_local,
+                         accum=config.grad_accum, start_step=start_step)
+
+    p_eval_step = parallel.pmap_step(make_eval_step(gpt_model), replicated_in=(0,), out_axes=None)
+
+    def estimate_loss(ctx: experiment.EvalContext) -> Dict[str, float]:
+      out = {}
+      for split, name, which in ((data.train_split, "eval_train", "train"),
+                                 (data.val_split, "eval_val", "val")):
+        if stream is not None:
+          eval_iter = iter(stream.eval(ctx.step, which))
+        else:
+          eval_iter = data.stream(split, name, config=config, n_local=n_local, accum=1,
+                                  start_step=ctx.step * config.eval_iters)
+        losses = [p_eval_step(ctx.state.params, parallel.shard(next(eval_iter)))
+                  for _ in range(config.eval_iters)]
+        out[f"{which}_loss"] = float(np.mean([float(parallel.unreplicate(l)) for l in losses]))
+      return out
+
+    def on_start(wd: workdir_lib.Workdir, start_step: int) -> None:
+      workdir_lib.write_json(wd.path("model_args.json"),
+                             dict(model.model_args(), dtype=model.dtype, vocab=data.vocab or "",
+                                  dataset=config.dataset.name))
+
+    evaluation = experiment.Evaluator(
+        "eval", estimate_loss, every=config.eval_interval, at_start=True, at_end=False,
+        size=2 * config.eval_iters * layout.global_batch)
+    return experiment.Build(batches=batches, evaluators=[evaluation], on_start=on_start, **common)
+
+  def load_init(self, path: str, build: experiment.Build,
+                config: ml_collections.ConfigDict) -> Any:
+    """nanoGPT's `ckpt.pt` (its model args must match this config's model)."""
+    try:
+      cfg, params, meta = nanogpt_checkpoint.load(path, dtype=build.model_config.dtype)
+    except FileNotFoundError:
+      raise errors.ConfigError("init_from", path, "no such file or podlab checkpoint",
+                               "pass a podlab workdir or a nanoGPT ckpt.pt") from None
+    mine, theirs = build.model_config.model_args(), cfg.model_args()
+    shape_keys = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias")
+    diff = {k: (theirs[k], mine.get(k)) for k in shape_keys if mine.get(k) != theirs.get(k)}
+    if diff:
+      fix = " ".join(f"--config.model.{k}={v[0]}" for k, v in diff.items())
+      raise errors.FormatError(f"--config.init_from={path}: nanoGPT model args differ from this "
+                               f"config's (file, config): {diff}. Fix: {fix}")
+    del meta
+    return jax.tree.map(jnp.asarray, params)
+
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, Any]:
-  """Trains as configured; returns {"val_curve": {step: loss}, "train_curve": ..., "final": ...}.
-
-  Raises the same exceptions as TRM's trainer (loop.Preempted, loop.NonFiniteError, ConfigError,
-  WorkdirError, FileNotFoundError, CheckpointError).
-  """
-  with preemption.PreemptionGuard() as guard:
-    return _train_and_evaluate(config, workdir, guard)
-
-
-def _train_and_evaluate(config, workdir, guard) -> Dict[str, Any]:
-  validate_config(config)
-  config_utils.check_workdir(workdir)
-  if config.cpu_keep_heap:
-    host_malloc.keep_heap_for_cpu_backend()   # no page faults on the step's scratch (host_malloc)
-  n_local, per_device = loop.check_devices(config, "batch_size")
-  data = TextData(config)
-  model = model_config(config, data.vocab_size)
-  gpt_model = gpt.GPTModel(model)
-  tx = make_optimizer(config)
-  total_steps = config.max_iters + 1
-  if config.rng == "torch":      # nanoGPT's initial weights for this seed (torch_rng)
-    params, init_draws = torch_rng.init_params(model, config.seed)
-    params = jax.tree.map(jnp.asarray, params)
-  else:
-    params, init_draws = gpt_model.init(jax.random.key(config.seed)), 0
-  n_params = gpt.num_params(params)
-  logging.info("nanoGPT: %s, %s parameters (non-embedding), %d updates, micro-batch %d = %d "
-               "processes x %d devices x %d, grad_accum %d", model, f"{n_params:,}", total_steps,
-               config.batch_size, jax.process_count(), n_local, per_device, config.grad_accum)
-  if jax.process_index() == 0:
-    print(f"number of parameters: {n_params / 1e6:.2f}M ({n_params:,})", flush=True)
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-
-  acc = metrics_lib.SumAccumulator()
-  ckpt = checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints"),
-                                         max_to_keep=config.keep_checkpoints,
-                                         save_interval_steps=config.checkpoint_every_steps,
-                                         enable_async=config.async_checkpoints)
-  curves: Dict[str, Dict[int, float]] = {"train": {}, "val": {}}
-  restored = ckpt.restore_latest(
-      replicated_like={"state": state, "window": acc.state(TRAIN_METRICS)},
-      per_device_like={}, fallback=config.restore_fallback)
-  start_step = 0
-  if restored is not None:
-    start_step, saved, _ = restored
-    state = jax.tree.map(jnp.asarray, saved["state"])
-    acc.restore(saved["window"], n_local)
-    logging.info("Resumed from %s at step %d", ckpt.directory, start_step)
-  curves_path = os.path.join(workdir, "curves.json")
-  if start_step > 0 and tf.io.gfile.exists(curves_path):       # local path or gs://
-    with tf.io.gfile.GFile(curves_path) as f:
-      loaded = json.load(f)
-    curves = {k: {int(s): float(v) for s, v in loaded.get(k, {}).items() if int(s) <= start_step}
-              for k in ("train", "val")}
-  if jax.process_index() == 0:
-    metrics_lib.write_json(os.path.join(workdir, "model_args.json"),
-                           dict(model.model_args(), dtype=model.dtype,
-                                vocab=data.vocab or "", dataset=config.dataset.name))
-
-  state = parallel.replicate(state)
-  device_index = parallel.shard(parallel.device_indices())
-  p_train_step = parallel.pmap_step(make_train_step(gpt_model, tx, config),
-                                    replicated_in=(0,), out_axes=(None, 0), donate_argnums=(0,))
-  p_eval_step = parallel.pmap_step(make_eval_step(gpt_model), replicated_in=(0,), out_axes=None)
-
-  writer = metrics_lib.create_writer(workdir)
-  if start_step == 0:
-    writer.write_hparams(loop.flat_hparams(config))
-  hooks = [periodic_actions.ReportProgress(num_train_steps=total_steps, writer=writer,
-                                           every_steps=config.log_every_steps)]
-  if config.rng == "torch":
-    batches = data.torch_stream(config, n_local=n_local, init_draws=init_draws)
-    train_iter = (batches.train(k) for k in itertools.count(start_step))
-  else:
-    batches = None
-    train_iter = data.stream(data.train_split, "train", config=config, n_local=n_local,
-                             accum=config.grad_accum, start_step=start_step)
-  peak = mfu_lib.peak_flops_per_device(config.peak_flops) * jax.device_count()
-  flops_per_iter = (gpt.flops_per_token(model, n_params) * model.block_size
-                    * config.batch_size * config.grad_accum)
-  timing = {"t": time.perf_counter(), "ms": []}
-
-  def estimate_loss(step: int) -> Dict[str, float]:
-    out = {}
-    for split, stream, which in ((data.train_split, "eval_train", "train"),
-                                 (data.val_split, "eval_val", "val")):
-      if batches is not None:
-        eval_iter = iter(batches.eval(step, which))
-      else:
-        eval_iter = data.stream(split, stream, config=config, n_local=n_local, accum=1,
-                                start_step=step * config.eval_iters)
-      losses = [p_eval_step(state.params, parallel.shard(next(eval_iter)))
-                for _ in range(config.eval_iters)]
-      out[split] = float(np.mean([float(parallel.unreplicate(l)) for l in losses]))
-    curves["train"][step], curves["val"][step] = out[data.train_split], out[data.val_split]
-    writer.write_scalars(step, {"eval/train_loss": out[data.train_split],
-                                "eval/val_loss": out[data.val_split]})
-    if jax.process_index() == 0:
-      print(f"step {step}: train loss {out[data.train_split]:.4f}, val loss "
-            f"{out[data.val_split]:.4f}", flush=True)
-      metrics_lib.write_json(curves_path, {k: {str(s): v for s, v in c.items()}
-                                           for k, c in curves.items()})
-    timing["t"] = time.perf_counter()      # evaluation time is not training time
-    return out
-
-  def write_train_metrics(step: int) -> None:
-    n = acc.num_steps
-    sums = acc.pop()
-    now = time.perf_counter()
-    ms = 1000.0 * (now - timing["t"]) / max(n, 1)
-    timing["t"] = now
-    timing["ms"].append(ms)
-    scalars = {"train/loss": sums.get("loss", 0.0) / max(n, 1),
-               "train/grad_norm": sums.get("grad_norm", 0.0) / max(n, 1),
-               "train/nonfinite_steps": sums.get("nonfinite_steps", 0.0),
-               "train/lr": float(lr_at(step - 1, config)), "train/ms_per_iter": ms,
-               "train/mfu": flops_per_iter / (ms / 1000.0) / peak}
-    writer.write_scalars(step, scalars)
-    if jax.process_index() == 0:
-      print(f"iter {step - 1}: loss {scalars['train/loss']:.4f}, time {ms:.2f}ms, "
-            f"mfu {100 * scalars['train/mfu']:.2f}%", flush=True)
-
-  def train_step(step: int) -> Dict[str, Any]:
-    nonlocal state
-    batch = parallel.shard(next(train_iter))
-    state, sums = p_train_step(state, batch, device_index)
-    return sums
-
-  def save(step: int, force: bool) -> bool:
-    return ckpt.save(step, replicated={"state": state, "window": acc.state(TRAIN_METRICS)},
-                     per_device={}, force=force)
-
-  def on_preempt(step: int) -> None:
-    writer.flush()
-    ckpt.wait_until_finished()
-    ckpt.close()
-
-  check = functools.partial(loop.check_finite, nonfinite=config.nonfinite, ckpt=ckpt,
-                            order=("loss", "grad_norm"))
-  if start_step == 0:
-    estimate_loss(0)
-  logging.info("Training from step %d to %d", start_step, total_steps)
-  loop.run_steps(
-      start_step=start_step, total_steps=total_steps, train_step=train_step, acc=acc, guard=guard,
-      log_every=config.log_every_steps, write_metrics=write_train_metrics,
-      eval_every=config.eval_interval, evaluate=estimate_loss,
-      checkpoint_every=config.checkpoint_every_steps, save=save, check=check,
-      on_preempt=on_preempt, checkpoint_dir=ckpt.directory, hooks=hooks)
-
-  results = {"train_curve": curves["train"], "val_curve": curves["val"],
-             "num_params": n_params, "median_ms_per_iter": (float(np.median(timing["ms"]))
-                                                            if timing["ms"] else None)}
-  if curves["val"] and jax.process_index() == 0:
-    rows = {f"step {s}": {"train_loss": curves["train"][s], "val_loss": v}
-            for s, v in sorted(curves["val"].items())}
-    table = metrics_lib.format_table(rows, ("train_loss", "val_loss"))
-    print(f"\nEvaluations (mean over {config.eval_iters} batches per split):\n{table}\n", flush=True)
-  metrics_lib.write_json(os.path.join(workdir, "final_eval.json"),
-                         {"val_curve": {str(k): v for k, v in curves["val"].items()},
-                          "train_curve": {str(k): v for k, v in curves["train"].items()},
-                          "num_params": n_params,
-                          "median_ms_per_iter": results["median_ms_per_iter"]})
-  writer.flush()
-  ckpt.wait_until_finished()
-  ckpt.close()
-  return results
+  """Trains nanoGPT as configured on the shared trainer; returns {"val_curve": {step: loss},
+  "train_curve": ..., "num_params": ...}. See experiments/common/trainer.py for what it raises."""
+  return trainer.train_and_evaluate(NanoGPT(), config, workdir)

@@ -31,7 +31,7 @@ Glossary:
 Synopsis:
 
   import numpy as np
-  from input_pipeline import arc
+  from input_pipeline.puzzles import arc
   from experiments.trm import arc_eval
   task = arc.Task("t1", [arc.Pair(np.array([[1, 2]], np.uint8), np.array([[2, 1]], np.uint8))],
                   [arc.Pair(np.array([[3, 4]], np.uint8), np.array([[4, 3]], np.uint8))])
@@ -51,13 +51,12 @@ Synopsis:
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from input_pipeline import arc
+from experiments.common import workdir
+from input_pipeline.puzzles import arc
 
 PASS_KS = (1, 2, 5, 10, 100, 1000)
 VOTES_FORMAT = "arc_votes/1"
@@ -314,17 +313,10 @@ def validate_submission(submission: Any, meta: Optional[arc.ArcMetadata] = None,
 # Files (per-host votes, the submission).
 
 def write_json(path: str, obj: Any) -> None:
-  """Write votes / metrics / a submission as JSON, local or gs:// (a temp file, then a rename)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only for gs:// support)
-  tf.io.gfile.makedirs(os.path.dirname(path) or ".")
-  tmp = f"{path}.tmp{os.getpid()}"
-  with tf.io.gfile.GFile(tmp, "w") as f:
-    f.write(json.dumps(obj, separators=(",", ":")))
-  tf.io.gfile.rename(tmp, path, overwrite=True)
+  """Write votes / metrics / a submission as JSON from this process (local or gs://, atomically)."""
+  workdir.write_json(path, obj, every_process=True, compact=True)
 
 
 def read_json(path: str) -> Any:
   """Read what `write_json` wrote (e.g. another host's votes)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  with tf.io.gfile.GFile(path, "r") as f:
-    return json.loads(f.read())
+  return workdir.read_json(path)

@@ -26,7 +26,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-IGNORE_LABEL_ID = -100
+from input_pipeline import puzzles
+
+IGNORE_LABEL_ID = puzzles.IGNORE_LABEL_ID   # positions the loss skips (the data's label padding)
 
 
 def _pairwise_sum(x: jax.Array, axis: int = -1) -> jax.Array:

@@ -1,12 +1,12 @@
-"""TRM training and evaluation: `train_and_evaluate(config, workdir)`.
+"""TRM on the shared trainer: the experiment's state, steps, data and evaluation (what differs).
 
-The loop: a `pmap` step over this host's devices with `lax.pmean` of gradients across every device of
-every host; the ACT carry stays on the devices across optimizer steps (one optimizer step = one ACT step
-for every slot); per-device RNG is derived from (seed, step, global device index), all passed in; EMA of
-the Adam parameters every step; periodic evaluation with the EMA weights; CLU writers (TensorBoard on
-process 0), `ReportProgress` (steps/s, ETA), hparams; orbax checkpoints (periodic, keep N, async, final
-save forced) resumed automatically from the workdir; a final evaluation table printed and written to
-`<workdir>/final_eval.json`.
+The trainer (experiments/common/trainer.py) runs it: `python -m experiments.trm.main --config=...`.
+What is TRM's own: the ACT carry stays on the devices across optimizer steps (one optimizer step =
+one ACT step for every slot); per-device RNG from (seed, step, global device index), all passed in;
+AdamATan2 for the model and sparse SignSGD for the puzzle-embedding table (replicated, or its rows
+sharded over all devices: config.shard_puzzle_table); EMA of the Adam parameters every step,
+evaluation with the EMA weights; the test pass of exactly halt_max_steps ACT steps and its
+evaluators (experiments/trm/evaluators.py: ACT metrics, ARC pass@K and submission.json).
 
 Synopsis (tests call it with a tiny config):
 
@@ -18,34 +18,29 @@ Synopsis (tests call it with a tiny config):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
-import os
-import time
-from typing import Any, Dict, Iterator, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 import optax
-import tensorflow as tf
-from absl import logging
 from clu import parameter_overview
-from clu import periodic_actions
 
-from experiments.common import checkpointing
 from experiments.common import config_utils
-from experiments.common import loop
+from experiments.common import errors
+from experiments.common import experiment
+from experiments.common import layout as layout_lib
 from experiments.common import metrics as metrics_lib
-from experiments.common import optim
 from experiments.common import parallel
-from experiments.common import preemption
-from experiments.common import sharded_table
-from experiments.trm import arc_eval
+from experiments.common import trainer
+from experiments.trm import evaluators as evaluators_lib
+from experiments.trm import flops as flops_lib
 from experiments.trm import losses
+from experiments.trm import optim
+from experiments.trm import reference_checkpoint
+from experiments.trm import sharded_table
 from experiments.trm.configs import base as base_config
 from input_pipeline import datasets
 from input_pipeline import pipeline
@@ -56,6 +51,9 @@ RATIO_METRICS = ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")
 LOSS_METRICS = ("lm_loss", "q_halt_loss")
 EVAL_COLUMNS = ("exact_accuracy", "accuracy", "q_halt_accuracy", "steps", "lm_loss", "q_halt_loss",
                 "count")
+PROGRESS = ("train/lm_loss", "train/accuracy", "train/exact_accuracy")
+# Order in which a non-finite step's metrics are named (the first non-finite one is reported).
+NONFINITE_ORDER = ("lm_loss", "q_halt_loss", "grad_norm")
 
 
 class TrainState(NamedTuple):
@@ -69,35 +67,31 @@ class TrainState(NamedTuple):
   model_state: Any                # {"trm": {"H_init", "L_init"}} fixed vectors
 
 
+class DeviceState(NamedTuple):
+  """What differs per device; pmapped along the device axis, saved per device in checkpoints."""
+  carry: trm.ACTCarry              # the ACT carry of this device's batch slots
+  puzzle_shard: Optional[jax.Array]  # [R, E] this device's rows of the puzzle table when it is
+                                     # sharded (config.shard_puzzle_table), else None
+
+
 # --------------------------------------------------------------------------------------------------
 # Configuration.
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Checks field names against the base config and the values against each other.
-
-  Raises config_utils.ConfigError with the field, the value and the fix. Dataset-dependent checks
-  happen in `model_config` and `_check_devices`.
-  """
-  reference = base_config.get_config()
-  reference.dataset.builder_kwargs = ml_collections.ConfigDict()   # builder-specific: free-form
-  config_utils.validate_config(config, reference)
-  E = config_utils.ConfigError
-  if config.global_batch_size <= 0:
-    raise E("global_batch_size", config.global_batch_size, "must be positive", "use e.g. 768")
-  for field in ("log_every_steps", "checkpoint_every_steps"):
-    if config[field] <= 0:
-      raise E(field, config[field], "must be positive", "use e.g. 100")
+  """TRM's value checks (field names are checked by the trainer against configs/base.py)."""
+  E = errors.ConfigError
+  if config.grad_accum != 1:
+    raise E("grad_accum", config.grad_accum, "TRM has no gradient accumulation (one optimizer step "
+            "is one ACT step of every slot)", "use 1")
   if config.eval_every_steps <= 0 and config.eval_interval_epochs <= 0:
     raise E("eval_every_steps", config.eval_every_steps,
             "no evaluation interval: eval_interval_epochs is also <= 0",
             "set --config.eval_every_steps=N or --config.eval_interval_epochs=N")
   if not 0.0 <= config.ema_rate < 1.0:
     raise E("ema_rate", config.ema_rate, "must be in [0, 1)", "use 0.999 (the reference)")
-  if config.nonfinite not in ("stop", "skip", "continue"):
-    raise E("nonfinite", config.nonfinite, "must be 'stop', 'skip' or 'continue'",
-            "use 'stop' (default: end the run at the first NaN/Inf step, keeping the last checkpoint)")
   if config.eval_subset < 0:
     raise E("eval_subset", config.eval_subset, "must be >= 0", "use 0 (full test set) or a size")
+  evaluators_lib.names(config)
 
 
 def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any]) -> trm.TRMConfig:
@@ -107,12 +101,7 @@ def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any]) ->
     return trm.TRMConfig(seq_len=int(metadata["seq_len"]), vocab_size=int(metadata["vocab_size"]),
                          num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]), **fields)
   except ValueError as e:   # TRMConfig names the field, the value and the fix
-    raise config_utils.ConfigError("model", "", str(e), "change the named model field") from None
-
-
-def _check_devices(config: ml_collections.ConfigDict) -> Tuple[int, int]:
-  """(local device count, per-device batch): `loop.check_devices` (clear errors on a mismatch)."""
-  return loop.check_devices(config)
+    raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 
 
 def epoch_examples(metadata: Dict[str, Any], num_train_rows: int) -> int:
@@ -148,13 +137,6 @@ def make_optimizers(config: ml_collections.ConfigDict, total_steps: int):
                           weight_decay=config.weight_decay)
   sign = optim.sparse_signsgd(schedule(config.puzzle_emb_lr), config.puzzle_emb_weight_decay)
   return adam, sign
-
-
-class DeviceState(NamedTuple):
-  """What differs per device; pmapped along the device axis, saved per device in checkpoints."""
-  carry: trm.ACTCarry              # the ACT carry of this device's batch slots
-  puzzle_shard: Optional[jax.Array]  # [R, E] this device's rows of the puzzle table when it is
-                                     # sharded (config.shard_puzzle_table), else None
 
 
 def init_state(model: trm.TRMModel, adam, sign, seed: int, shard_table: bool = False) -> TrainState:
@@ -201,12 +183,12 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
   """The per-device training step (pmapped by the caller).
 
   (state, device_state, batch, device_index) -> (state, device_state, metric sums psummed over all
-  devices). `device_index`: this device's global index (parallel.device_indices()).
+  devices, finite) as experiments/common/experiment.py describes. `device_index`: this device's
+  global index (parallel.device_indices()).
   """
   cfg = model.config
 
   def train_step(state: TrainState, device_state: DeviceState, batch, device_index):
-    old_device_state = device_state
     carry, shard = device_state
     step = state.step + 1                                        # 1-based optimizer step
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), step), device_index)
@@ -244,27 +226,13 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
     ema = optim.ema_update(state.ema, params, config.ema_rate) if config.ema else params
     sums = jax.lax.psum(sums, parallel.AXIS)
     sums["grad_norm"] = optax.global_norm(g_params)
-    # Identical on every device (psummed / pmeaned / gathered values), so every device decides alike.
-    metrics_finite = (jnp.isfinite(sums["lm_loss"]) & jnp.isfinite(sums["q_halt_loss"])
-                      & jnp.isfinite(sums["grad_norm"]) & rows_finite)
-    # A finite loss and gradient can still overflow the update (e.g. a huge learning rate).
-    state_finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(
-        (params, opt_state, table))]))
-    if shard is not None:       # per-device rows: agree across devices
-      state_finite &= jax.lax.pmin(jnp.all(jnp.isfinite(shard)).astype(jnp.int32),
-                                   parallel.AXIS) > 0
-    finite = metrics_finite & state_finite
-    sums["nonfinite_steps"] = 1.0 - finite.astype(jnp.float32)
-    sums["nonfinite_state"] = 1.0 - state_finite.astype(jnp.float32)
+    # Identical on every device (psummed / pmeaned / gathered values), so every device decides alike;
+    # the trainer adds the new state's check and the skip policy (trainer.guarded_step).
+    finite = (jnp.isfinite(sums["lm_loss"]) & jnp.isfinite(sums["q_halt_loss"])
+              & jnp.isfinite(sums["grad_norm"]) & rows_finite)
     new_state = TrainState(step=step, params=params, opt_state=opt_state, ema=ema,
                            puzzle_table=table, sign_state=sign_state, model_state=state.model_state)
-    new_device_state = DeviceState(carry=carry, puzzle_shard=shard)
-    if config.nonfinite == "skip":
-      # Drop the update: everything but the step counter (data and RNG are step-indexed) stays.
-      keep = lambda new, old: jnp.where(finite, new, old)   # pylint: disable=unnecessary-lambda-assignment
-      new_state = jax.tree.map(keep, new_state, state._replace(step=step))
-      new_device_state = jax.tree.map(keep, new_device_state, old_device_state)
-    return new_state, new_device_state, sums
+    return new_state, DeviceState(carry=carry, puzzle_shard=shard), sums, finite
 
   return train_step
 
@@ -336,39 +304,23 @@ def evaluate(p_eval_step, state: TrainState, eval_batches, use_ema: bool, *,
                             divisors={k: count for k in LOSS_METRICS})
 
 
-def arc_results(meta: Any, host_parts: list, step: int, workdir: str, full: bool,
-                final: bool) -> Dict[str, float]:
-  """ARC pass@K of one evaluation: merges this host's votes, exchanges them through files in
-  `<workdir>/arc_eval/step_<step>/` (every host writes votes_<i>.json; process 0 merges all once),
-  writes submission.json there (and `<workdir>/submission.json` when `final`). Process 0 returns the
-  metrics (pass@1..1000, counts); the other processes return {}. A subset evaluation scores only the
-  tasks it reached."""
-  out_dir = f"{workdir.rstrip('/')}/arc_eval/step_{step}"
-  arc_eval.write_json(f"{out_dir}/votes_{jax.process_index()}.json", arc_eval.merge(host_parts))
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(f"podlab_arc_eval_{step}")
-  if jax.process_index() != 0:
-    return {}
-  parts = [arc_eval.read_json(f"{out_dir}/votes_{i}.json") for i in range(jax.process_count())]
-  merged = arc_eval.merge(parts)
-  tasks = None if full else arc_eval.voted_tasks(merged)
-  metrics, submission = arc_eval.finalize(meta, [merged], tasks=tasks)
-  arc_eval.validate_submission(submission, meta)
-  arc_eval.write_json(f"{out_dir}/submission.json", submission)
-  if final:
-    arc_eval.write_json(f"{workdir.rstrip('/')}/submission.json", submission)
-  return {k: float(v) for k, v in metrics.items()}
+
+def train_scalars(config: ml_collections.ConfigDict, total_steps: int, sums: Dict[str, float],
+                  n: int, step: int) -> Dict[str, float]:
+  """The log window's train/ scalars: ratios per example, losses per example, mean grad norm, lr."""
+  sums = dict(sums)
+  grad_norm = sums.pop("grad_norm", 0.0) / max(n, 1)
+  scalars = metrics_lib.ratios(sums, count_key="count", ratio_keys=RATIO_METRICS,
+                               divisors={k: config.global_batch_size * n for k in LOSS_METRICS},
+                               prefix="train/")
+  scalars["train/grad_norm"] = grad_norm
+  scalars["train/lr"] = float(optim.warmup_cosine_lr(step, config.lr, config.lr_warmup_steps,
+                                                     total_steps, config.lr_min_ratio))
+  return scalars
 
 
-# --------------------------------------------------------------------------------------------------
-# The loop.
-
-def _model_batch(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-  return {k: batch[k] for k in ("inputs", "labels", "puzzle_identifiers")}
-
-
-def log_parameter_table(state: TrainState, model: Optional[trm.TRMModel] = None,
-                        num_devices: int = 1) -> str:
+def parameter_table(state: TrainState, model: Optional[trm.TRMModel] = None,
+                    num_devices: int = 1) -> str:
   """The parameter overview; `model` and `num_devices` describe a sharded puzzle table."""
   table = parameter_overview.get_parameter_overview(parallel.unreplicate(state.params))
   n_adam = trm.adam_param_count(state.params)
@@ -383,180 +335,241 @@ def log_parameter_table(state: TrainState, model: Optional[trm.TRMModel] = None,
              f"on each of {num_devices} devices")
   else:
     text += "Puzzle-embedding table: none (puzzle_emb_ndim = 0)"
-  for line in text.splitlines():
-    logging.info("%s", line)
   return text
 
 
-_flat_hparams = loop.flat_hparams
-Preempted = loop.Preempted            # the shared loop's exceptions (main maps them to exit codes)
-NonFiniteError = loop.NonFiniteError
-
-# Order in which a non-finite step's metrics are named (the first non-finite one is reported).
-_NONFINITE_ORDER = ("lm_loss", "q_halt_loss", "grad_norm")
-
-
-def _describe_nonfinite(host: Dict[str, float]) -> str:
-  if host.get("nonfinite_state", 0.0):
-    return ("the updated parameters, optimizer state or puzzle table (loss and gradient were "
-            "finite: the update overflowed)")
-  return "the puzzle-embedding row gradients (SignSGD) are not finite"
-
-
-def check_finite(step: int, sums: Dict[str, Any], *, config: ml_collections.ConfigDict,
-                 ckpt: checkpointing.CheckpointManager) -> None:
-  """Raises NonFiniteError naming the step and the first non-finite metric (nonfinite = "stop")."""
-  loop.check_finite(step, sums, nonfinite=config.nonfinite, ckpt=ckpt, order=_NONFINITE_ORDER,
-                    describe_other=_describe_nonfinite)
+def _summary(state: Any, model: trm.TRMModel, layout: layout_lib.BatchLayout, num_train: int,
+             total_steps: int) -> str:
+  n_adam = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+  rows, width = model.config.num_puzzle_identifiers, model.config.emb_ndim
+  if model.config.prefix_len == 0:
+    table = "no puzzle-embedding table"
+  elif state.puzzle_table is None:
+    table = (f"puzzle table ({rows:,}, {width}) sharded: "
+             f"{sharded_table.rows_per_device(rows, layout.devices):,} rows per device")
+  else:
+    table = f"puzzle table ({rows:,}, {width}) replicated"
+  per_epoch = max(1, num_train // layout.global_batch)
+  return (f"{num_train:,} train examples per epoch, {total_steps:,} updates ({per_epoch:,} per "
+          f"epoch); {n_adam:,} Adam parameters, {model.config.forward_dtype}, "
+          f"remat {'on' if model.config.remat else 'off'}; {table}")
 
 
-TRAIN_METRICS = ("accuracy", "count", "exact_accuracy", "grad_norm", "lm_loss", "nonfinite_state",
-                 "nonfinite_steps", "q_halt_accuracy", "q_halt_loss", "steps")
-"""The metric sums a train step returns (saved with the running log window in checkpoints)."""
+def final_table(final: Dict[str, Dict[str, float]], history: Any) -> str:
+  del history
+  columns = EVAL_COLUMNS + evaluators_lib.scorer_columns(next(iter(final.values()), {}))
+  return metrics_lib.format_table(final, columns)
+
+
+# --------------------------------------------------------------------------------------------------
+# Without data (dry runs): the metadata and epoch size from the builder's knobs.
+
+def _puzzle_ids_bound(config: ml_collections.ConfigDict) -> int:
+  """Upper bound on the puzzle ids of an unprepared ARC dataset: tasks x (num_aug + 1) + 1,
+  counting the tasks in the manual dir's JSON files (a few seconds; nothing is built)."""
+  ds = config.dataset
+  if ds.name != "arc_agi" or not ds.manual_dir:
+    raise errors.ConfigError(
+        "dataset.manual_dir", ds.manual_dir,
+        f"{ds.name} is not prepared in {ds.data_dir} and its puzzle-id count comes from the data",
+        "prepare it first, or pass --config.dataset.manual_dir=<folder with the ARC JSON files>")
+  from input_pipeline.puzzles import arc  # pylint: disable=g-import-not-at-top  (ARC dry runs only)
+  kwargs = ds.builder_kwargs
+  tasks = len(arc.load_variant(ds.manual_dir, kwargs.get("variant", "arc1")))
+  return tasks * (int(kwargs.get("num_aug", 1000)) + 1) + 1
+
+
+def _abstract_metadata(config: ml_collections.ConfigDict) -> Dict[str, Any]:
+  ds = config.dataset
+  meta = dict(datasets.get_metadata(ds.name, ds.builder_kwargs.to_dict(), ds.data_dir))
+  if meta.get("num_puzzle_identifiers") is None:   # known only from the data (ARC)
+    meta["num_puzzle_identifiers"] = _puzzle_ids_bound(config)
+  return meta
+
+
+def _abstract_num_train(config: ml_collections.ConfigDict, meta: Dict[str, Any]) -> int:
+  """From the prepared dataset, else from the builder's size knobs, else 1 (steps from the config)."""
+  splits = meta.get("splits") or {}
+  if config.dataset.train_split in splits:
+    return epoch_examples(meta, int(splits[config.dataset.train_split]))
+  kwargs = config.dataset.builder_kwargs
+  for knob in ("subsample_size", "train_size"):
+    if knob in kwargs and kwargs[knob]:
+      return int(kwargs[knob])
+  return max(int(config.global_batch_size), 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# The experiment.
+
+class TRM(experiment.Experiment):
+  """Tiny Recursive Models (docs/trm.md) on the shared trainer."""
+
+  name = "trm"
+
+  def base_config(self) -> ml_collections.ConfigDict:
+    reference = base_config.get_config()
+    reference.dataset.builder_kwargs = ml_collections.ConfigDict()   # builder-specific: free-form
+    return reference
+
+  def validate(self, config: ml_collections.ConfigDict) -> None:
+    validate_config(config)
+
+  def build(self, config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout, *,
+            abstract: bool = False) -> experiment.Build:
+    ds = config.dataset
+    n_local, b = layout.devices_per_host, layout.per_device_batch
+    if abstract:
+      data, meta = None, _abstract_metadata(config)
+      num_train = _abstract_num_train(config, meta)
+    else:
+      data = pipeline.DataSource.from_config(ds, seed=config.seed)
+      meta = data.metadata()
+      num_train = epoch_examples(meta, data.num_examples(ds.train_split))
+    model = trm.TRMModel(model_config(config, meta))
+    total_steps = num_train_steps(config, num_train)
+    eval_every = eval_every_steps(config, num_train)
+    adam, sign = make_optimizers(config, total_steps)
+    shard = bool(config.shard_puzzle_table)
+    has_table = model.config.prefix_len > 0
+    n_ids, width = model.config.num_puzzle_identifiers, model.config.emb_ndim
+    init = functools.partial(init_state, model, adam, sign, config.seed, shard_table=shard)
+    per_device = lambda x: jax.ShapeDtypeStruct((n_local,) + tuple(x.shape), x.dtype)  # noqa: E731
+    if abstract:
+      state = jax.eval_shape(init)
+      carry = jax.tree.map(per_device, jax.eval_shape(
+          lambda: model.initial_carry(model.example_batch(b))))
+      table_shard = (jax.ShapeDtypeStruct((n_local, sharded_table.rows_per_device(
+          n_ids, layout.devices), width), jnp.float32) if shard and has_table else None)
+      device_state = DeviceState(carry, table_shard)
+    else:
+      state = init()
+      device_state = init_device_state(model, b, n_local, layout.devices, shard_table=shard)
+    example_batch = jax.tree.map(per_device, jax.eval_shape(lambda: model.example_batch(b)))
+    flops = flops_lib.analytic_flops(model.config)
+    programs = {}
+    if abstract:
+      table_arg = table_shard if shard and has_table else state.puzzle_table
+      eval_batch = dict(example_batch, mask=jax.ShapeDtypeStruct((n_local, b), jnp.bool_))
+      programs["eval_step"] = experiment.Program(
+          make_eval_step(model, b, sharded=shard),
+          (state.params, state.model_state, table_arg, eval_batch,
+           jax.ShapeDtypeStruct((n_local,), jnp.int32)),
+          replicated_in=(0, 1) if shard else (0, 1, 2), items=layout.global_batch,
+          flops=flops.forward * model.config.halt_max_steps * layout.global_batch)
+
+    def set_params(state, device_state, p):
+      return _set_params(config, layout, model, state, device_state, p)
+
+    def get_params(state):
+      return {"params": state.ema if config.ema else state.params,
+              "model_state": state.model_state, "puzzle_table": state.puzzle_table}
+
+    common = dict(
+        state=state, device_state=device_state, train_step=make_train_step(model, adam, sign, config,
+                                                                           b),
+        total_steps=total_steps, example_batch=example_batch,
+        train_scalars=functools.partial(train_scalars, config, total_steps), progress=PROGRESS,
+        items_per_step=layout.global_batch, flops_per_step=flops.total * layout.global_batch,
+        model_config=model.config, get_params=get_params,
+        set_params=set_params, nonfinite_order=NONFINITE_ORDER,
+        nonfinite_other="the puzzle-embedding row gradients (SignSGD) are not finite",
+        eval_programs=programs, final_table=final_table,
+        summary=_summary(state, model, layout, num_train, total_steps),
+        results=lambda final, history: dict(final))
+    if abstract:
+      return experiment.Build(
+          batches=lambda start: iter(()),
+          init=lambda: (init(), init_device_state(model, b, n_local, layout.devices,
+                                                  shard_table=shard)), **common)
+
+    logging_text = parameter_table(state, model, layout.devices)
+
+    def batches(start_step: int):
+      it = data.train_iterator(global_batch_size=config.global_batch_size,
+                               local_device_count=n_local, start_step=start_step)
+      return ({k: batch[k] for k in ("inputs", "labels", "puzzle_identifiers")} for batch in it)
+
+    scorers = evaluators_lib.make_scorers(
+        config, lambda name: arc_agi.load_metadata(datasets.get_builder(
+            data.name, data.data_dir, data.builder_kwargs)))
+    p_eval_step = parallel.pmap_step(
+        make_eval_step(model, b, sharded=shard, predictions=bool(scorers)),
+        replicated_in=(0, 1) if shard else (0, 1, 2), out_axes=0)
+    device_index = parallel.shard(parallel.device_indices())
+    num_test = data.num_examples(ds.test_split)
+
+    def run_test(ctx: experiment.EvalContext) -> Dict[str, float]:
+      full = ctx.final or config.eval_subset == 0
+      batches_ = data.eval_batches(ds.test_split, global_batch_size=config.global_batch_size,
+                                   local_device_count=n_local,
+                                   subset_size=0 if full else config.eval_subset)
+      parts = []
+      collect = None
+      if scorers:
+        collect = lambda batch, p: parts.append([s.collect(batch, p) for s in scorers])  # noqa: E731
+      results = evaluate(p_eval_step, ctx.state, batches_, use_ema=config.ema,
+                         table=ctx.device_state.puzzle_shard if shard else None,
+                         device_index=device_index, on_predictions=collect)
+      for i, scorer in enumerate(scorers):
+        results.update(scorer.finalize([p[i] for p in parts], step=ctx.step,
+                                       workdir=ctx.workdir.root, final=ctx.final, full=full))
+      return results
+
+    test = experiment.Evaluator(
+        "test", run_test, every=eval_every, at_end=True,
+        size=num_test if config.eval_subset == 0 else min(config.eval_subset, num_test),
+        size_final=num_test)
+    return experiment.Build(batches=batches, evaluators=[test], parameters=logging_text, **common)
+
+  def load_init(self, path: str, build: experiment.Build,
+                config: ml_collections.ConfigDict) -> Dict[str, Any]:
+    """A reference TRM PyTorch checkpoint (.pt state_dict, plain or `_orig_mod.` keys) of this
+    run's model (docs/trm.md, "Checkpoint format")."""
+    if not path.endswith(".pt"):
+      raise errors.ConfigError("init_from", path, "neither a podlab checkpoint nor a reference .pt",
+                               "pass a podlab workdir, its checkpoints/ folder, or a reference .pt")
+    try:
+      sd = reference_checkpoint.load_state_dict(path)
+    except FileNotFoundError:
+      raise errors.ConfigError("init_from", path, "no such file", "check the path") from None
+    try:
+      params, model_state, table = reference_checkpoint.import_reference(sd, build.model_config)
+    except reference_checkpoint.ReferenceCheckpointError as e:
+      raise errors.FormatError(f"--config.init_from={path}: {e}. Fix: set the --config.model.* "
+                               "fields of the run that saved it") from None
+    return {"params": params, "model_state": model_state, "puzzle_table": table}
+
+
+def _set_params(config, layout, model, state: TrainState, device_state: DeviceState,
+                p: Dict[str, Any]):
+  """A fresh run's state with imported weights: params = EMA = the weights, a fresh optimizer."""
+  params = jax.tree.map(lambda x: np.asarray(x, np.float32), p["params"])
+  want = jax.tree.map(np.shape, state.params)
+  got = jax.tree.map(np.shape, params)
+  if want != got:
+    raise errors.FormatError(
+        f"--config.init_from: the weights' shapes {got} differ from this config's model {want}. "
+        "Fix: set the --config.model.* fields of the run that saved them")
+  state = state._replace(params=params, ema=params,
+                         model_state=p.get("model_state") or state.model_state)
+  table = p.get("puzzle_table")
+  if table is not None and model.config.prefix_len > 0:
+    table = np.asarray(table, np.float32)
+    want_table = (model.config.num_puzzle_identifiers, model.config.emb_ndim)
+    if table.shape != want_table:
+      raise errors.FormatError(
+          f"--config.init_from: the puzzle-embedding table has shape {table.shape}, this dataset "
+          f"needs {want_table}. Fix: evaluate on the dataset the model was trained on")
+    if device_state is not None and device_state.puzzle_shard is not None:
+      device_state = device_state._replace(puzzle_shard=sharded_table.shard_host_table(
+          table, layout.devices, layout.devices_per_host, layout.process_index))
+    else:
+      state = state._replace(puzzle_table=table)
+  return state, device_state
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, Dict[str, float]]:
-  """Trains TRM as configured, evaluates with the EMA weights, returns the final evaluation table.
-
-  Raises:
-    Preempted: SIGTERM/SIGINT (from the start on, compilation included): the run finished its
-      current step, saved a checkpoint of it and stopped; the same call resumes.
-    NonFiniteError: a NaN/Inf loss or gradient with config.nonfinite = "stop".
-    config_utils.ConfigError, config_utils.WorkdirError, FileNotFoundError (dataset not prepared),
-    checkpointing.CheckpointError: bad input, named with the fix, before any compute.
-  """
-  with preemption.PreemptionGuard() as guard:
-    return _train_and_evaluate(config, workdir, guard)
-
-
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                        guard: preemption.PreemptionGuard) -> Dict[str, Dict[str, float]]:
-  validate_config(config)
-  config_utils.check_workdir(workdir)
-  n_local, per_device_batch = _check_devices(config)
-  ds = config.dataset
-  data = pipeline.DataSource.from_config(ds, seed=config.seed)
-  model = trm.TRMModel(model_config(config, data.metadata()))
-  num_train = epoch_examples(data.metadata(), data.num_examples(ds.train_split))
-  total_steps = num_train_steps(config, num_train)
-  eval_every = eval_every_steps(config, num_train)
-  adam, sign = make_optimizers(config, total_steps)
-  logging.info("TRM: %d train examples, %d steps (%d per epoch), global batch %d = %d processes x %d "
-               "devices x %d", num_train, total_steps, max(1, num_train // config.global_batch_size),
-               config.global_batch_size, jax.process_count(), n_local, per_device_batch)
-
-  shard_table = bool(config.shard_puzzle_table)
-  state = init_state(model, adam, sign, config.seed, shard_table=shard_table)
-  device_state = init_device_state(model, per_device_batch, n_local, jax.device_count(),
-                                   shard_table=shard_table)
-  acc = metrics_lib.SumAccumulator()
-  ckpt = checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints"),
-                                         max_to_keep=config.keep_checkpoints,
-                                         save_interval_steps=config.checkpoint_every_steps,
-                                         enable_async=config.async_checkpoints)
-  restored = ckpt.restore_latest(
-      replicated_like={"state": state, "window": acc.state(TRAIN_METRICS)},
-      per_device_like=device_state, fallback=config.restore_fallback)
-  if restored is not None:
-    start_step, saved, device_state = restored
-    state = saved["state"]
-    acc.restore(saved["window"], n_local)
-    logging.info("Resumed from %s at step %d", ckpt.directory, start_step)
-  else:
-    start_step = 0
-  param_text = log_parameter_table(state, model, jax.device_count())
-
-  state = parallel.replicate(state)
-  device_state = parallel.shard(device_state)
-  device_index = parallel.shard(parallel.device_indices())
-  p_train_step = parallel.pmap_step(make_train_step(model, adam, sign, config, per_device_batch),
-                                    replicated_in=(0,), out_axes=(None, 0, 0),
-                                    donate_argnums=(0, 1))
-  is_arc = ds.name == "arc_agi"           # pass@K over augmentations, submission.json
-  arc_meta = (arc_agi.load_metadata(datasets.get_builder(data.name, data.data_dir,
-                                                         data.builder_kwargs)) if is_arc else None)
-  p_eval_step = parallel.pmap_step(
-      make_eval_step(model, per_device_batch, sharded=shard_table, predictions=is_arc),
-      replicated_in=(0, 1) if shard_table else (0, 1, 2), out_axes=0)
-
-  writer = metrics_lib.create_writer(workdir)
-  if start_step == 0:
-    writer.write_hparams(_flat_hparams(config))
-    writer.write_texts(0, {"parameters": f"```\n{param_text}\n```"})
-  hooks = [periodic_actions.ReportProgress(num_train_steps=total_steps, writer=writer,
-                                           every_steps=config.log_every_steps)]
-  train_iter = data.train_iterator(global_batch_size=config.global_batch_size,
-                                   local_device_count=n_local, start_step=start_step)
-
-  def run_eval(step: int, full: bool, final: bool = False) -> Dict[str, float]:
-    subset = 0 if full else config.eval_subset
-    batches = data.eval_batches(ds.test_split, global_batch_size=config.global_batch_size,
-                                local_device_count=n_local, subset_size=subset)
-    votes = []
-    collect = None
-    if is_arc:
-      collect = lambda b, p: votes.append(arc_eval.collect(  # noqa: E731
-          arc_meta, p["predictions"], p["q_halt"], b["puzzle_identifiers"], b["test_index"],
-          b["mask"]))
-    results = evaluate(p_eval_step, state, batches, use_ema=config.ema,
-                       table=device_state.puzzle_shard if shard_table else None,
-                       device_index=device_index, on_predictions=collect)
-    if is_arc:
-      results.update(arc_results(arc_meta, votes, step, workdir, full=full, final=final))
-    writer.write_scalars(step, {f"eval/{k}": v for k, v in results.items()})
-    logging.info("eval at step %d (%s): %s", step, "full test set" if full else f"subset {subset}",
-                 {k: round(v, 4) for k, v in results.items()})
-    return results
-
-  def write_train_metrics(step: int) -> None:
-    n = acc.num_steps
-    sums = acc.pop()
-    grad_norm = sums.pop("grad_norm", 0.0) / max(n, 1)
-    scalars = metrics_lib.ratios(sums, count_key="count", ratio_keys=RATIO_METRICS,
-                                 divisors={k: config.global_batch_size * n for k in LOSS_METRICS},
-                                 prefix="train/")
-    scalars["train/grad_norm"] = grad_norm
-    scalars["train/nonfinite_steps"] = sums.get("nonfinite_steps", 0.0)
-    scalars["train/lr"] = float(optim.warmup_cosine_lr(step, config.lr, config.lr_warmup_steps,
-                                                       total_steps, config.lr_min_ratio))
-    writer.write_scalars(step, scalars)
-
-  def save(step: int, force: bool) -> bool:
-    return ckpt.save(step, replicated={"state": state, "window": acc.state(TRAIN_METRICS)},
-                     per_device=device_state, force=force)
-
-  def train_step(step: int) -> Dict[str, Any]:
-    nonlocal state, device_state
-    batch = parallel.shard(_model_batch(next(train_iter)))
-    state, device_state, sums = p_train_step(state, device_state, batch, device_index)
-    return sums
-
-  def on_preempt(step: int) -> None:
-    writer.flush()
-    ckpt.wait_until_finished()
-    ckpt.close()
-
-  logging.info("Training from step %d to %d", start_step, total_steps)
-  loop.run_steps(
-      start_step=start_step, total_steps=total_steps, train_step=train_step, acc=acc, guard=guard,
-      log_every=config.log_every_steps, write_metrics=write_train_metrics, eval_every=eval_every,
-      evaluate=lambda step: run_eval(step, full=config.eval_subset == 0),
-      checkpoint_every=config.checkpoint_every_steps, save=save,
-      check=functools.partial(check_finite, config=config, ckpt=ckpt), on_preempt=on_preempt,
-      checkpoint_dir=ckpt.directory, hooks=hooks)
-
-  results: Dict[str, Dict[str, float]] = {}
-  if config.final_eval and total_steps > 0:
-    results["test"] = run_eval(total_steps, full=True, final=True)
-    columns = EVAL_COLUMNS + tuple(k for k in results["test"] if k.startswith("pass@"))
-    table = metrics_lib.format_table(results, columns)
-    logging.info("Final evaluation (EMA weights: %s) at step %d:\n%s", config.ema, total_steps, table)
-    if jax.process_index() == 0:
-      print(f"\nFinal evaluation at step {total_steps} ({'EMA' if config.ema else 'raw'} weights):\n"
-            f"{table}\n", flush=True)
-    metrics_lib.write_json(os.path.join(workdir, "final_eval.json"),
-                           {"step": total_steps, **results})
-  writer.flush()
-  ckpt.wait_until_finished()
-  ckpt.close()
-  return results
+  """Trains TRM as configured on the shared trainer; returns the final evaluation table
+  ({"test": {metric: value}}). See experiments/common/trainer.py for what it raises."""
+  return trainer.train_and_evaluate(TRM(), config, workdir)

@@ -1,7 +1,7 @@
 """TFDS builder `arc_agi`: ARC-AGI-1 / ARC-AGI-2 with the TRM reference's augmentations, offline.
 
 Reads the Kaggle "combined" files `arc-agi_<set>_{challenges,solutions}.json` from the TFDS manual
-dir (validated by `input_pipeline.arc`; a malformed file stops preparation naming the file, task and
+dir (validated by `input_pipeline.puzzles.arc`; a malformed file stops preparation naming the file, task and
 place) and materialises the reference's dataset (docs/trm-reference.md sections 3 and 6):
 
   variant arc1: train = training + concept (all pairs) + evaluation demonstrations;
@@ -50,8 +50,8 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
-from input_pipeline import arc
-from input_pipeline.datasets import sudoku_generated
+from input_pipeline.puzzles import arc
+from input_pipeline.datasets import base
 
 METADATA: dict = dict(arc.METADATA)
 
@@ -138,7 +138,7 @@ def prepared_metadata(builder: tfds.core.DatasetBuilder) -> dict:
   return _summary(load_metadata(builder))
 
 
-class ArcAgi(sudoku_generated.LocalCodePath, tfds.core.GeneratorBasedBuilder):
+class ArcAgi(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   """ARC-AGI-1/2 (Kaggle combined files) with the TRM reference's materialised augmentations."""
 
   VERSION = _VERSION

@@ -1,6 +1,6 @@
 """TFDS builder `maze_generated`: seeded 30x30 mazes with a long unique shortest path (offline).
 
-No download: the mazes come from `input_pipeline.maze.generate_mazes`, so the dataset is a pure
+No download: the mazes come from `input_pipeline.puzzles.maze.generate_mazes`, so the dataset is a pure
 function of its config (path threshold, loop probability, split sizes, seed, dihedral option). The
 train and test splits are drawn from independent generator streams and checked to share no maze.
 
@@ -9,7 +9,7 @@ reference builder's default is off), a config option shared with `maze_hard`:
   * `dihedral=False` (default): train = N mazes as generated, never transformed.
   * `dihedral=True`: train = N mazes stored once, flagged `dihedral_augment`; the tf.data training
     stream shows each visit under a uniformly random one of the 8 transforms (the pipeline's
-    "maze_dihedral" augmentation, `input_pipeline.maze.augment_dihedral_batch`). This is the
+    "maze_dihedral" augmentation, `input_pipeline.puzzles.maze.augment_dihedral_batch`). This is the
     reference's sampling distribution (one random version of each maze per epoch) and keeps its
     epoch arithmetic (total_groups = N train examples).
   * `dihedral=True, materialise=True`: the reference builder with augmentation on: train = 8 * N
@@ -46,8 +46,8 @@ import dataclasses
 import numpy as np
 import tensorflow_datasets as tfds
 
-from input_pipeline import maze
-from input_pipeline.datasets import sudoku_generated
+from input_pipeline.puzzles import maze
+from input_pipeline.datasets import base
 
 METADATA: dict = dict(maze.METADATA)
 
@@ -79,7 +79,7 @@ def train_rows(num_mazes: int, dihedral: bool, materialise: bool) -> int:
 
 @dataclasses.dataclass(eq=False)
 class MazeGeneratedConfig(tfds.core.BuilderConfig):
-  """Knobs of a generated maze dataset (see `input_pipeline.maze.generate_mazes`)."""
+  """Knobs of a generated maze dataset (see `input_pipeline.puzzles.maze.generate_mazes`)."""
   path_threshold: int = maze.DEFAULT_PATH_THRESHOLD
   loop_prob: float = 0.05
   train_size: int = 1_000
@@ -196,7 +196,7 @@ def check_disjoint(train_questions: np.ndarray, test_questions: np.ndarray) -> N
     raise RuntimeError("the test split repeats a maze; change the seed")
 
 
-class MazeGenerated(sudoku_generated.LocalCodePath, tfds.core.GeneratorBasedBuilder):
+class MazeGenerated(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   """Generated 30x30 mazes with a long unique shortest path and an optional dihedral option."""
 
   VERSION = _VERSION

@@ -2,7 +2,7 @@
 
 Reads `train.csv` and `test.csv` (columns `source,question,answer,rating`, 900-char mazes over
 "# SGo", shortest paths > 110) from the TFDS manual dir; every row is validated
-(`input_pipeline.maze.read_maze_csv`: one S, one G, the answer's 'o' cells a shortest S->G path)
+(`input_pipeline.puzzles.maze.read_maze_csv`: one S, one G, the answer's 'o' cells a shortest S->G path)
 and a malformed row stops preparation with `file:line: field ...`.
 
 Options, the reference builder's made reproducible and explicit:
@@ -36,9 +36,10 @@ from typing import Optional
 import numpy as np
 import tensorflow_datasets as tfds
 
-from input_pipeline import maze
+from input_pipeline import errors
+from input_pipeline.puzzles import maze
 from input_pipeline.datasets import maze_generated
-from input_pipeline.datasets import sudoku_generated
+from input_pipeline.datasets import base
 
 METADATA: dict = dict(maze.METADATA)
 
@@ -100,7 +101,7 @@ def select_train_rows(num_rows: int, subsample_size: Optional[int], seed: int) -
   return np.sort(rng.choice(num_rows, size=subsample_size, replace=False))
 
 
-class MazeHard(sudoku_generated.LocalCodePath, tfds.core.GeneratorBasedBuilder):
+class MazeHard(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   """Maze-Hard (public CSVs) with a seeded subsample and an explicit dihedral option."""
 
   VERSION = _VERSION
@@ -127,7 +128,7 @@ class MazeHard(sudoku_generated.LocalCodePath, tfds.core.GeneratorBasedBuilder):
     for split in ("train", "test"):
       path = os.path.join(manual_dir, f"{split}.csv")
       if not os.path.isfile(path):
-        raise FileNotFoundError(f"maze_hard: {path} not found. "
+        raise errors.SourceMissing(f"maze_hard: {path} not found. "
                                 f"{self.MANUAL_DOWNLOAD_INSTRUCTIONS}")
       paths[split] = path
     c: MazeHardConfig = self.builder_config

@@ -1,7 +1,7 @@
 """TFDS builder `sudoku_extreme`: the public Sudoku-Extreme CSVs, prepared offline (manual dir).
 
 Reads `train.csv` and `test.csv` (columns `source,question,answer,rating`, 81-char grids with '.'
-blanks) from the TFDS manual dir; every row is validated (`input_pipeline.sudoku.read_sudoku_csv`)
+blanks) from the TFDS manual dir; every row is validated (`input_pipeline.puzzles.sudoku.read_sudoku_csv`)
 and a malformed row stops preparation with `file:line: field ...`. The train split follows the
 reference recipe, made reproducible: keep rows with `rating >= min_rating`, then draw
 `subsample_size` of them without replacement with `numpy.random.default_rng(seed)`
@@ -28,7 +28,9 @@ from typing import Optional
 import numpy as np
 import tensorflow_datasets as tfds
 
-from input_pipeline import sudoku
+from input_pipeline import errors
+from input_pipeline.puzzles import sudoku
+from input_pipeline.datasets import base
 from input_pipeline.datasets import sudoku_generated
 
 METADATA: dict = dict(sudoku.METADATA)
@@ -86,7 +88,7 @@ def select_train_rows(ratings: np.ndarray, subsample_size: Optional[int], min_ra
   return eligible[np.sort(chosen)]
 
 
-class SudokuExtreme(sudoku_generated.LocalCodePath, tfds.core.GeneratorBasedBuilder):
+class SudokuExtreme(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   """Sudoku-Extreme (public CSVs) with the reference recipe's seeded train subsample."""
 
   VERSION = _VERSION
@@ -111,7 +113,7 @@ class SudokuExtreme(sudoku_generated.LocalCodePath, tfds.core.GeneratorBasedBuil
     for split in ("train", "test"):
       path = os.path.join(manual_dir, f"{split}.csv")
       if not os.path.isfile(path):
-        raise FileNotFoundError(f"sudoku_extreme: {path} not found. "
+        raise errors.SourceMissing(f"sudoku_extreme: {path} not found. "
                                 f"{self.MANUAL_DOWNLOAD_INSTRUCTIONS}")
       paths[split] = path
     c: SudokuExtremeConfig = self.builder_config

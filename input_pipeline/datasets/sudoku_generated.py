@@ -1,6 +1,6 @@
 """TFDS builder `sudoku_generated`: seeded, uniquely solvable Sudoku puzzles (the embedded default).
 
-No download: the puzzles come from `input_pipeline.sudoku.generate_puzzles`, so the dataset is a
+No download: the puzzles come from `input_pipeline.puzzles.sudoku.generate_puzzles`, so the dataset is a
 pure function of its config (difficulty knobs, split sizes, seed). The train and test splits are
 drawn from independent generator streams and checked to share no puzzle and no solution grid.
 
@@ -25,14 +25,13 @@ Synopsis:
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Optional
 
-from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
 
-from input_pipeline import sudoku
+from input_pipeline.datasets import base
+from input_pipeline.puzzles import sudoku
 
 METADATA: dict = dict(sudoku.METADATA)
 
@@ -41,7 +40,7 @@ _VERSION = tfds.core.Version("1.0.0")
 
 @dataclasses.dataclass(eq=False)
 class SudokuGeneratedConfig(tfds.core.BuilderConfig):
-  """Knobs of a generated Sudoku dataset (see `input_pipeline.sudoku.generate_puzzles`)."""
+  """Knobs of a generated Sudoku dataset (see `input_pipeline.puzzles.sudoku.generate_puzzles`)."""
   givens: int = 30
   min_rating: int = 0
   max_rating: Optional[int] = None
@@ -119,21 +118,7 @@ def examples(puzzles: np.ndarray, solutions: np.ndarray):
     }
 
 
-class LocalCodePath:
-  """Builder mixin: `code_path` from the class's source file.
-
-  TFDS 4.9.10's `DatasetBuilder.code_path` touches `importlib_resources` (a backport it only
-  declares for Python < 3.9, absent from the pinned stack) and fails when preparing; the builders
-  here need the path only to look for an (absent) checksums file beside the module.
-  """
-
-  @tfds.core.utils.classproperty
-  @classmethod
-  def code_path(cls) -> epath.Path:
-    return epath.Path(inspect.getfile(cls))
-
-
-class SudokuGenerated(LocalCodePath, tfds.core.GeneratorBasedBuilder):
+class SudokuGenerated(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   """Generated, uniquely solvable Sudoku puzzles with a difficulty knob."""
 
   VERSION = _VERSION

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from input_pipeline import text
-from input_pipeline.datasets import sudoku_generated
+from input_pipeline.datasets import base
 
 CHUNK = 1 << 20
 _VERSION = tfds.core.Version("1.0.0")
@@ -80,7 +80,7 @@ def _features() -> tfds.features.FeaturesDict:
   })
 
 
-class TextCorpus(sudoku_generated.LocalCodePath, tfds.core.GeneratorBasedBuilder):
+class TextCorpus(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   """A UTF-8 text file of the manual dir as char- or byte-level ids, 90/10 split."""
 
   VERSION = _VERSION

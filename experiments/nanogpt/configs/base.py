@@ -12,14 +12,20 @@ import os
 
 import ml_collections
 
+from experiments.common import config_utils
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEFAULT_DATA_DIR = os.environ.get("TFDS_DATA_DIR", os.path.join(REPO_ROOT, "data", "tfds"))
 SHAKESPEARE_DIR = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "tinyshakespeare")
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 1337
+  # The run section (seed, batch, start, logging, checkpoints, non-finite policy, hardware, CPU tuning):
+  # experiments/common/config_utils.py run_config, with nanoGPT's defaults. global_batch_size is the
+  # micro-batch over all devices of all hosts (nanoGPT's batch_size x its DDP world size);
+  # grad_accum micro-steps per update (nanoGPT's gradient_accumulation_steps / world size).
+  c = config_utils.run_config(seed=1337, global_batch_size=12, grad_accum=40, log_every_steps=10,
+                              checkpoint_every_steps=2000, keep_checkpoints=2)
   # Random draws. "torch": nanoGPT's own, torch.manual_seed(seed) replayed in numpy
   # (experiments/nanogpt/torch_rng.py): the same initial weights and the same batch windows in the
   # same order as nanoGPT's train.py (one global stream; each host takes its rows). "stateless"
@@ -48,13 +54,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.dropout = 0.0
   c.model.vocab_size = -1
   c.model.dtype = "float32"                       # "bfloat16" is a podlab option (not the reference)
-  # CPU backend: weight gradients as row-major matmuls (XLA CPU's fast path); float32 results are
-  # the same sums in another order. False = plain autodiff. See modules/layers.py `matmul`.
-  c.model.fast_grad = True
+  # (config.cpu_tuning, run section: on a CPU target the weight gradients run as row-major matmuls,
+  # XLA CPU's fast path; float32 results are the same sums in another order. modules/layers.py.)
 
-  # Optimisation (nanoGPT train.py).
-  c.batch_size = 12                               # global micro-batch (sequences per micro-step)
-  c.grad_accum = 40                               # micro-steps per update (loss / grad_accum)
+  # Optimisation (nanoGPT train.py); the batch: global_batch_size and grad_accum (run section).
   c.max_iters = 600000                            # performs max_iters + 1 updates (iters 0..max_iters)
   c.lr = 6e-4
   c.min_lr = 6e-5
@@ -70,20 +73,4 @@ def get_config() -> ml_collections.ConfigDict:
   # (before that iteration's update, iteration 0 included).
   c.eval_interval = 2000
   c.eval_iters = 200
-
-  # Logging and checkpoints.
-  c.log_every_steps = 10
-  c.checkpoint_every_steps = 2000
-  c.keep_checkpoints = 2
-  c.async_checkpoints = True
-  c.restore_fallback = False
-  c.nonfinite = "stop"                            # "stop" | "skip" the step | "continue"
-  c.peak_flops = -1.0                             # per device, for MFU; -1 = the table / measured
-  # CPU backend only: glibc keeps XLA's per-step scratch in the heap instead of mmap/munmap (and
-  # page-faulting) it every step; numerics unchanged. See experiments/common/host_malloc.py.
-  c.cpu_keep_heap = True
-
-  # Hardware (as in TRM: num_devices > 0 states the device count the recipe was written for).
-  c.num_devices = -1
-  c.devices_per_host = -1
   return c

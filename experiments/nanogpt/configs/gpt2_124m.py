@@ -16,7 +16,7 @@ def get_config(arg=None):
   del arg
   c = base.get_config()
   c.model.vocab_size = 50304
-  c.batch_size = 96
+  c.global_batch_size = 96
   c.grad_accum = 5
   c.eval_interval = 1000
   c.eval_iters = 200

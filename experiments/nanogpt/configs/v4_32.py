@@ -23,6 +23,7 @@ def get_config(arg=None):
   c = recipe.get_config()
   c.num_devices = 16
   c.devices_per_host = 4
-  c.batch_size = -(-c.batch_size // 16) * 16
+  c.global_batch_size = -(-c.global_batch_size // 16) * 16
+  c.target = "v4-32"                             # `--dry_run` compiles for it (libtpu)
   c.dataset.prepare_if_missing = True
   return c

@@ -28,4 +28,5 @@ def get_config(arg=None):
   c.epochs = 100000
   c.eval_interval_epochs = 10000
   c.ema = True
+  c.evaluators = "act_metrics,arc_pass_at_k"
   return c

@@ -12,13 +12,17 @@ import os
 
 import ml_collections
 
+from experiments.common import config_utils
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEFAULT_DATA_DIR = os.environ.get("TFDS_DATA_DIR", os.path.join(REPO_ROOT, "data", "tfds"))
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
+  # The run section (seed, batch, start, logging, checkpoints, non-finite policy, hardware):
+  # experiments/common/config_utils.py run_config, with TRM's defaults.
+  c = config_utils.run_config(seed=0, global_batch_size=768, log_every_steps=100,
+                              checkpoint_every_steps=1000, keep_checkpoints=3)
 
   # Data. `name` is a TFDS builder of input_pipeline.datasets; builder_kwargs select its options.
   c.dataset = ml_collections.ConfigDict()
@@ -53,10 +57,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.shard_puzzle_table = True                   # podlab: rows split over all devices, not replicated
   c.model.remat = False                          # podlab option: recompute activations (same numbers)
 
-  # Optimisation (reference section 4).
-  c.global_batch_size = 768
+  # Optimisation (reference section 4). global_batch_size (run section) = the reference's 768.
   c.epochs = 100000
-  c.total_steps = -1                             # -1: int(epochs * train examples / global batch)
   c.lr = 1e-4
   c.lr_min_ratio = 1.0
   c.lr_warmup_steps = 2000
@@ -73,19 +75,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval_interval_epochs = 10000
   c.eval_every_steps = -1                        # > 0 overrides eval_interval_epochs
   c.eval_subset = 0
-  c.final_eval = True
+  # Evaluators of the test pass (experiments/trm/evaluators.py): act_metrics always; the ARC recipes
+  # add arc_pass_at_k (pass@1..1000 and submission.json).
+  c.evaluators = "act_metrics"
 
-  # Logging and checkpoints.
-  c.log_every_steps = 100
-  c.checkpoint_every_steps = 1000
-  c.keep_checkpoints = 3
-  c.async_checkpoints = True
-  c.restore_fallback = False      # podlab: newest checkpoint unreadable -> set aside, restore the previous
-  c.nonfinite = "stop"            # podlab: NaN/Inf loss or gradient: "stop" | "skip" the step | "continue"
-
-  # Hardware. num_devices > 0 states the JAX device count the recipe was written for; a different
-  # machine fails with a message saying how to override. devices_per_host > 0 lets
-  # `main.py --dry_run` compile one host's step here with that many fake CPU devices.
-  c.num_devices = -1
-  c.devices_per_host = -1                        # the pod's chips per host (used by --dry_run)
+  # total_steps (run section): -1 = int(epochs * train examples / global_batch_size).
   return c

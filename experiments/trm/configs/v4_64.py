@@ -31,4 +31,5 @@ def get_config(arg=None):
   c.devices_per_host = 4                         # v4: 4 chips (JAX devices) per host
   c.eval_subset = 10000                          # fixed subsample during training, full set at the end
   c.checkpoint_every_steps = 500
+  c.target = "v4-64"                             # `--dry_run` compiles for it (libtpu)
   return c

@@ -9,7 +9,7 @@ nanoGPT's GPT(args).
 
 Synopsis:
   import torch
-  from experiments.nanogpt.torch_reference import GPT
+  from experiments.nanogpt.tools.torch_reference import GPT
   model = GPT(dict(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11, bias=False))
   logits = model(torch.zeros((1, 8), dtype=torch.long))          # [1, 8, 11]
 """

@@ -42,7 +42,7 @@ Synopsis:
 
   import json, os, tempfile
   import numpy as np
-  from input_pipeline import arc
+  from input_pipeline.puzzles import arc
   folder = tempfile.mkdtemp()
   task = {"train": [{"input": [[1, 2]], "output": [[2, 1]]}], "test": [{"input": [[3, 4]]}]}
   with open(os.path.join(folder, "arc-agi_toy_challenges.json"), "w") as f:
@@ -75,12 +75,15 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from input_pipeline import errors
+from input_pipeline import puzzles
+
 MAX_SIZE = 30
 NUM_COLOURS = 10
 SETS = ("training", "evaluation", "concept", "training2", "evaluation2")
 
 
-class ArcFormatError(ValueError):
+class ArcFormatError(errors.DataError):
   """A file that is not ARC-shaped; the message names the file, the task id and the place."""
 
 
@@ -184,13 +187,14 @@ def load_split(folder: str, name: str, with_solutions: bool = True) -> Dict[str,
   """`arc-agi_<name>_challenges.json` (+ `_solutions.json`) of `folder`, validated."""
   challenges = os.path.join(folder, f"arc-agi_{name}_challenges.json")
   if not os.path.exists(challenges):
-    raise FileNotFoundError(f"{challenges} not found. Fix: point the manual dir at the folder with the "
+    raise errors.SourceMissing(f"{challenges} not found. Fix: point the manual dir at the folder with the "
                             "Kaggle combined ARC-AGI files (arc-agi_<set>_challenges.json)")
   tasks = read_challenges(challenges)
   solutions = os.path.join(folder, f"arc-agi_{name}_solutions.json")
   if with_solutions:
     if not os.path.exists(solutions):
-      raise FileNotFoundError(f"{solutions} not found (needed for the test outputs)")
+      raise errors.SourceMissing(f"{solutions} not found (needed for the test outputs). Fix: put "
+                                  f"arc-agi_{name}_solutions.json beside the challenges file")
     tasks = attach_solutions(tasks, solutions)
   return tasks
 
@@ -203,7 +207,7 @@ EOS_ID = 1
 COLOUR_OFFSET = 2
 VOCAB_SIZE = 12
 SEQ_LEN = MAX_SIZE * MAX_SIZE     # 900
-IGNORE_LABEL_ID = -100
+IGNORE_LABEL_ID = puzzles.IGNORE_LABEL_ID
 
 # The metadata every ARC dataset shares (num_puzzle_identifiers depends on the prepared data: see
 # input_pipeline.datasets.arc_agi.prepared_metadata).

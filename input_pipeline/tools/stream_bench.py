@@ -5,10 +5,10 @@ it builds the same iterators the trainers build (`DataSource`), for any (process
 process_count) on this machine, and prints a table: seconds to the first batch (the load), ms per
 batch after it (median), and the process's resident memory after the load and at its peak.
 
-  python -m input_pipeline.stream_bench --dataset=arc_agi --data_dir=/tmp/arcfull \
+  python -m input_pipeline.tools.stream_bench --dataset=arc_agi --data_dir=/tmp/arcfull \
       --builder_kwargs='{"variant": "arc1", "num_aug": 1000, "seed": 0}' --global_batch_size=768 \
       --process_count=8 --process_index=0 --local_device_count=4
-  python -m input_pipeline.stream_bench --dataset=sudoku_generated --data_dir=/tmp/tfds \
+  python -m input_pipeline.tools.stream_bench --dataset=sudoku_generated --data_dir=/tmp/tfds \
       --builder_kwargs='{"config": "easy"}' --global_batch_size=32 --batches=20
 """
 

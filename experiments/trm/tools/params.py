@@ -1,6 +1,6 @@
 """Prints the Adam-parameter counts of the reference TRM configurations, computed from the model code.
 
-  python -m experiments.trm.params          # or: make params
+  python -m experiments.trm.tools.params          # or: make params
 
 Counts come from `jax.eval_shape` of `modules.trm.TRMModel.init` (no memory is allocated) and exclude
 the puzzle-embedding table, as the reference's printed counts do; the published counts are shown beside.

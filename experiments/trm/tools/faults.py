@@ -2,7 +2,7 @@ r"""Fault injection: kill TRM training at random moments, restart it, compare wi
 
 `make faults` (R trials, default 4; `make faults FAULT_ARGS='--trials=20'`):
 
-  python -m experiments.trm.faults --trials=20 [--processes=2 --devices=2] [--seed=0]
+  python -m experiments.trm.tools.faults --trials=20 [--processes=2 --devices=2] [--seed=0]
 
 One uninterrupted reference run first; then every trial trains the same config in a fresh workdir as
 the same command a user types (`python -m experiments.trm.main ...`; with --processes > 1 through
@@ -31,6 +31,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,11 +40,16 @@ from typing import Dict, List, Optional, Sequence
 
 from absl import app
 from absl import flags
+import jax
+import numpy as np
+import tensorflow as tf
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments.common import checkpointing
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 TOTAL_STEPS = 24
 CHECKPOINT_EVERY = 4
-STEP_LINE = re.compile(r"\[(\d+)\] train/accuracy=")
+STEP_LINE = re.compile(r"\[(\d+)\] .*train/accuracy=")
 SAVE_LINE = re.compile(r"checkpointing: saving step (\d+)")
 RESUME_LINE = re.compile(r"Resumed from \S+ at step (\d+)")
 KINDS = ("kill", "kill-save", "term")
@@ -71,8 +77,9 @@ def command(workdir: str, data_dir: str, processes: int, devices: int, log_dir: 
 
 def environment(processes: int, devices: int) -> Dict[str, str]:
   env = {k: v for k, v in os.environ.items() if not k.startswith("PODLAB_")}
+  # PODLAB_VERBOSE: the tool reads the runs' INFO lines (steps logged, checkpoints saved, resumes).
   env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT,
-             PYTHON=sys.executable, PODLAB_STOP_GRACE_S="5")
+             PYTHON=sys.executable, PODLAB_STOP_GRACE_S="5", PODLAB_VERBOSE="1")
   env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   return env
 
@@ -130,19 +137,15 @@ def _signal(proc: subprocess.Popen, sig: int, pid_file: Optional[str]) -> None:
   os.kill(target, sig)
 
 
-def replicated_state(workdir: str, step: int) -> Dict[str, "np.ndarray"]:
+def replicated_state(workdir: str, step: int) -> Dict[str, np.ndarray]:
   """The replicated item of checkpoint `step` as {tree path: numpy array} (no templates needed)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  tree = ocp.PyTreeCheckpointer().restore(os.path.join(workdir, "checkpoints", str(step),
-                                                       "replicated"))
+  tree = checkpointing.read_tree(os.path.join(workdir, "checkpoints", str(step), "replicated"))
   flat, _ = jax.tree_util.tree_flatten_with_path(tree)
   return {jax.tree_util.keystr(p): v for p, v in flat}
 
 
 def train_scalars(workdir: str) -> Dict[str, Dict[int, float]]:
   """{tag: {step: value}} of the train/ scalars over all event files (later files win)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   out: Dict[str, Dict[int, float]] = {}
   for path in sorted(glob.glob(os.path.join(workdir, "events.out.tfevents.*")),
                      key=os.path.getmtime):
@@ -162,7 +165,6 @@ def complete_steps(workdir: str) -> List[int]:
 
 
 def same_arrays(a, b) -> bool:
-  import numpy as np  # pylint: disable=g-import-not-at-top
   return a.keys() == b.keys() and all(
       np.asarray(a[k]).dtype == np.asarray(b[k]).dtype
       and np.array_equal(np.asarray(a[k]), np.asarray(b[k]), equal_nan=True) for k in a)
@@ -244,7 +246,6 @@ _KINDS = flags.DEFINE_list("kinds", list(KINDS), "Fault kinds to cycle through."
 
 def main(argv):
   del argv
-  import shutil  # pylint: disable=g-import-not-at-top
   root = os.path.abspath(_ROOT.value)
   shutil.rmtree(root, ignore_errors=True)
   os.makedirs(root)

@@ -2,12 +2,12 @@
 
 `rows(path, header, error)` checks the header (a UTF-8 BOM is tolerated) and yields every data row
 with its line number; an empty file, a wrong header or an empty row raises `error` naming
-`path:line`. The callers validate the fields (input_pipeline.sudoku, input_pipeline.maze).
+`path:line`. The callers validate the fields (input_pipeline.puzzles.sudoku, input_pipeline.puzzles.maze).
 
 Synopsis:
 
   import os, tempfile
-  from input_pipeline import puzzle_csv
+  from input_pipeline.puzzles import puzzle_csv
   path = os.path.join(tempfile.mkdtemp(), "x.csv")
   with open(path, "w") as f:
     f.write("source,question,answer,rating\\nme,ab,cd,3\\n")

@@ -7,7 +7,7 @@ model's size class, all cores), so CPU MFU says how close the step is to this ma
 
 Synopsis:
 
-  from experiments.nanogpt import mfu
+  from experiments.common import mfu
   peak = mfu.peak_flops_per_device()          # e.g. 9.9e13 on a TPU v5e... measured on a CPU
   mfu.lookup_peak("TPU v4")                   # 2.75e14
 """

@@ -15,7 +15,7 @@ This module reproduces the optimisation of the TRM reference (docs/trm-reference
 Synopsis (runs as is on a CPU):
 
   import jax, jax.numpy as jnp, optax
-  from experiments.common import optim
+  from experiments.trm import optim
 
   sched = optim.warmup_cosine_schedule(1e-4, warmup_steps=2000, total_steps=65104)
   tx = optim.adam_atan2(sched, b1=0.9, b2=0.95, weight_decay=0.1)

@@ -4,7 +4,7 @@ Trains the real step of a recipe (default configs/shakespeare_char_cpu.py: batch
 4 x 4 x 128) on random windows of random tokens (the data does not change the cost), one
 `block_until_ready` per iteration, for each variant (default: float32 = the reference's precision,
 and the bfloat16 option), and with `--torch` nanoGPT's iteration re-enacted in PyTorch
-(experiments/nanogpt/torch_reference.py: SDPA causal attention, exact GELU, forward + backward,
+(experiments/nanogpt/tools/torch_reference.py: SDPA causal attention, exact GELU, forward + backward,
 clip, AdamW; torch's default threads). Variants run in one process, alternating in blocks of
 `--block` iterations, so a shared machine's slow and fast periods fall on all of them alike: compare
 medians of one run. Printed per variant: median (p10-p90) ms/iteration, process CPU ms/iteration
@@ -12,10 +12,10 @@ medians of one run. Printed per variant: median (p10-p90) ms/iteration, process 
 median and to the issue's 35-38 ms. Then sampling 500 tokens (batch 1, temperature 0.8, top-k 200)
 with and without the KV cache (float32; compile excluded; greedy tokens checked identical).
 
-  python -m experiments.nanogpt.bench                          # float32 and bfloat16, 200 each
-  python -m experiments.nanogpt.bench --torch --skip_sampling  # + the PyTorch step, interleaved
-  python -m experiments.nanogpt.bench --variants=float32,float32:autodiff --iters=100
-  python -m experiments.nanogpt.bench --iters=40 --skip_sampling --no_keep_heap   # glibc default
+  python -m experiments.nanogpt.tools.bench                          # float32 and bfloat16, 200 each
+  python -m experiments.nanogpt.tools.bench --torch --skip_sampling  # + the PyTorch step, interleaved
+  python -m experiments.nanogpt.tools.bench --variants=float32,float32:autodiff --iters=100
+  python -m experiments.nanogpt.tools.bench --iters=40 --skip_sampling --no_keep_heap   # glibc default
   make gpt-bench GPT_BENCH_ARGS="--torch"
 
 A variant is DTYPE[:autodiff]: model.dtype, and `:autodiff` sets model.fast_grad=False (plain
@@ -57,7 +57,7 @@ def main(argv=None) -> None:
                and host_malloc.keep_heap_for_cpu_backend())
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.nanogpt import mfu  # pylint: disable=g-import-not-at-top
+  from experiments.common import mfu  # pylint: disable=g-import-not-at-top
 
   runs = [_jax_run(get_config(), spec, args.warmup) for spec in args.variants.split(",")]
   if args.torch:
@@ -122,7 +122,7 @@ def _jax_run(c, spec: str, warmup: int) -> dict:
   box = {"state": parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params,
                                                       tx.init(params)))}
   rng = np.random.default_rng(0)
-  T, b = cfg.block_size, c.batch_size // n
+  T, b = cfg.block_size, c.global_batch_size // n
   idx = parallel.shard(parallel.device_indices())
 
   def batch():
@@ -142,11 +142,11 @@ def _jax_run(c, spec: str, warmup: int) -> dict:
   for _ in range(warmup):
     one()
   return {"name": f"podlab {dtype}" + (" (autodiff grads)" if mode else ""), "step": one, "ms": [],
-          "cpu": [], "tokens": c.batch_size * c.grad_accum * T, "compile_s": compile_s,
-          "flops": gpt.flops_per_token(cfg, n_params) * c.batch_size * c.grad_accum * T,
+          "cpu": [], "tokens": c.global_batch_size * c.grad_accum * T, "compile_s": compile_s,
+          "flops": gpt.flops_per_token(cfg, n_params) * c.global_batch_size * c.grad_accum * T,
           "scratch": memory.temp_size_in_bytes if memory is not None else None,
           "desc": f"{cfg.n_layer}x{cfg.n_head}x{cfg.n_embd}, block {T}, batch "
-                  f"{c.batch_size}x{c.grad_accum}", "model": model, "box": box}
+                  f"{c.global_batch_size}x{c.grad_accum}", "model": model, "box": box}
 
 
 def _torch_run(c, warmup: int) -> dict:
@@ -156,7 +156,7 @@ def _torch_run(c, warmup: int) -> dict:
   except ImportError:
     raise SystemExit("--torch needs PyTorch: pip install '.[torch]'") from None
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.nanogpt import torch_reference  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt.tools import torch_reference  # pylint: disable=g-import-not-at-top
   from experiments.nanogpt import train  # pylint: disable=g-import-not-at-top
   from modules import gpt  # pylint: disable=g-import-not-at-top
 
@@ -172,7 +172,7 @@ def _torch_run(c, warmup: int) -> dict:
        {"params": [p for p in named.values() if p.dim() < 2], "weight_decay": 0.0}],
       lr=c.lr, betas=(c.beta1, c.beta2), eps=1e-8)
   rng = np.random.default_rng(0)
-  T, B = m.block_size, c.batch_size
+  T, B = m.block_size, c.global_batch_size
 
   def one():
     for _ in range(c.grad_accum):

@@ -20,7 +20,8 @@ Glossary: N table rows, E row width, D global devices, R rows per device, B per-
 Synopsis (4 fake CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=4):
 
   import jax, numpy as np
-  from experiments.common import parallel, sharded_table
+  from experiments.common import parallel
+  from experiments.trm import sharded_table
   n, d = jax.local_device_count(), jax.device_count()
   table = np.arange(10 * 3, dtype=np.float32).reshape(10, 3)             # [N, E]
   shards = sharded_table.shard_host_table(table, d, n, jax.process_index())   # [n, R, E]

@@ -53,7 +53,7 @@ not the public Maze-Hard distribution (whose generator the reference page does n
 
 Synopsis:
   import numpy as np
-  from input_pipeline import maze
+  from input_pipeline.puzzles import maze
   questions, answers = maze.generate_mazes(4, seed=0)              # [4, 900] uint8 tokens 1..5
   assert all(maze.pair_error(q, a) is None for q, a in zip(questions, answers))
   assert (maze.path_lengths(answers) > 110).all()
@@ -79,7 +79,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from input_pipeline import puzzle_csv
+from input_pipeline import errors
+from input_pipeline import puzzles
+from input_pipeline.puzzles import puzzle_csv
 
 # --------------------------------------------------------------------------------------------
 # Encoding.
@@ -94,7 +96,7 @@ START_ID = 3
 GOAL_ID = 4
 PATH_ID = 5
 VOCAB_SIZE = len(CHARSET) + 1
-IGNORE_LABEL_ID = -100
+IGNORE_LABEL_ID = puzzles.IGNORE_LABEL_ID
 DEFAULT_PATH_THRESHOLD = 110
 
 # The metadata shared by every Maze dataset (the trainer validates its config against it). As in
@@ -117,7 +119,7 @@ _CHAR_TO_TOKEN[np.frombuffer(CHARSET.encode("ascii"), np.uint8)] = np.arange(1, 
 _TOKEN_TO_CHAR = np.frombuffer(("?" + CHARSET).encode("ascii"), np.uint8)
 
 
-class MazeDataError(ValueError):
+class MazeDataError(errors.DataError):
   """A maze string, pair or CSV row is malformed (the message names the file, line and field)."""
 
 
@@ -501,49 +503,6 @@ DIHEDRAL_COMPOSE = _compose_table()
 def apply_dihedral(tokens: np.ndarray, tid: int) -> np.ndarray:
   """Transform `tid` of token sequences [..., 900] (any values: pads and -100 labels move along)."""
   return np.asarray(tokens)[..., DIHEDRAL_POSITIONS[tid]]
-
-
-# --------------------------------------------------------------------------------------------
-# Dihedral transforms in TF (the on-the-fly augmentation hook of input_pipeline.pipeline).
-
-
-def apply_dihedral_tf(tokens: Any, ids: Any) -> Any:
-  """Per-example transforms: tokens [B, 900] (any int dtype), ids int32 [B] in 0..7 -> [B, 900]."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  positions = tf.gather(tf.constant(DIHEDRAL_POSITIONS), ids)  # [B, 900]
-  return tf.gather(tokens, positions, batch_dims=1)
-
-
-def sample_dihedral_ids(key: Any, batch_size: Any, allowed: Optional[Any] = None) -> Any:
-  """Uniform ids int32 [B] in 0..7 from a stateless seed [2] (Philox); 0 where `allowed` [B] is
-  False."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  ids = tf.random.stateless_uniform([batch_size], seed=key, minval=0, maxval=NUM_DIHEDRAL,
-                                    dtype=tf.int32, alg="philox")
-  if allowed is not None:
-    ids = tf.where(tf.cast(allowed, tf.bool), ids, tf.zeros_like(ids))
-  return ids
-
-
-def augment_dihedral_batch(batch: Mapping[str, Any], key: Any) -> dict[str, Any]:
-  """The pipeline's "maze_dihedral" augmentation: one uniformly random dihedral transform per
-  example, the same on `inputs` and `labels` [B, 900].
-
-  Examples whose `dihedral_augment` feature is False (dihedral augmentation off, or the 8 versions
-  materialised by the builder) stay as they are; `dihedral_id` becomes the transform from the
-  original maze to the example shown.
-  """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  ids = sample_dihedral_ids(key, tf.shape(batch["inputs"])[0], batch.get("dihedral_augment"))
-  out = dict(batch)
-  out["inputs"] = apply_dihedral_tf(batch["inputs"], ids)
-  out["labels"] = apply_dihedral_tf(batch["labels"], ids)
-  if "dihedral_id" in batch:
-    stored = tf.cast(batch["dihedral_id"], tf.int32)
-    composed = tf.gather(tf.reshape(tf.constant(DIHEDRAL_COMPOSE), [-1]),
-                         ids * NUM_DIHEDRAL + stored)
-    out["dihedral_id"] = tf.cast(composed, batch["dihedral_id"].dtype)
-  return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ within each band, and of the 3 stacks and the columns within each stack; the sam
 puzzle and solution.
 
 Synopsis:
-  from input_pipeline import sudoku
+  from input_pipeline.puzzles import sudoku
   q, s = sudoku.generate_puzzles(100, seed=0, givens=30)          # [100, 81] uint8 digits
   assert sudoku.count_solutions(q[0], limit=2) == 1
   tokens = sudoku.grid_to_tokens(q)                                # [100, 81] int32, 1..10
@@ -60,7 +60,9 @@ from typing import Optional
 
 import numpy as np
 
-from input_pipeline import puzzle_csv
+from input_pipeline import errors
+from input_pipeline import puzzles
+from input_pipeline.puzzles import puzzle_csv
 
 # --------------------------------------------------------------------------------------------
 # Encoding.
@@ -69,7 +71,7 @@ PAD_ID = 0
 BLANK_ID = 1
 NUM_CELLS = 81
 VOCAB_SIZE = 11
-IGNORE_LABEL_ID = -100
+IGNORE_LABEL_ID = puzzles.IGNORE_LABEL_ID
 
 # The metadata shared by every Sudoku dataset (the trainer validates its config against it).
 METADATA: dict = dict(
@@ -87,7 +89,7 @@ _QUESTION_ALPHABET = ".0123456789"
 _ANSWER_ALPHABET = "123456789"
 
 
-class SudokuDataError(ValueError):
+class SudokuDataError(errors.DataError):
   """A Sudoku string or CSV row is malformed (the message names the file, line and field)."""
 
 

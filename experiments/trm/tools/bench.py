@@ -1,8 +1,8 @@
 r"""Throughput and memory benchmark of the real TRM training step (Sudoku TRM-MLP and TRM-Att recipes).
 
 What is measured, per (model, compute dtype, batch):
-  compile_s        lower + compile of the REAL pmapped step (`train.make_train_step` with the recipe's
-                   AdamATan2, EMA and sparse SignSGD; `parallel.pmap_step` as in training).
+  compile_s        lower + compile of the REAL pmapped step (the trainer's `parallel_train_step` of
+                   TRM's step: the recipe's AdamATan2, EMA and sparse SignSGD, the non-finite guard).
   step_ms          median wall time of one optimizer step (one ACT step for every slot), measured
                    after `block_until_ready`, on a random Sudoku-shaped batch and a device-resident
                    carry (outputs fed back, donated, as in training).
@@ -39,11 +39,11 @@ default run (2 models x 2 dtypes x {64, max}) takes hours there; use --models/--
 
 Command lines:
 
-  python -m experiments.trm.bench                                  # the full benchmark (slow on a CPU)
-  python -m experiments.trm.bench --models=mlp --dtypes=bfloat16 --batches=64 --steps=3
-  python -m experiments.trm.bench --pipeline                       # + tf.data input-pipeline examples/s
-  python -m experiments.trm.bench --quick                          # smoke run: hidden 32, tiny batches
-  python -m experiments.trm.bench --json_out=/tmp/bench.json       # rows as JSON too
+  python -m experiments.trm.tools.bench                                  # the full benchmark (slow on a CPU)
+  python -m experiments.trm.tools.bench --models=mlp --dtypes=bfloat16 --batches=64 --steps=3
+  python -m experiments.trm.tools.bench --pipeline                       # + tf.data input-pipeline examples/s
+  python -m experiments.trm.tools.bench --quick                          # smoke run: hidden 32, tiny batches
+  python -m experiments.trm.tools.bench --json_out=/tmp/bench.json       # rows as JSON too
 
 Flags: --models=mlp,att  --dtypes=bfloat16,float32  --batches=64,max  --steps=3  --warmup_steps=0
   --hidden=0 (0 = the recipe's 512)  --memory_limit_gb=24  --max_candidates=64,128,256,384,512,768
@@ -81,13 +81,15 @@ import ml_collections
 import numpy as np
 
 from experiments.common import parallel
+from experiments.common import trainer
+from experiments.trm import flops
 from experiments.trm import train
 from experiments.trm.configs import sudoku_att
 from experiments.trm.configs import sudoku_mlp
 from modules import layers
 from modules import trm
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SUDOKU_METADATA = {"seq_len": 81, "vocab_size": 11, "num_puzzle_identifiers": 1}
 RECIPES = {"mlp": sudoku_mlp.get_config, "att": sudoku_att.get_config}
 REFERENCE_TOTAL_STEPS = 65_104           # Sudoku at batch 768 (reference section 5): the LR schedule
@@ -124,7 +126,7 @@ def recipe_config(model: str, dtype: str, *, hidden: Optional[int] = None, remat
     c.model.puzzle_emb_ndim = int(hidden)     # the recipes' E = D
   c.global_batch_size = per_device_batch * jax.local_device_count()
   c.total_steps = REFERENCE_TOTAL_STEPS
-  train.validate_config(c)
+  trainer.check_config(train.TRM(), c)
   return c
 
 
@@ -138,70 +140,9 @@ def trm_config(model: str, dtype: str = "bfloat16", *, hidden: Optional[int] = N
 # --------------------------------------------------------------------------------------------------
 # Analytic FLOPs.
 
-class FlopCount(NamedTuple):
-  """Per example per optimizer step (matmul FLOPs, 2 per multiply-add)."""
-  block: float          # one block (token mixer + channel SwiGLU)
-  net_call: float       # one call of the shared net (L_layers blocks)
-  heads: float          # lm_head + q_head, one forward
-  forward: float        # T (n + 1) net calls + heads
-  backward: float       # 2 x ((n + 1) net calls + heads)
-
-  @property
-  def total(self) -> float:
-    return self.forward + self.backward
-
-
-def analytic_flops(cfg: trm.TRMConfig) -> FlopCount:
-  """Model FLOPs per example of one training step (one ACT step) of `cfg`.
-
-  S = P + L tokens of width D. Per block:
-    token mixer  mlp_t: SwiGLU over the sequence, inner F_t = swiglu_width(S): 6 D S F_t
-                 attention: fused qkv 2 S D (H + 2K) Dh, scores and values 2 x 2 S^2 H Dh,
-                 output 2 S H Dh D
-    channel SwiGLU, inner F = swiglu_width(D): 6 S D F
-  Heads: lm_head 2 L D V on the puzzle tokens, q_head 2 D 2 on slot 0. Embedding lookups: 0.
-  The T - 1 gradient-free cycles run forward only; the cycle with gradient (n + 1 net calls) and the
-  heads cost 2x their forward in the backward pass. Remat's recomputation is not counted.
-  """
-  S, L, D, V = cfg.total_len, cfg.seq_len, cfg.hidden_size, cfg.vocab_size
-  if cfg.mlp_t:
-    mixer = 6.0 * D * S * layers.swiglu_width(S, cfg.expansion)
-  else:
-    H = K = cfg.num_heads
-    Dh = cfg.head_dim
-    mixer = 2.0 * S * D * (H + 2 * K) * Dh + 4.0 * S * S * H * Dh + 2.0 * S * H * Dh * D
-  channel = 6.0 * S * D * layers.swiglu_width(D, cfg.expansion)
-  block = mixer + channel
-  net_call = cfg.L_layers * block
-  heads = 2.0 * L * D * V + 2.0 * D * 2
-  calls_per_cycle = cfg.L_cycles + 1
-  forward = cfg.H_cycles * calls_per_cycle * net_call + heads
-  backward = 2.0 * (calls_per_cycle * net_call + heads)
-  return FlopCount(block=block, net_call=net_call, heads=heads, forward=forward, backward=backward)
-
-
-def xla_net_call_flops(cfg: trm.TRMConfig) -> float:
-  """XLA `cost_analysis` FLOPs of ONE forward call of the shared net, per example (batch 1, no loop).
-
-  A cross-check of `analytic_flops(cfg).net_call`; XLA also counts elementwise work (norms, SiLU,
-  softmax, RoPE), so it reads a few percent higher.
-  """
-  import haiku as hk  # pylint: disable=g-import-not-at-top
-
-  def net(h, inj):
-    rope = None
-    if cfg.pos_encodings == "rope" and not cfg.mlp_t:
-      rope = layers.rope_tables(jnp.arange(cfg.total_len), head_dim=cfg.head_dim,
-                                theta=cfg.rope_theta)
-    return trm.ReasoningNet(cfg, name="L_level")(h, inj, rope)
-
-  f = hk.without_apply_rng(hk.transform(net))
-  z = jnp.zeros((1, cfg.total_len, cfg.hidden_size), cfg.dtype)
-  params = jax.eval_shape(f.init, jax.random.key(0), z, z)
-  cost = jax.jit(f.apply).lower(params, z, z).compile().cost_analysis()
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0]
-  return float(cost["flops"])
+FlopCount = flops.FlopCount
+analytic_flops = flops.analytic_flops
+xla_net_call_flops = flops.xla_net_call_flops
 
 
 # --------------------------------------------------------------------------------------------------
@@ -291,18 +232,14 @@ def compile_step(model: str, dtype: str, per_device_batch: int, *, remat: bool =
   """Builds state/carry/batch as `train.train_and_evaluate` does and AOT-compiles the pmapped step."""
   config = recipe_config(model, dtype, hidden=hidden, remat=remat,
                          per_device_batch=per_device_batch)
-  cfg = train.model_config(config, SUDOKU_METADATA)
   n_local = jax.local_device_count()
-  net = trm.TRMModel(cfg)
-  adam, sign = train.make_optimizers(config, train.num_train_steps(config, 0))
-  shard = bool(config.shard_puzzle_table)
-  state = parallel.replicate(train.init_state(net, adam, sign, config.seed, shard_table=shard))
-  carry = parallel.shard(train.init_device_state(net, per_device_batch, n_local, jax.device_count(),
-                                                 shard_table=shard))
+  _, b = trainer.build(train.TRM(), config, abstract=True)       # the trainer's own step and state
+  cfg = b.model_config
+  state, carry = b.init()
+  state, carry = parallel.replicate(state), parallel.shard(carry)
   batch = parallel.shard(random_batch(n_local, per_device_batch, config.seed))
   device_index = parallel.shard(parallel.device_indices())
-  p_step = parallel.pmap_step(train.make_train_step(net, adam, sign, config, per_device_batch),
-                              replicated_in=(0,), out_axes=(None, 0, 0), donate_argnums=(0, 1))
+  p_step = trainer.parallel_train_step(b.train_step, config.nonfinite)
   t0 = time.perf_counter()
   compiled = p_step.lower(state, carry, batch, device_index).compile()
   compile_s = time.perf_counter() - t0
@@ -398,7 +335,7 @@ def bench_row_subprocess(model: str, dtype: str, per_device_batch: int, *, remat
   alone. A failed child (e.g. killed for memory) gives a row of NaNs instead of stopping the run."""
   with tempfile.TemporaryDirectory(prefix="podlab_bench_row_") as tmp:
     out = os.path.join(tmp, "row.json")
-    cmd = [sys.executable, "-m", "experiments.trm.bench", f"--models={model}", f"--dtypes={dtype}",
+    cmd = [sys.executable, "-m", "experiments.trm.tools.bench", f"--models={model}", f"--dtypes={dtype}",
            f"--batches={per_device_batch}", f"--remat={'true' if remat else 'false'}",
            f"--hidden={hidden or 0}", f"--steps={steps}", f"--warmup_steps={warmup}",
            f"--row_out={out}"]

@@ -1,0 +1,175 @@
+r"""The experiment protocol: the few methods an experiment supplies to the one trainer.
+
+The trainer (experiments/common/trainer.py) owns the run: flags and distributed init (entry.py),
+the workdir, checkpoints and their layout, resume (own checkpoint, then `init_from`, then random
+init), preemption, the non-finite guard, the metric writer, progress, profiling, the evaluation
+schedule, `--mode=eval`, the dry run and the TPU compile, and the final table. An experiment says
+only what differs:
+
+  class Experiment:
+    name                                   # "trm", "nanogpt", ...
+    base_config() -> ConfigDict            # every field, with defaults: configs are checked against it
+    validate(config)                       # value checks: raise errors.ConfigError
+    build(config, layout, abstract) -> Build   # state, train step, data, evaluators
+    load_init(path, build, config) -> params   # weights from a file of another format (optional)
+
+`Build` carries the replicated train state (a NamedTuple with a `step` field: updates done), the
+per-device state (or None), the per-device train step, the batch stream and the evaluators. The
+train step is what runs on each device inside `pmap` (axis `parallel.AXIS`):
+
+  train_step(state, device_state, batch, device_index) -> (state, device_state, metrics, finite)
+
+`metrics` is a dict of scalars already reduced over all devices (psum/pmean), added up over the log
+window and saved with checkpoints; `finite` is a [] bool, the same on every device, False when the
+step's loss or gradients are not finite. The trainer adds the state check and the skip policy
+(config.nonfinite), so the step does not. `device_index` is the device's global index (jaxline: the
+host id goes into the step, it is not read inside).
+
+A complete example (an MLP classifier in ~60 lines, run as written by tests/test_trainer.py):
+docs/adding-an-experiment.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
+
+import ml_collections
+
+from experiments.common import errors
+from experiments.common import layout as layout_lib
+from experiments.common import workdir as workdir_lib
+
+Params = Any
+Scalars = Dict[str, float]
+
+
+@dataclasses.dataclass
+class EvalContext:
+  """What an evaluator sees: the replicated state, the per-device state (on the devices), the step,
+  whether this is the final (full) evaluation, and the workdir."""
+  state: Any
+  device_state: Any
+  step: int
+  final: bool
+  workdir: workdir_lib.Workdir
+
+
+@dataclasses.dataclass
+class Evaluator:
+  """One evaluation of a run.
+
+  Attributes:
+    name: the row of the final table and the TensorBoard prefix ("eval" -> "eval/<metric>").
+    run: `run(EvalContext) -> {metric: value}` (the same on every process; process 0's is written).
+    every: evaluate every this many updates during training (not at the last update); 0 = never.
+    at_start: also evaluate before the first update (nanoGPT evaluates iteration 0).
+    at_end: evaluate once more after the last update, with `final=True` (the final table).
+    size: examples evaluated, for the console ("evaluating N examples"); `size_final` for the final.
+  """
+  name: str
+  run: Callable[[EvalContext], Scalars]
+  every: int = 0
+  at_start: bool = False
+  at_end: bool = True
+  size: Optional[int] = None
+  size_final: Optional[int] = None
+
+
+@dataclasses.dataclass
+class Program:
+  """A per-device function compiled by the dry run: `pmap(fn)` with these argument roles.
+
+  args: abstract arguments (jax.ShapeDtypeStruct trees); those not in `replicated_in` have a leading
+  axis of this host's devices, which the dry run widens to the compile target's devices."""
+  fn: Callable[..., Any]
+  args: Tuple[Any, ...]
+  replicated_in: Tuple[int, ...] = ()
+  out_axes: Any = 0
+  donate_argnums: Tuple[int, ...] = ()
+  items: float = 0.0           # examples (or tokens) one call processes over all devices
+  flops: Optional[float] = None  # analytic FLOPs of one call over all devices
+
+
+@dataclasses.dataclass
+class Build:
+  """What `Experiment.build` returns; see the module doc.
+
+  Attributes:
+    state: the replicated train state (NamedTuple with `step`); host values, or
+      jax.ShapeDtypeStructs when built `abstract`.
+    train_step: the per-device step (see the module doc).
+    batches: `batches(start_step)` -> iterator of this host's batches for updates start_step + 1, ...
+      (leading axis: local devices; with accumulation the next axis is the micro-step).
+    total_steps: updates of the run.
+    device_state: per-device state [local_devices, ...] (host numpy), or None.
+    example_batch: one batch as ShapeDtypeStructs (dry runs compile with it).
+    evaluators: the run's evaluations.
+    train_scalars: `(window sums, updates in the window, step) -> {"train/...": value}`.
+    progress: keys of `train_scalars` shown on the console's progress line (2-4).
+    parameters: the parameter table (logged once, written to TensorBoard).
+    summary: a line or two about the model (parameter count, tables) for the dry run.
+    items_per_step: examples (or tokens) per update, all devices; `item_name` says which.
+    flops_per_step: analytic FLOPs per update, all devices (MFU, the TPU compile's roofline).
+    model_config: the model's own config (readers of other checkpoint formats, samplers, exports).
+    get_params / set_params: the model weights of a state, and a state (and per-device state) with
+      other weights (init_from: fine-tuning, evaluation of imported weights).
+    nonfinite_order: metrics named, in this order, when a step is not finite; `nonfinite_other`
+      describes a non-finite step whose named metrics are all finite.
+    eval_programs: evaluation steps for the dry run to compile.
+    final_table: `(final evaluation {evaluator: metrics}, history {step: {...}}) -> str`.
+    results: `(final, history) -> dict` returned by train_and_evaluate (default: `final`).
+    on_start: called once with the workdir and the start step before training (extra files).
+    init: `() -> (state, device_state)` with real values, for an `abstract` build (benchmarks
+      compile and run the real step on synthetic batches without reading data).
+  """
+  state: Any
+  train_step: Callable[..., Any]
+  batches: Callable[[int], Iterator[Any]]
+  total_steps: int
+  device_state: Any = None
+  example_batch: Any = None
+  evaluators: Sequence[Evaluator] = ()
+  train_scalars: Callable[[Scalars, int, int], Scalars] = lambda sums, n, step: {}
+  progress: Sequence[str] = ()
+  parameters: str = ""
+  summary: str = ""
+  items_per_step: float = 0.0
+  item_name: str = "examples"
+  flops_per_step: Optional[float] = None
+  model_config: Any = None
+  get_params: Callable[[Any], Params] = lambda state: state.params
+  set_params: Optional[Callable[[Any, Any, Params], Tuple[Any, Any]]] = None
+  nonfinite_order: Sequence[str] = ()
+  nonfinite_other: str = "the update (loss and gradients were finite)"
+  eval_programs: Mapping[str, Program] = dataclasses.field(default_factory=dict)
+  final_table: Optional[Callable[[Mapping[str, Scalars], Mapping[int, Any]], str]] = None
+  results: Optional[Callable[[Mapping[str, Scalars], Mapping[int, Any]], Dict[str, Any]]] = None
+  on_start: Optional[Callable[[workdir_lib.Workdir, int], None]] = None
+  init: Optional[Callable[[], Tuple[Any, Any]]] = None
+
+
+class Experiment:
+  """Base class of an experiment; see the module doc. Override `base_config` and `build`."""
+
+  name = "experiment"
+
+  def base_config(self) -> ml_collections.ConfigDict:
+    raise NotImplementedError(f"{type(self).__name__} must define base_config()")
+
+  def validate(self, config: ml_collections.ConfigDict) -> None:
+    """Value checks beyond the field names (raise errors.ConfigError)."""
+
+  def build(self, config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout, *,
+            abstract: bool = False) -> Build:
+    raise NotImplementedError(f"{type(self).__name__} must define build()")
+
+  def load_init(self, path: str, build: Build, config: ml_collections.ConfigDict) -> Params:
+    """The model weights in `path` when it is a checkpoint of another program's format.
+
+    Called by the trainer for `config.init_from` when `path` is not a podlab checkpoint; the result
+    goes through `build.set_params`. Raise errors.FormatError when the file does not match.
+    """
+    raise errors.ConfigError(
+        "init_from", path, f"not a podlab checkpoint, and the {self.name} experiment reads no other "
+        "format", "pass a podlab workdir or its checkpoints/ folder")

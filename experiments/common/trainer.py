@@ -1,0 +1,544 @@
+r"""The one trainer: runs any experiment (experiments/common/experiment.py) from start to final table.
+
+  train_and_evaluate(experiment, config, workdir)   train, evaluate, print the final table
+  evaluate(experiment, config, workdir)             --mode=eval: evaluate a model, no training
+  build(experiment, config)                         (layout, Build) for tools (bench, sample, faults)
+  restore_params(experiment, config, workdir)       (step, params) of a workdir's newest checkpoint
+
+What it owns, in the order of a run:
+
+1. Checks: the config's field names against the experiment's base config (a misspelled field is one
+   line naming the closest valid one), the run section's values, the experiment's own checks, the
+   batch layout (experiments/common/layout.py), and the workdir (writable; a run that fails before
+   it starts leaves no empty workdir behind).
+2. The start: the newest checkpoint in `<workdir>/checkpoints` (resume: state, per-device state and
+   the open metric window, so a resumed run logs what an unbroken one would), else
+   `config.init_from` (the weights of a podlab checkpoint or of a file of another format, read by
+   `Experiment.load_init`; a fresh optimizer and step 0: fine-tuning), else random init.
+3. The loop: one pmapped step per update (`parallel.pmap_step`, state replicated with
+   `in_axes=None`, donated); metric sums stay on the devices and are read once per log interval;
+   the non-finite guard (config.nonfinite: "stop" ends the run naming the first non-finite metric
+   and the last good checkpoint; "skip" drops the update; "continue" as the references do) is checked
+   one step late, so the host never waits on the device, and always before a log, an evaluation or
+   a save (a non-finite state is never saved); checkpoints every `checkpoint_every_steps` and at the
+   end (async, kept `keep_checkpoints`); evaluations on the evaluators' schedules; preemption
+   (SIGTERM/SIGINT, agreed across hosts: the step is saved and `errors.Preempted` raised; rerunning
+   resumes); profiling (`profile_steps`, CLU's periodic_actions.Profile, into `<workdir>/profile`).
+4. Output: TensorBoard scalars (CLU writers, process 0), hparams and the parameter table; one
+   progress line per log interval (experiments/common/console.py); `evals.json` after every
+   evaluation; the final evaluation's table printed once (process 0) and `final_eval.json`.
+
+Checkpoint layout: replicated {"state": the experiment's state, "window": the open metric window}
+and per-device the experiment's device state (experiments/common/checkpointing.py).
+
+Synopsis: see experiments/common/experiment.py (a complete experiment trained by this module).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from clu import periodic_actions
+
+from experiments.common import checkpointing
+from experiments.common import config_utils
+from experiments.common import console
+from experiments.common import errors
+from experiments.common import experiment as experiment_lib
+from experiments.common import host_malloc
+from experiments.common import layout as layout_lib
+from experiments.common import metrics as metrics_lib
+from experiments.common import mfu
+from experiments.common import parallel
+from experiments.common import preemption
+from experiments.common import workdir as workdir_lib
+
+Experiment = experiment_lib.Experiment
+Build = experiment_lib.Build
+WINDOW = "window"
+STATE = "state"
+
+
+# --------------------------------------------------------------------------------------------------
+# Checks and building.
+
+def check_config(experiment: Experiment, config: ml_collections.ConfigDict) -> None:
+  """Field names against the experiment's base config, the run section, the experiment's checks."""
+  reference = experiment.base_config()
+  config_utils.validate_config(config, reference)
+  config_utils.validate_run_config(config)
+  experiment.validate(config)
+
+
+def build(experiment: Experiment, config: ml_collections.ConfigDict, *, abstract: bool = False,
+          layout: Optional[layout_lib.BatchLayout] = None
+          ) -> Tuple[layout_lib.BatchLayout, Build]:
+  """Checks `config` and builds the experiment on this run's devices (or `layout`)."""
+  check_config(experiment, config)
+  layout = layout or layout_lib.batch_layout(config)
+  return layout, experiment.build(config, layout, abstract=abstract)
+
+
+def _floating_leaves_finite(tree: Any) -> jax.Array:
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def guarded_step(train_step: Callable[..., Any], nonfinite: str) -> Callable[..., Any]:
+  """The experiment's per-device step with the non-finite guard: (state, device_state, batch,
+  device_index) -> (state, device_state, metrics + {"nonfinite_steps", "nonfinite_state"}).
+
+  A step is finite when the experiment says so (loss and gradients) and every floating leaf of the
+  new state is finite (an update can overflow with finite gradients); the per-device state is checked
+  on every device (pmin), so all devices decide alike. With nonfinite == "skip" a non-finite update is
+  dropped: everything but the state's step counter keeps its old value (data and RNG are indexed by
+  the step, so the next update sees new data).
+  """
+  def step(state, device_state, batch, device_index):
+    new_state, new_device_state, metrics, finite = train_step(state, device_state, batch,
+                                                              device_index)
+    state_finite = _floating_leaves_finite(new_state)
+    if jax.tree.leaves(new_device_state):
+      local = _floating_leaves_finite(new_device_state).astype(jnp.int32)
+      state_finite &= jax.lax.pmin(local, parallel.AXIS) > 0
+    ok = jnp.asarray(finite) & state_finite
+    metrics = dict(metrics)
+    metrics["nonfinite_steps"] = 1.0 - ok.astype(jnp.float32)
+    metrics["nonfinite_state"] = 1.0 - state_finite.astype(jnp.float32)
+    if nonfinite == "skip":
+      keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
+      new_state = jax.tree.map(keep, new_state, state)._replace(step=new_state.step)
+      new_device_state = jax.tree.map(keep, new_device_state, device_state)
+    return new_state, new_device_state, metrics
+  return step
+
+
+def parallel_train_step(train_step: Callable[..., Any], nonfinite: str, *,
+                        devices: Optional[Sequence[Any]] = None,
+                        donate: bool = True) -> Callable[..., Any]:
+  """`guarded_step` pmapped: state replicated (in and out), per-device state and batch sharded,
+  state and per-device state donated (`donate=False` keeps the inputs, e.g. for tests that reuse
+  them)."""
+  return parallel.pmap_step(guarded_step(train_step, nonfinite), replicated_in=(0,),
+                            out_axes=(None, 0, 0), donate_argnums=(0, 1) if donate else (),
+                            devices=devices)
+
+
+def _per_device_specs(tree: Any) -> Any:
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
+                      if not isinstance(x, jax.ShapeDtypeStruct) else x, tree)
+
+
+def _checkpoint_items(state: Any, acc: metrics_lib.SumAccumulator, keys: Sequence[str]):
+  return {STATE: state, WINDOW: acc.state(keys)}
+
+
+# --------------------------------------------------------------------------------------------------
+# The start: resume, init_from, or random init.
+
+def _restore_own(ckpt: checkpointing.CheckpointManager, b: Build, keys: Sequence[str],
+                 fallback: bool):
+  template = {STATE: b.state, WINDOW: metrics_lib.SumAccumulator().state(keys)}
+  return ckpt.restore_latest(replicated_like=template,
+                             per_device_like=b.device_state if b.device_state is not None else {},
+                             fallback=fallback)
+
+
+def load_init(experiment: Experiment, b: Build, config: ml_collections.ConfigDict,
+              path: str) -> Any:
+  """The model weights at `config.init_from`: a podlab checkpoint (a workdir, its checkpoints/
+  folder or one step's folder) through the experiment's own state template, else the experiment's
+  reader of another format."""
+  found = checkpointing.find_checkpoint(path)
+  if found is None:
+    return experiment.load_init(path, b, config)
+  directory, step = found
+  manager = checkpointing.CheckpointManager(directory, save_interval_steps=1)
+  try:
+    restored = manager.restore(step, replicated_like={STATE: b.state},
+                               per_device_like={}, partial=True)
+  finally:
+    manager.close()
+  logging.info("init_from: params of %s step %d", directory, restored[0])
+  return b.get_params(restored[1][STATE])
+
+
+def _set_params(b: Build, params: Any) -> Tuple[Any, Any]:
+  if b.set_params is not None:
+    return b.set_params(b.state, b.device_state, params)
+  return b.state._replace(params=params), b.device_state
+
+
+# --------------------------------------------------------------------------------------------------
+# Evaluation.
+
+def _default_table(final: Mapping[str, Mapping[str, float]]) -> str:
+  columns = []
+  for metrics in final.values():
+    columns += [k for k in metrics if k not in columns]
+  return metrics_lib.format_table(final, columns)
+
+
+class _Evaluations:
+  """Runs the evaluators, writes their scalars and keeps/persists the history."""
+
+  def __init__(self, b: Build, wd: workdir_lib.Workdir, writer, progress: console.Progress,
+               history: Dict[int, Dict[str, Dict[str, float]]]):
+    self.b, self.wd, self.writer, self.progress, self.history = b, wd, writer, progress, history
+
+  def run(self, ev: experiment_lib.Evaluator, state, device_state, step: int, final: bool
+          ) -> Dict[str, float]:
+    size = ev.size_final if final and ev.size_final is not None else ev.size
+    what = f"{size:,} examples" if size else ev.name
+    t0 = time.perf_counter()
+    results = ev.run(experiment_lib.EvalContext(state, device_state, step, final, self.wd))
+    took = time.perf_counter() - t0
+    tag = "eval" if ev.name in ("test", "eval") else ev.name
+    self.writer.write_scalars(step, {f"{tag}/{k}": v for k, v in results.items()})
+    self.history.setdefault(step, {})[ev.name] = {k: float(v) for k, v in results.items()}
+    workdir_lib.write_json(self.wd.evals, {str(s): v for s, v in sorted(self.history.items())})
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in list(results.items())[:8])
+    self.progress.message(f"evaluated {what} ({ev.name}) at step {step} in {took:.1f} s: {shown}")
+    return results
+
+
+def _load_history(wd: workdir_lib.Workdir, start_step: int) -> Dict[int, Dict[str, Any]]:
+  if start_step == 0:
+    return {}
+  saved = workdir_lib.read_json_if_exists(wd.evals) or {}
+  return {int(s): v for s, v in saved.items() if int(s) <= start_step}
+
+
+# --------------------------------------------------------------------------------------------------
+# The run.
+
+def _nonfinite_error(step: int, host: Dict[str, float], b: Build,
+                     ckpt: checkpointing.CheckpointManager) -> errors.NonFiniteError:
+  names = [k for k in b.nonfinite_order if not math.isfinite(host.get(k, 0.0))]
+  if names:
+    what = f"{names[0]} = {host[names[0]]}"
+  elif host.get("nonfinite_state", 0.0):
+    what = ("the updated state (parameters, optimizer state, ...) while loss and gradients were "
+            "finite: the update overflowed")
+  else:
+    what = b.nonfinite_other
+  ckpt.wait_until_finished()       # an earlier (good) save still in flight completes first
+  steps = ckpt.all_steps()
+  last = (f"the last good checkpoint is step {steps[-1]} in {ckpt.directory}" if steps
+          else f"no checkpoint was saved yet in {ckpt.directory}")
+  return errors.NonFiniteError(
+      f"step {step}: non-finite training metric: {what}. Stopped without saving; {last}. Fix: lower "
+      "the learning rate or check the data, or set --config.nonfinite=skip to skip such steps "
+      "(--config.nonfinite=continue keeps going, as the reference does).")
+
+
+def _host_first(x: Any) -> float:
+  return float(np.asarray(parallel.first_local(x)).reshape(-1)[0])
+
+
+@contextlib.contextmanager
+def _cleanup_on_bad_input(root: str, existed: bool):
+  """A run that fails on bad input before it starts leaves no empty workdir behind."""
+  try:
+    yield
+  except errors.USER_ERRORS:
+    if not existed:
+      workdir_lib.remove_if_empty(root)
+    raise
+
+
+def train_and_evaluate(experiment: Experiment, config: ml_collections.ConfigDict,
+                       workdir: str) -> Dict[str, Any]:
+  """Trains `experiment` as configured and returns its final results (see the module doc).
+
+  Raises (experiments/common/errors.py): ConfigError, WorkdirError, CheckpointError, FormatError,
+  input_pipeline DataError (bad input, named with the fix, before any compute); NonFiniteError
+  (config.nonfinite = "stop"); Preempted (SIGTERM/SIGINT: the step was saved; the same call resumes).
+  """
+  check_config(experiment, config)
+  layout = layout_lib.batch_layout(config)
+  existed = workdir_lib.exists(workdir)
+  with _cleanup_on_bad_input(workdir, existed):
+    workdir_lib.check_writable(workdir)
+    with preemption.PreemptionGuard() as guard:
+      return _Run(experiment, config, layout, workdir_lib.Workdir(workdir), guard).train()
+
+
+def evaluate(experiment: Experiment, config: ml_collections.ConfigDict,
+             workdir: str) -> Dict[str, Any]:
+  """`--mode=eval`: evaluates the workdir's newest checkpoint, else `config.init_from`, with every
+  evaluator (final, full); writes the table (printed), `eval_results.json` and TensorBoard scalars."""
+  check_config(experiment, config)
+  layout = layout_lib.batch_layout(config)
+  existed = workdir_lib.exists(workdir)
+  with _cleanup_on_bad_input(workdir, existed):
+    workdir_lib.check_writable(workdir)
+    with preemption.PreemptionGuard() as guard:
+      return _Run(experiment, config, layout, workdir_lib.Workdir(workdir), guard).evaluate()
+
+
+def restore_params(experiment: Experiment, config: ml_collections.ConfigDict,
+                   workdir: str) -> Tuple[int, Any]:
+  """(step, params) of the newest checkpoint in `workdir` (samplers, exports)."""
+  _, b = build(experiment, config, abstract=True)
+  found = checkpointing.find_checkpoint(workdir)
+  if found is None:
+    raise errors.CheckpointError(f"no checkpoint in {workdir}. Fix: train first, or pass the "
+                                 "workdir of a run that saved one")
+  directory, step = found
+  manager = checkpointing.CheckpointManager(directory, save_interval_steps=1)
+  try:
+    step, saved, _ = manager.restore(step, replicated_like={STATE: b.state}, per_device_like={},
+                                     partial=True)
+  finally:
+    manager.close()
+  return step, b.get_params(saved[STATE])
+
+
+def restore_state(experiment: Experiment, config: ml_collections.ConfigDict,
+                  workdir: str) -> Tuple[int, Any, Any, Build]:
+  """(step, state, per-device state, build) of the newest checkpoint in `workdir`, restored with the
+  run's full templates (this machine must have the saving run's device count for per-device state);
+  for exports that need more than the weights (e.g. TRM's sharded puzzle table)."""
+  _, b = build(experiment, config, abstract=True)
+  found = checkpointing.find_checkpoint(workdir)
+  if found is None:
+    raise errors.CheckpointError(f"no checkpoint in {workdir}. Fix: train first, or pass the "
+                                 "workdir of a run that saved one")
+  directory, step = found
+  manager = checkpointing.CheckpointManager(directory, save_interval_steps=1)
+  try:
+    step, saved, device_state = manager.restore(
+        step, replicated_like={STATE: b.state}, partial=True,
+        per_device_like=b.device_state if b.device_state is not None else {})
+  finally:
+    manager.close()
+  return step, saved[STATE], device_state if b.device_state is not None else None, b
+
+
+class _Run:
+  """One training or evaluation run (the state of `train_and_evaluate` / `evaluate`)."""
+
+  def __init__(self, experiment: Experiment, config: ml_collections.ConfigDict,
+               layout: layout_lib.BatchLayout, wd: workdir_lib.Workdir,
+               guard: preemption.PreemptionGuard):
+    self.experiment, self.config, self.layout, self.wd, self.guard = (experiment, config, layout,
+                                                                      wd, guard)
+    if layout.cpu_tuning:
+      host_malloc.keep_heap()     # CPU only: no page faults on XLA's per-step scratch
+    self.b = experiment.build(config, layout)
+    self.p_step = parallel_train_step(self.b.train_step, config.nonfinite)
+    self.device_index = parallel.shard(parallel.device_indices())
+    self.ckpt = checkpointing.CheckpointManager(
+        wd.checkpoints, max_to_keep=config.keep_checkpoints,
+        save_interval_steps=config.checkpoint_every_steps, enable_async=config.async_checkpoints)
+    self.acc = metrics_lib.SumAccumulator()
+    self.metric_keys = self._metric_keys()
+
+  def _metric_keys(self) -> Tuple[str, ...]:
+    """The names of the step's metric sums (they fix the checkpoint's window layout)."""
+    b = self.b
+    batch = b.example_batch
+    if batch is None:
+      batch = _per_device_specs(next(iter(b.batches(0))))
+    device_state = b.device_state
+    out = jax.eval_shape(self.p_step, _per_device_specs(b.state) if not isinstance(
+        jax.tree.leaves(b.state)[0], jax.ShapeDtypeStruct) else b.state,
+                         _per_device_specs(device_state), batch,
+                         jax.ShapeDtypeStruct((self.layout.devices_per_host,), jnp.int32))
+    return tuple(sorted(out[2]))
+
+  # ----------------------------------------------------------------------------------------------
+  def _start(self) -> Tuple[int, Any, Any, str]:
+    """(start step, state, device state, where from)."""
+    b, config = self.b, self.config
+    restored = _restore_own(self.ckpt, b, self.metric_keys, config.restore_fallback)
+    if restored is not None:
+      step, saved, device_state = restored
+      self.acc.restore(saved[WINDOW], self.layout.devices_per_host)
+      console.say(f"Resumed from {self.ckpt.directory} at step {step}")
+      return step, saved[STATE], device_state if b.device_state is not None else None, "resume"
+    if config.init_from:
+      params = load_init(self.experiment, b, config, config.init_from)
+      state, device_state = _set_params(b, params)
+      console.say(f"init_from {config.init_from}: model weights loaded (step 0, fresh optimizer "
+                  "state)")
+      return 0, state, device_state, "init_from"
+    return 0, b.state, b.device_state, "init"
+
+  def _writer(self):
+    return metrics_lib.create_writer(self.wd.root)
+
+  def _log_parameters(self, writer, start_step: int) -> None:
+    if self.b.parameters:
+      for line in self.b.parameters.splitlines():
+        logging.info("%s", line)
+    if self.b.summary:
+      console.say(f"{self.experiment.name}: {self.b.summary}")
+    if start_step == 0:
+      writer.write_hparams(config_utils.flat_hparams(self.config))
+      if self.b.parameters:
+        writer.write_texts(0, {"parameters": f"```\n{self.b.parameters}\n```"})
+
+  def _final_table(self, final: Mapping[str, Any], title: str) -> None:
+    if not final:
+      return
+    table = (self.b.final_table(final, self.history) if self.b.final_table is not None
+             else _default_table(final))
+    if jax.process_index() == 0:
+      self.progress.close()
+      print(f"\n{title}\n{table}\n", flush=True)
+
+  # ----------------------------------------------------------------------------------------------
+  def train(self) -> Dict[str, Any]:
+    b, config, layout = self.b, self.config, self.layout
+    start_step, state, device_state, source = self._start()
+    total = int(b.total_steps)
+    self.history = _load_history(self.wd, start_step)
+    writer = self._writer()
+    self._log_parameters(writer, start_step)
+    self.progress = console.Progress(
+        total_steps=total, start_step=start_step, items_per_step=b.items_per_step,
+        item_name=b.item_name, keys=b.progress, enabled=jax.process_index() == 0)
+    evals = _Evaluations(b, self.wd, writer, self.progress, self.history)
+    if b.on_start is not None:
+      b.on_start(self.wd, start_step)
+    state = parallel.replicate(state)
+    device_state = parallel.shard(device_state) if device_state is not None else None
+    batches = b.batches(start_step)
+    peak = mfu.peak_flops_per_device(config.peak_flops) * layout.devices if b.flops_per_step else 0
+    profile = (periodic_actions.Profile(num_profile_steps=config.profile_steps,
+                                        logdir=self.wd.profile)
+               if config.profile_steps > 0 and jax.process_index() == 0 else None)
+
+    def save(step: int, force: bool) -> bool:
+      return self.ckpt.save(step, replicated=_checkpoint_items(state, self.acc, self.metric_keys),
+                            per_device=device_state if device_state is not None else {},
+                            force=force)
+
+    def check(pending) -> None:
+      if pending is None or config.nonfinite != "stop":
+        return
+      step, sums = pending
+      if _host_first(sums["nonfinite_steps"]) == 0.0:
+        return
+      host = {k: _host_first(v) for k, v in sums.items()}
+      raise _nonfinite_error(step, host, b, self.ckpt)
+
+    if start_step == 0:
+      for ev in b.evaluators:
+        if ev.at_start:
+          evals.run(ev, state, device_state, 0, final=False)
+    console.say(f"Training from step {start_step} to {total} ({layout.describe()})")
+    pending = None              # (step, metric sums): checked one step late (no host sync)
+    window_t, window_paused = time.perf_counter(), 0.0
+    step_ms = []
+    for step in range(start_step + 1, total + 1):
+      batch = parallel.shard(next(batches))
+      state, device_state, sums = self.p_step(state, device_state, batch, self.device_index)
+      check(pending)
+      pending = (step, sums)
+      self.acc.add(sums)
+      if profile is not None:
+        profile(step)
+      if step % config.log_every_steps == 0 or step == total:
+        check(pending)
+        n = self.acc.num_steps
+        host = self.acc.pop()
+        now = time.perf_counter()
+        seconds = max(now - window_t - window_paused, 1e-9)
+        ms = 1000.0 * seconds / max(n, 1)
+        step_ms.append(ms)
+        scalars = dict(b.train_scalars(host, n, step))
+        scalars["train/nonfinite_steps"] = host.get("nonfinite_steps", 0.0)
+        scalars["perf/ms_per_step"] = ms
+        scalars["steps_per_sec"] = 1000.0 / ms
+        if peak and b.flops_per_step:
+          scalars["perf/mfu"] = b.flops_per_step / (ms / 1000.0) / peak
+        writer.write_scalars(step, scalars)
+        if jax.process_index() == 0:
+          self.progress.update(step, scalars, seconds=seconds)
+        window_t, window_paused = time.perf_counter(), 0.0
+      paused_from = time.perf_counter()
+      for ev in b.evaluators:
+        if ev.every > 0 and step % ev.every == 0 and step != total:
+          check(pending)
+          evals.run(ev, state, device_state, step, final=False)
+      if step % config.checkpoint_every_steps == 0 or step == total:
+        check(pending)         # never save a non-finite state
+        save(step, step == total)
+      if step < total and self.guard.should_stop(step):
+        check(pending)
+        save(step, True)
+        writer.flush()
+        self.ckpt.wait_until_finished()
+        self.ckpt.close()
+        self.progress.close()
+        raise errors.Preempted(step, self.guard.signal_name, self.ckpt.directory)
+      window_paused += time.perf_counter() - paused_from
+    check(pending)
+
+    final: Dict[str, Dict[str, float]] = {}
+    if config.final_eval and total > 0:
+      for ev in b.evaluators:
+        if ev.at_end:
+          final[ev.name] = {k: float(v) for k, v in
+                            evals.run(ev, state, device_state, total, final=True).items()}
+    results = b.results(final, self.history) if b.results is not None else dict(final)
+    if step_ms:
+      results.setdefault("median_ms_per_step", float(np.median(step_ms)))
+    self._final_table(final, f"Final evaluation at step {total}:")
+    workdir_lib.write_json(self.wd.final_eval, {"step": total, **_jsonable(results)})
+    writer.flush()
+    self.ckpt.wait_until_finished()
+    self.ckpt.close()
+    self.progress.close()
+    return results
+
+  # ----------------------------------------------------------------------------------------------
+  def evaluate(self) -> Dict[str, Any]:
+    b, config = self.b, self.config
+    start_step, state, device_state, source = self._start()
+    self.ckpt.close()
+    if source == "init":
+      raise errors.ConfigError(
+          "init_from", config.init_from, f"--mode=eval found no checkpoint in {self.wd.checkpoints}",
+          "pass --config.init_from=<a podlab workdir or checkpoint, or a file of the experiment's "
+          "reference format>, or the --workdir of a trained run")
+    self.history = {}
+    writer = self._writer()
+    self.progress = console.Progress(total_steps=start_step, start_step=start_step,
+                                     enabled=jax.process_index() == 0)
+    evals = _Evaluations(b, self.wd, writer, self.progress, {})
+    state = parallel.replicate(state)
+    device_state = parallel.shard(device_state) if device_state is not None else None
+    final = {ev.name: {k: float(v) for k, v in
+                       evals.run(ev, state, device_state, start_step, final=True).items()}
+             for ev in b.evaluators}
+    self.history = evals.history
+    origin = config.init_from if source == "init_from" else self.wd.checkpoints
+    self._final_table(final, f"Evaluation of {origin} (step {start_step}):")
+    workdir_lib.write_json(self.wd.eval_results,
+                           {"step": start_step, "source": origin, **_jsonable(final)})
+    writer.flush()
+    return final
+
+
+def _jsonable(tree: Any) -> Any:
+  if isinstance(tree, Mapping):
+    return {str(k): _jsonable(v) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return [_jsonable(v) for v in tree]
+  if isinstance(tree, (np.floating, np.integer)):
+    return tree.item()
+  return tree

@@ -1,0 +1,31 @@
+"""What every podlab TFDS builder shares (input_pipeline/datasets/*.py derive from it).
+
+Synopsis:
+
+  import tensorflow_datasets as tfds
+  from input_pipeline.datasets import base
+
+  class MyData(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
+    ...
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from etils import epath
+import tensorflow_datasets as tfds
+
+
+class LocalCodePath:
+  """Builder mixin: `code_path` from the class's source file.
+
+  TFDS 4.9.10's `DatasetBuilder.code_path` touches `importlib_resources` (a backport it only
+  declares for Python < 3.9, absent from the pinned stack) and fails when preparing; the builders
+  here need the path only to look for an (absent) checksums file beside the module.
+  """
+
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls) -> epath.Path:
+    return epath.Path(inspect.getfile(cls))

@@ -1,0 +1,101 @@
+"""Every mistyped input to a podlab program is ONE line on stderr (the field or file, the value and
+the fix) and exit code 2; programming errors keep their traceback. The real entry points run as
+subprocesses, as a user types them."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _run(args, tmp_path, timeout=180):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  env.pop("PODLAB_VERBOSE", None)
+  return subprocess.run([sys.executable, "-m"] + [str(a) for a in args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line(proc) -> str:
+  """The run's error line: exit code 2, exactly one `error:` line (the last one), no traceback.
+  (A run that failed after it started has printed its progress lines before.)"""
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+  errors = [l for l in lines if l.startswith("error: ")]
+  assert len(errors) == 1 and lines[-1] == errors[0], proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  return errors[0]
+
+
+@pytest.mark.parametrize("arg, expect", [
+    ("bath=6144", "did you mean 'batch'"),
+    ("recipe=sudoku_mpl", "unknown recipe"),
+    ("batch=abc", "expected a int"),
+])
+def test_config_argument_typos(tmp_path, arg, expect):
+  line = _one_line(_run(["experiments.trm.main", f"--config=configs/v4_64.py:{arg}",
+                         f"--workdir={tmp_path / 'w'}"], tmp_path))
+  assert expect in line and "Fix:" in line
+  assert not (tmp_path / "w").exists()
+
+
+def test_config_field_typo_names_the_closest_field(tmp_path):
+  line = _one_line(_run(["experiments.trm.main", "--config=configs/cpu_demo.py:smoke",
+                         "--config.lrr=0.1", f"--workdir={tmp_path / 'w'}"], tmp_path))
+  assert "config.lrr" in line and "config.lr" in line
+  assert not (tmp_path / "w").exists()
+
+
+def test_config_file_with_a_syntax_error(tmp_path):
+  bad = tmp_path / "bad_config.py"
+  bad.write_text("def get_config():\n  c = dict(\n  return c\n")
+  line = _one_line(_run(["experiments.trm.main", f"--config={bad}"], tmp_path))
+  assert f"{bad}:" in line and "Fix:" in line
+
+
+def test_a_missing_config_file(tmp_path):
+  line = _one_line(_run(["experiments.trm.main", "--config=configs/nope.py"], tmp_path))
+  assert "nope.py" in line and "not found" in line
+
+
+def test_a_corrupt_checkpoint_is_one_line_without_orbax_noise(tmp_path):
+  workdir = tmp_path / "w"
+  args = ["experiments.trm.main", "--config=configs/cpu_demo.py:smoke", f"--workdir={workdir}",
+          f"--config.dataset.data_dir={tmp_path / 'tfds'}", "--config.total_steps=3"]
+  first = _run(args, tmp_path, timeout=600)
+  assert first.returncode == 0, first.stderr[-3000:]
+  for path in (workdir / "checkpoints" / "3").rglob("*"):
+    if path.is_file() and path.stat().st_size > 0 and "replicated" in str(path):
+      path.write_bytes(b"\0" * path.stat().st_size)        # every replicated file zeroed
+  line = _one_line(_run(args + ["--config.total_steps=6", "--config.allow_config_change=True"],
+                        tmp_path, timeout=600))
+  assert "checkpoint" in line and "restore_fallback" in line
+
+
+def test_a_full_disk_names_the_workdir_and_the_intact_checkpoints(tmp_path):
+  mount = tmp_path / "small"
+  mount.mkdir()
+  if shutil.which("mount") is None or subprocess.run(
+      ["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mount)],
+      capture_output=True).returncode != 0:
+    pytest.skip("needs a small tmpfs (mount -t tmpfs: root in a namespace that allows it)")
+  try:
+    line = _one_line(_run(["experiments.trm.main", "--config=configs/cpu_demo.py:smoke",
+                           f"--workdir={mount / 'w'}",
+                           f"--config.dataset.data_dir={tmp_path / 'tfds'}"], tmp_path, timeout=600))
+    assert str(mount / "w") in line and "no space left on the device" in line, line
+    assert "no checkpoint was complete yet" in line and "Fix:" in line
+  finally:
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_programming_error_keeps_its_traceback(tmp_path):
+  """Only podlab's error types become one line: a TypeError from a config keeps its traceback."""
+  bad = tmp_path / "buggy_config.py"
+  bad.write_text("def get_config():\n  return 1 + 'a'\n")
+  proc = _run(["experiments.trm.main", f"--config={bad}"], tmp_path)
+  assert proc.returncode != 0 and "Traceback" in proc.stderr and "TypeError" in proc.stderr
