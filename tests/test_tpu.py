@@ -4,6 +4,7 @@ compiler on this CPU machine (memory, FLOPs, the does-not-fit path, the searches
 The compile tests skip with one line when libtpu (the optional extra `tpu`) is not installed.
 """
 
+import dataclasses
 import math
 import sys
 
@@ -193,6 +194,16 @@ def test_every_target_builds_its_topology(libtpu_loaded, name):
     per_host[d.process_index] = per_host.get(d.process_index, 0) + 1
   assert sorted(per_host) == list(range(t.hosts))
   assert set(per_host.values()) == {t.devices_per_host}
+
+
+def test_refused_topology_is_one_line(libtpu_loaded):
+  """A one-chip grid cannot be split into 2x2x1 hosts: libtpu refuses it, the error says so."""
+  bad = dataclasses.replace(tpu.parse_target("v6e-1"), chips_per_host_bounds=(2, 2, 1))
+  with pytest.raises(tpu.TargetError) as e:
+    tpu.target_devices(bad)
+  msg = str(e.value)
+  assert "\n" not in msg and msg.startswith("libtpu 0.0.42") and "v6e:1x1" in msg
+  assert "not divisible" in msg
 
 
 def _mlp_step(sizes):

@@ -309,14 +309,19 @@ def load_libtpu() -> str:
   """Makes libtpu's TPU compiler available to JAX in this (CPU) process; returns libtpu's version.
 
   Uses TPU_LIBRARY_PATH when it names a file, else the `libtpu` package (which sets it). Loads the
-  library by building a 4-chip v4 topology once, with libtpu's start-up warnings silenced. JAX's
-  own backend is untouched: run with JAX_PLATFORMS=cpu (the trainers' --dry_run sets it) so that
-  JAX does not also try to start a TPU runtime. Raises `LibtpuMissingError` (one line: how to
-  install it).
+  library by building a 4-chip v4 topology once, with libtpu's start-up warnings silenced, and
+  with ALLOW_MULTIPLE_LIBTPU_LOAD=1 (unless set): libtpu's one-process-per-machine lock is for the
+  chips, which a compile touches not. JAX's own backend is untouched: run with JAX_PLATFORMS=cpu
+  (the trainers' --dry_run sets it) so that JAX does not also try to start a TPU runtime. Raises
+  `LibtpuMissingError` (one line: how to install it).
   """
   global _libtpu_version
   if _libtpu_version is not None:
     return _libtpu_version
+  # libtpu lets one process per machine load it (/tmp/libtpu_lockfile), for the TPU chips' sake. A
+  # compile-only load touches no chip; without this, any other JAX process that tried a TPU backend
+  # (one run without JAX_PLATFORMS=cpu), or a second compiling process, would make the load fail.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   path = os.environ.get("TPU_LIBRARY_PATH", "")
   version = None
   if not os.path.isfile(path):
