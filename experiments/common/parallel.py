@@ -76,9 +76,9 @@ def first_local(x: Any) -> np.ndarray:
 
 
 def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_axes: Any = 0,
-              donate_argnums: Sequence[int] = (), devices: Optional[Sequence[Any]] = None
-              ) -> Callable[..., Any]:
-  """`jax.pmap(fn)` over local devices with axis name `AXIS`.
+              donate_argnums: Sequence[int] = (),
+              devices: Optional[Sequence[Any]] = None) -> Callable[..., Any]:
+  """`jax.pmap(fn)` over local devices (or `devices`) with axis name `AXIS`.
 
   Args:
     fn: the per-device step (positional arguments only).
@@ -87,8 +87,8 @@ def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_
     out_axes: as in `jax.pmap`: None for outputs that are the same on every device (they stay
       replicated, with no device axis), 0 for per-device outputs; a tuple for a tuple of outputs.
     donate_argnums: arguments whose buffers may be reused for outputs (state updated in place).
-    devices: the devices to map over (default: this process's); the dry run passes a TPU
-      topology's devices to compile for a whole slice from a CPU machine.
+    devices: the devices to map over, in order (default: this process's devices, as `jax.pmap`);
+      `experiments.common.tpu` passes a TPU topology's devices to compile for a whole slice.
   """
   num_args = len(inspect.signature(fn).parameters)
   in_axes = tuple(None if i in replicated_in else 0 for i in range(num_args))

@@ -1,0 +1,363 @@
+"""experiments.common.tpu: TPU slices by accelerator type, and programs compiled by libtpu's TPU
+compiler on this CPU machine (memory, FLOPs, the does-not-fit path, the searches, the layout check).
+
+The compile tests skip with one line when libtpu (the optional extra `tpu`) is not installed.
+"""
+
+import dataclasses
+import math
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from experiments.common import parallel
+from experiments.common import tpu
+from modules import layers
+
+GIB = 2 ** 30
+
+
+@pytest.fixture(scope="module")
+def libtpu_loaded():
+  try:
+    return tpu.load_libtpu()
+  except tpu.LibtpuMissingError as e:
+    pytest.skip(str(e))
+
+
+# --------------------------------------------------------------------------------------------------
+# Targets (no libtpu needed).
+
+@pytest.mark.parametrize(("name", "canonical", "chips", "hosts", "per_host", "devices", "kind",
+                          "hbm_gib", "tflops"), [
+    ("v2-8", "v2-8", 4, 1, 4, 8, "TPU v2", 8, 23),           # a v2/v3 device is one TensorCore
+    ("v2-512", "v2-512", 256, 64, 4, 512, "TPU v2", 8, 23),
+    ("v3-8", "v3-8", 4, 1, 4, 8, "TPU v3", 16, 61.5),
+    ("v3-2048", "v3-2048", 1024, 256, 4, 2048, "TPU v3", 16, 61.5),
+    ("v4-8", "v4-8", 4, 1, 4, 4, "TPU v4", 32, 275),         # megacore: one device per chip
+    ("v4-32", "v4-32", 16, 4, 4, 16, "TPU v4", 32, 275),
+    ("v4-64", "v4-64", 32, 8, 4, 32, "TPU v4", 32, 275),
+    ("v4-4096", "v4-4096", 2048, 512, 4, 2048, "TPU v4", 32, 275),
+    ("v5litepod-1", "v5litepod-1", 1, 1, 1, 1, "TPU v5 lite", 16, 197),
+    ("v5e-4", "v5litepod-4", 4, 1, 4, 4, "TPU v5 lite", 16, 197),
+    ("V5E-8", "v5litepod-8", 8, 1, 8, 8, "TPU v5 lite", 16, 197),
+    ("v5litepod-16", "v5litepod-16", 16, 4, 4, 16, "TPU v5 lite", 16, 197),
+    ("v5litepod-256", "v5litepod-256", 256, 64, 4, 256, "TPU v5 lite", 16, 197),
+    ("v5p-8", "v5p-8", 4, 1, 4, 4, "TPU v5", 95, 459),
+    ("v5p-12288", "v5p-12288", 6144, 1536, 4, 6144, "TPU v5", 95, 459),
+    ("v6e-8", "v6e-8", 8, 1, 8, 8, "TPU v6 lite", 32, 918),
+    ("v6e-64", "v6e-64", 64, 16, 4, 64, "TPU v6 lite", 32, 918),
+])
+def test_parse_target(name, canonical, chips, hosts, per_host, devices, kind, hbm_gib, tflops):
+  t = tpu.parse_target(name)
+  assert (t.name, t.chips, t.hosts, t.chips_per_host, t.num_devices) == (
+      canonical, chips, hosts, per_host, devices)
+  assert t.chip.device_kind == kind
+  assert t.hbm_bytes_per_device == hbm_gib * GIB
+  assert t.peak_flops_per_device == pytest.approx(tflops * 1e12)
+  assert t.devices_per_host * t.hosts == t.num_devices
+  assert math.prod(int(d) for d in t.grid.split("x")) == chips
+  assert t.usable_hbm_bytes_per_device <= t.hbm_bytes_per_device
+
+
+def test_target_chip_figures():
+  """Per chip: peak bf16 TFLOP/s, HBM TB/s, HBM GiB (docs/tpu.md cites them)."""
+  got = {g: (c.peak_bf16_flops / 1e12, c.hbm_bytes_per_s / 1e12, c.hbm_gib)
+         for g, c in tpu.CHIPS.items()}
+  assert got == {"v2": (46, 0.7, 16), "v3": (123, 0.9, 32), "v4": (275, 1.2, 32),
+                 "v5e": (197, 0.819, 16), "v5p": (459, 2.765, 95), "v6e": (918, 1.638, 32)}
+  t = tpu.parse_target("v4-64")
+  assert t.topology == "v4:2x4x4"
+  assert t.topology_kwargs() == dict(platform="tpu", topology_name="v4:2x4x4",
+                                     chips_per_host_bounds=(2, 2, 1), num_slices=1,
+                                     chip_config_name="megacore")
+  assert tpu.parse_target("v5litepod-8").chips_per_host_bounds == (2, 4, 1)   # one 8-chip host
+
+
+@pytest.mark.parametrize("name", ["v4-63", "v4-2", "v7-8", "tpu", "v4_64", "", "v5litepod-2",
+                                  "v5p-24", "cpu", "v4-64 extra"])
+def test_bad_target_names(name):
+  with pytest.raises(tpu.TargetError) as e:
+    tpu.parse_target(name)
+  msg = str(e.value)
+  assert isinstance(e.value, ValueError) and "\n" not in msg
+  assert repr(name) in msg
+  assert "v4-{8,16,32,64,128,256,512,1024,1536,2048,4096}" in msg and "v5e-N = v5litepod-N" in msg
+
+
+def test_valid_target_names_parse_back():
+  names = tpu.valid_target_names()
+  assert len(names) == len(set(names)) == sum(len(s) for s in tpu.SLICES.values())
+  assert [tpu.parse_target(n).name for n in names] == names
+
+
+def test_parse_oom():
+  assert tpu.parse_oom("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required "
+                       "for HLO temporaries (42.00G) exceeds available HBM (15.75G).") == (
+                           42 * GIB, int(15.75 * GIB))
+  assert tpu.parse_oom("... required for HLO temporaries (1.37T) exceeds available HBM (512.0M)"
+                       ) == (int(1.37 * 2 ** 40), 512 * 2 ** 20)
+  assert tpu.parse_oom("Ran out of memory in memory space hbm. Used 20.50G of 15.48G hbm.") == (
+      int(20.5 * GIB), int(15.48 * GIB))
+  assert tpu.parse_oom("RESOURCE_EXHAUSTED: something else") == (None, None)
+
+
+def _report(**kw):
+  base = dict(name="train", target=tpu.parse_target("v4-8"), libtpu_version="test", compiled=True,
+              compile_s=1.0, argument_bytes=2 * GIB, output_bytes=GIB, alias_bytes=GIB,
+              temp_bytes=3 * GIB, peak_bytes=0, compiler_flops=0.5e12, compiler_bytes_accessed=6e9,
+              cost_model_raw_s=-54.0, while_loops=2, analytic_flops=2.75e12, items_per_step=768)
+  base.update(kw)
+  return tpu.Report(**base)
+
+
+def test_report_arithmetic():
+  r = _report()
+  assert r.need_bytes == 5 * GIB and r.fits                     # 2 + 1 - 1 (donated) + 3
+  assert _report(peak_bytes=7 * GIB).need_bytes == 7 * GIB        # the compiler's peak when larger
+  assert not _report(temp_bytes=30 * GIB).fits                    # 32 GiB > 30.75 usable
+  assert r.cost_model_s is None and r.step_basis == "roofline"    # -54 s is not a time
+  assert r.flops == 2.75e12 and r.flops_source == "analytic"
+  assert r.roofline_s == pytest.approx(max(2.75e12 / 275e12, 6e9 / 1.2e12))     # 10 ms compute
+  assert r.mfu == pytest.approx(1.0) and r.items_per_s == pytest.approx(76800)
+  assert r.chip_hours(65104) == pytest.approx(65104 * 0.01 * 4 / 3600)
+  valid = _report(cost_model_raw_s=0.02, while_loops=0)
+  assert valid.step_basis == "cost model" and valid.step_s == 0.02
+  assert valid.mfu == pytest.approx(0.5) and valid.items_per_s == pytest.approx(38400)
+  assert _report(cost_model_raw_s=0.02).step_basis == "roofline"  # loops: the model saw one trip
+  compiler_only = _report(analytic_flops=None, cost_model_raw_s=float("nan"))
+  assert compiler_only.flops == 0.5e12 and compiler_only.cost_model_s is None
+  assert compiler_only.roofline_s == pytest.approx(6e9 / 1.2e12)  # memory-bound: 5 ms
+  failed = _report(compiled=False, argument_bytes=None, output_bytes=None, alias_bytes=None,
+                   temp_bytes=None, oom_need_bytes=42 * GIB, compiler_flops=None,
+                   compiler_bytes_accessed=None, cost_model_raw_s=None)
+  assert not failed.fits and failed.need_bytes == 42 * GIB and failed.step_s is None
+  assert tpu.does_not_fit_message(failed) == (
+      "train does not fit on v4-8: it needs 42.00 GiB of HBM per TPU v4 chip, which has 32 GiB "
+      "(30.75 GiB usable)")
+  v2 = _report(target=tpu.parse_target("v2-8"), compiled=False, oom_need_bytes=None)
+  assert "per TPU v2 TensorCore, which has 8 GiB (7.48 GiB usable" in tpu.does_not_fit_message(v2)
+  table = tpu.format_report([r, valid, failed]).splitlines()
+  assert "COMPILER ESTIMATES" in table[0] and "not measurements" in table[0]
+  assert table[1].strip().startswith("v4-8: 4 TPU v4 chips, 1 host x 4")
+  rows = [line for line in table if line.startswith("train ")]
+  assert len(rows) == 3
+  assert "invalid (-54)" in rows[0] and "<=100%" in rows[0] and "76,800 examples/s" in rows[0]
+  assert "20 ms" in rows[1] and " 50%" in rows[1] and ">=42.00" in rows[2] and " NO" in rows[2]
+  assert any(line.startswith("*: the program has while loops") for line in table)
+
+
+def test_search_batch_logic():
+  """Fake compiles: need = 1 GiB + b x 10 MiB against v4's 30.75 GiB usable: 3046 fits at most."""
+  target = tpu.parse_target("v4-8")
+
+  def compile_at(b):
+    need = GIB + b * 10 * 2 ** 20
+    fits = need <= target.usable_hbm_bytes_per_device
+    return _report(target=target, argument_bytes=need, output_bytes=0, alias_bytes=0, temp_bytes=0,
+                   compiled=fits, oom_need_bytes=None if fits else need)
+
+  best = (int(target.usable_hbm_bytes_per_device) - GIB) // (10 * 2 ** 20)
+  res = tpu.search_batch(compile_at, 1, 100_000)
+  assert res.batch == best == 3046 and res.report.fits
+  assert len(res.tried) <= 6
+  res8 = tpu.search_batch(compile_at, 8, 100_000, multiple_of=8)
+  assert res8.batch == best // 8 * 8 and all(b % 8 == 0 for b, _ in res8.tried)
+  assert tpu.search_batch(compile_at, 4000, 5000).batch is None
+  assert tpu.search_batch(compile_at, 10, 20).batch == 20
+  with pytest.raises(ValueError):
+    tpu.search_batch(compile_at, 5, 7, multiple_of=8)
+
+
+def test_missing_libtpu_message(monkeypatch):
+  monkeypatch.setattr(tpu, "_libtpu_version", None)
+  monkeypatch.setenv("TPU_LIBRARY_PATH", "/nonexistent/libtpu.so")
+  monkeypatch.setitem(sys.modules, "libtpu", None)       # `import libtpu` raises ImportError
+  with pytest.raises(tpu.LibtpuMissingError) as e:
+    tpu.load_libtpu()
+  assert "\n" not in str(e.value) and str(e.value).endswith("pip install -e '.[tpu]'")
+
+
+# --------------------------------------------------------------------------------------------------
+# Compiled for TPU by libtpu.
+
+@pytest.mark.parametrize("name", tpu.valid_target_names())
+def test_every_target_builds_its_topology(libtpu_loaded, name):
+  t = tpu.parse_target(name)
+  devices = tpu.target_devices(t)
+  assert len(devices) == t.num_devices
+  assert {d.device_kind for d in devices} == {t.chip.device_kind}
+  per_host = {}
+  for d in devices:
+    per_host[d.process_index] = per_host.get(d.process_index, 0) + 1
+  assert sorted(per_host) == list(range(t.hosts))
+  assert set(per_host.values()) == {t.devices_per_host}
+
+
+def test_refused_topology_is_one_line(libtpu_loaded):
+  """A one-chip grid cannot be split into 2x2x1 hosts: libtpu refuses it, the error says so."""
+  bad = dataclasses.replace(tpu.parse_target("v6e-1"), chips_per_host_bounds=(2, 2, 1))
+  with pytest.raises(tpu.TargetError) as e:
+    tpu.target_devices(bad)
+  msg = str(e.value)
+  assert "\n" not in msg and msg.startswith("libtpu 0.0.42") and "v6e:1x1" in msg
+  assert "not divisible" in msg
+
+
+def _mlp_step(sizes):
+  """SGD step of a tanh MLP (mean-square loss), gradients averaged over the devices."""
+  def loss(ws, x):
+    h = x
+    for w in ws:
+      h = jnp.tanh(h @ w)
+    return jnp.mean(h ** 2)
+
+  def step(ws, x):                       # ws replicated, x per device [B, sizes[0]]
+    grads = jax.lax.pmean(jax.grad(loss)(ws, x), parallel.AXIS)
+    return [w - 0.01 * g for w, g in zip(ws, grads)], jnp.sum(x)
+  weights = [jax.ShapeDtypeStruct((a, b), jnp.float32) for a, b in zip(sizes[:-1], sizes[1:])]
+  return step, weights
+
+
+@pytest.mark.parametrize("name", ["v4-8", "v5e-4", "v4-64"])
+def test_mlp_train_step(libtpu_loaded, name):
+  target = tpu.parse_target(name)
+  B, sizes = 512, (1024, 2048, 1024)
+  step, weights = _mlp_step(sizes)
+  x = jax.ShapeDtypeStruct((B, sizes[0]), jnp.float32)
+  lowered = tpu.lower_pmap(step, target, (weights, x), replicated_in=(0,), out_axes=(None, 0),
+                           donate_argnums=(0,))
+  assert lowered.in_avals[0][1].shape == (target.num_devices, B, sizes[0])   # global device axis
+  assert lowered.in_avals[0][0][0].shape == (1024, 2048)                     # replicated: as given
+  # Forward 2BKN per layer, weight gradients 2BKN, input gradient 2BKN except for the first layer.
+  matmuls = [2 * B * a * b for a, b in zip(sizes[:-1], sizes[1:])]
+  analytic = 3 * sum(matmuls) - matmuls[0]
+  r = tpu.compile_report(lowered, target=target, name="mlp", analytic_flops_per_device=analytic,
+                         items_per_step=B * target.num_devices)
+  assert r.compiled and r.fits and r.layout_constraints is False and r.while_loops == 0
+  weight_bytes = 4 * sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
+  assert r.argument_bytes == weight_bytes + 4 * B * sizes[0]   # one device's share of x
+  assert r.output_bytes >= weight_bytes and r.alias_bytes == weight_bytes   # donated
+  assert 0 < r.need_bytes < target.usable_hbm_bytes_per_device
+  assert r.compiler_flops == pytest.approx(analytic, rel=0.1)
+  assert r.compiler_bytes_accessed > weight_bytes and r.compile_s > 0
+  assert r.roofline_s >= analytic / target.peak_flops_per_device
+  assert 0 < r.mfu <= 1 and r.items_per_s == pytest.approx(B * target.num_devices / r.step_s)
+  assert target.name in tpu.format_report([r])
+
+
+def test_matmul_flops_match_analytic_and_loops_count_once(libtpu_loaded):
+  """Loop-free: the compiler's FLOPs are 2 M N K (within 10%). A 5-trip fori_loop of a matmul: the
+  compiler counts its body once, which is why the step time prefers the analytic FLOPs."""
+  target = tpu.parse_target("v4-8")
+  M, K, N = 1024, 2048, 4096
+  w = jax.ShapeDtypeStruct((K, N), jnp.bfloat16)
+  x = jax.ShapeDtypeStruct((M, K), jnp.bfloat16)
+
+  def step(w, x):
+    return jax.lax.psum(jnp.sum(jnp.dot(x, w, preferred_element_type=jnp.float32)), parallel.AXIS)
+  plain = tpu.compile_report(tpu.lower_pmap(step, target, (w, x), replicated_in=(0,)),
+                             target=target, name="matmul")
+  assert plain.while_loops == 0
+  assert plain.compiler_flops == pytest.approx(2 * M * N * K, rel=0.1)
+
+  def looped(w, x):
+    y = jax.lax.fori_loop(0, 5, lambda i, y: jnp.tanh(jnp.dot(y, w[:, :K])), x)
+    return jax.lax.psum(jnp.sum(y.astype(jnp.float32)), parallel.AXIS)
+  r = tpu.compile_report(tpu.lower_pmap(looped, target, (w, x), replicated_in=(0,)),
+                         target=target, name="loop", analytic_flops_per_device=5 * 2 * M * K * K)
+  assert r.while_loops >= 1
+  assert r.compiler_flops == pytest.approx(2 * M * K * K, rel=0.1)      # one trip, not five
+  assert r.flops == 5 * 2 * M * K * K and r.step_basis == "roofline"
+
+
+def _big_input_step(remat):
+  def step(w, x):                       # w replicated [D, D], x per device [B, D] float32
+    loss = lambda w: jnp.mean(jnp.tanh(x @ w) ** 2)
+    loss = jax.checkpoint(loss) if remat else loss
+    return w - 0.1 * jax.lax.pmean(jax.grad(loss)(w), parallel.AXIS)
+  return step
+
+
+def _compile_big(target, batch, remat=False, D=512):
+  lowered = tpu.lower_pmap(_big_input_step(remat), target, (
+      jax.ShapeDtypeStruct((D, D), jnp.float32), jax.ShapeDtypeStruct((batch, D), jnp.float32)),
+      replicated_in=(0,), out_axes=None, donate_argnums=(0,))
+  return tpu.compile_report(lowered, target=target, name=f"batch {batch}")
+
+
+def test_does_not_fit_and_first_fitting(libtpu_loaded):
+  """8M x 512 float32 rows per chip: 16 GiB of input alone, more than a v5e chip's 15.75 usable."""
+  target = tpu.parse_target("v5e-4")
+  big = _compile_big(target, 2 ** 23)
+  assert not big.compiled and not tpu.fits(big)
+  assert big.need_bytes >= 16 * GIB and "RESOURCE_EXHAUSTED" in big.compiler_message
+  msg = str(tpu.DoesNotFitError(big))
+  assert msg == tpu.does_not_fit_message(big)
+  assert msg.startswith("batch 8388608 does not fit on v5litepod-4: it needs 16.00 GiB of HBM per "
+                        "TPU v5 lite chip, which has 16 GiB (15.75 GiB usable)")
+  found, tried = tpu.first_fitting([
+      ("as configured", "", lambda: big),
+      ("remat", "--config.remat=True", lambda: _compile_big(target, 2 ** 23, remat=True)),
+      ("quarter batch", "--config.batch_size=2097152", lambda: _compile_big(target, 2 ** 21)),
+      ("eighth batch", "--config.batch_size=1048576", lambda: _compile_big(target, 2 ** 20)),
+  ])
+  assert [v.label for v in tried] == ["as configured", "remat", "quarter batch"]
+  assert found is tried[-1] and found.report.fits and not tried[1].report.fits
+  assert found.report.need_bytes >= 4 * GIB                   # the 4 GiB input is in it
+  text = tpu.format_variants(tried).splitlines()
+  assert text[0] == "  as configured: >=16.00 GiB of 15.75 GiB per chip, does not fit"
+  assert text[2].endswith("fits: --config.batch_size=2097152")
+
+
+def test_search_batch_compiles(libtpu_loaded):
+  target = tpu.parse_target("v5e-4")
+  res = tpu.search_batch(lambda b: _compile_big(target, b), 2 ** 12, 2 ** 23, multiple_of=2 ** 16)
+  assert res.report.fits and res.batch % 2 ** 16 == 0
+  assert res.batch * 512 * 4 <= target.usable_hbm_bytes_per_device    # the input alone fits
+  assert not _compile_big(target, res.batch + 2 ** 16).fits
+  assert len(res.tried) <= 8
+
+
+def test_compiler_hbm_limits_match_the_chip_table(libtpu_loaded):
+  """What the compiler says is available per device when 64 GiB (v5p: 128) of input does not fit."""
+  for family, gen in (("v2-8", "v2"), ("v3-8", "v3"), ("v4-8", "v4"), ("v5e-4", "v5e"),
+                      ("v5p-8", "v5p"), ("v6e-4", "v6e")):
+    target = tpu.parse_target(family)
+    width = 2048 if gen == "v5p" else 1024              # 128 GiB / 64 GiB of float32 input
+    lowered = tpu.lower_pmap(lambda x: jax.lax.psum(jnp.sum(x), parallel.AXIS), target,
+                             (jax.ShapeDtypeStruct((2 ** 24, width), jnp.float32),))
+    try:
+      lowered.compile()
+      raise AssertionError(f"{family}: expected RESOURCE_EXHAUSTED")
+    except jax.errors.JaxRuntimeError as e:
+      _, available = tpu.parse_oom(str(e))
+    assert available == int(tpu.CHIPS[gen].compiler_hbm_gib * GIB), family
+
+
+def test_layout_constraints_detected(libtpu_loaded):
+  """`layers.matmul(fast_grad=True)` pins a row-major transpose when the process's backend is the
+  CPU (as during a TPU compile from this machine); the check finds it in that program only."""
+  target = tpu.parse_target("v4-8")
+
+  def make(fast_grad):
+    def step(w, x):                     # w replicated [256, 512], x per device [128, 256]
+      loss = lambda w: jnp.sum(layers.matmul(x, w, jnp.bfloat16, fast_grad=fast_grad) ** 2)
+      g = jax.grad(loss)(w)
+      return jax.lax.pmean(g, parallel.AXIS)
+    return tpu.lower_pmap(step, target, (jax.ShapeDtypeStruct((256, 512), jnp.float32),
+                                         jax.ShapeDtypeStruct((128, 256), jnp.float32)),
+                          replicated_in=(0,), out_axes=None)
+  cpu_style, plain = make(True), make(False)
+  assert tpu.hlo_has_layout_constraints(cpu_style)
+  assert tpu.hlo_has_layout_constraints(cpu_style.as_text(dialect="hlo"))
+  assert not tpu.hlo_has_layout_constraints(plain)
+  assert not tpu.hlo_has_layout_constraints(plain.as_text(dialect="hlo"))
+  r = tpu.compile_report(cpu_style, target=target, name="fast_grad")
+  assert r.layout_constraints is True and r.compiled
+  assert any(line.startswith("fast_grad: the program pins array layouts")
+             for line in tpu.format_report([r]).splitlines())
+  with pytest.raises(TypeError, match="Lowered"):
+    tpu.hlo_has_layout_constraints(plain.compile())
