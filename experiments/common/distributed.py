@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob
+import importlib.util
 import os
 import sys
 import traceback
@@ -97,6 +98,23 @@ def _on_cloud_tpu_vm() -> bool:
     return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
+def _gpu_plugin_installed() -> bool:
+  return any(importlib.util.find_spec(name) is not None
+             for name in ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
+                          "jax_rocm7_plugin"))
+
+
+def choose_platforms() -> None:
+  """Off a TPU VM, keep JAX from probing for a TPU: with libtpu installed (the `tpu` extra, for
+  compiling TPU programs here) JAX would try to start a TPU backend, print libtpu's warnings and
+  hold /tmp/libtpu_lockfile. Sets jax_platforms to "cpu" when JAX_PLATFORMS is unset, no GPU
+  plugin is installed and this is no Cloud TPU VM. Must run before JAX starts a backend."""
+  if os.environ.get("JAX_PLATFORMS", "").strip() or jax.config.jax_platforms:
+    return
+  if not _on_cloud_tpu_vm() and not _gpu_plugin_installed():
+    jax.config.update("jax_platforms", "cpu")
+
+
 def initialize(
     coordinator_address: Optional[str] = None,
     num_processes: Optional[int] = None,
@@ -150,6 +168,7 @@ def initialize(
         f"process_id={process_id}: must be in [0, num_processes={num_processes}). "
         "Fix: number the processes 0..num_processes-1.")
 
+  choose_platforms()
   if jax.distributed.is_initialized():
     logging.info("distributed: JAX runtime already initialised; not initialising again.")
   elif any(v is not None for v in given.values()):
