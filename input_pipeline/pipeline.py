@@ -365,7 +365,7 @@ def create_group_train_iterator(
   by_puzzle_group = np.argsort(puzzle_group, kind="stable")
   _, counts = np.unique(puzzle_group[by_puzzle_group], return_counts=True)
   by_group = np.split(by_puzzle_group, np.cumsum(counts)[:-1])         # puzzle numbers per group
-  mean_size = float(sizes.mean())          # reference 4.5: mean examples per puzzle
+  mean_size = float(sizes.mean())          # docs/trm.md section 4.5: mean examples per puzzle
   steps_per_epoch = int(len(by_group) * mean_size) // per_host
   if steps_per_epoch < 1:
     raise ValueError(f"{dataset_name}: one epoch on host {process_index} is {len(by_group)} groups x "

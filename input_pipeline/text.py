@@ -1,6 +1,6 @@
 """Character/byte-level text for language models: vocabularies, the 90/10 split, random windows.
 
-The nanoGPT `shakespeare_char` recipe (../shared/docs/gpt-reference.md): the vocabulary is the sorted
+The nanoGPT `shakespeare_char` recipe (docs/nanogpt.md): the vocabulary is the sorted
 set of distinct characters of input.txt (65 for Tiny Shakespeare: id 0 = newline, 1 = space), the
 first 90% of the ids are train, the last 10% val; a batch is B windows at uniform random offsets
 (with replacement): x = data[i:i+T], y = data[i+1:i+1+T]. Byte level: ids are the UTF-8 bytes (256).

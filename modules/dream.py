@@ -2,7 +2,7 @@
 
 Dream 7B and DiffuCoder-7B (base, instruct, cpGRPO) share one architecture: a Qwen2.5-7B decoder whose
 attention is NOT causal (the only mask is padding). The facts are in
-`../shared/docs/dream-reference.md`; this module builds the network from the shared layers:
+`docs/diffucoder.md`; this module builds the network from the shared layers:
 
   embed_tokens -> num_layers x [x + attn(norm1(x)); h + mlp(norm2(h))] -> norm -> lm_head (untied)
   attention: grouped-query (query head h uses KV head h // (H // K)), q/k/v biases, no output bias,

@@ -1,6 +1,6 @@
 """GPT (nanoGPT) in Haiku from the shared layers: pre-LN blocks, causal attention, tied output head.
 
-The model of `../shared/docs/gpt-reference.md`: token + learned position embeddings, dropout, n_layer
+The model of `docs/nanogpt.md`: token + learned position embeddings, dropout, n_layer
 blocks x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), a final ln_f and logits = h @ wte^T (the head IS
 the token embedding). LayerNorm eps 1e-5 with or without biases (`bias`), exact GELU, dropout on
 the embedding sum, the attention probabilities and after both residual projections. Init: every

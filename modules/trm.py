@@ -2,7 +2,7 @@
 
 One small network ("net" = `L_layers` post-norm blocks) is applied recursively to two latents z_H and
 z_L; an ACT wrapper runs one supervision step per optimizer step on a carry that persists across steps.
-The facts implemented here are listed in `../shared/docs/trm-reference.md` sections 1-2.
+The facts implemented here are listed in `docs/trm.md` sections 1-2.
 
 Shape glossary:
   B: batch                      L: puzzle tokens (Sudoku 81, Maze/ARC 900)
@@ -58,7 +58,7 @@ POS_ENCODINGS = ("rope", "learned", "none")
 
 @dataclasses.dataclass(frozen=True)
 class TRMConfig:
-  """TRM fields. Defaults are the reference's (section 5 of the reference page).
+  """TRM fields. Defaults are the reference's (docs/trm.md section 5).
 
   seq_len: L, puzzle tokens.                vocab_size: V.
   num_puzzle_identifiers: N rows of the puzzle-embedding table (Sudoku: 1).

@@ -1,6 +1,6 @@
 """An independent float64 NumPy Dream forward that reads Hugging Face-layout tensors directly.
 
-Written from ../shared/docs/dream-reference.md, not from modules/dream.py: torch [out, in] weights,
+Written from docs/diffucoder.md, not from modules/dream.py: torch [out, in] weights,
 separate q/k/v projections with biases, query head h reads KV head h // (H // K), RoPE "rotate half"
 with theta from the config, RMSNorm with weight, SwiGLU, untied head, a padding-only (non-causal)
 mask = outer product of validity; a query row with no valid key gets uniform weights (as the podlab

@@ -56,7 +56,7 @@ def test_tiny_arc_run_evaluates_and_writes_a_valid_submission(tmp_path, shared_d
   assert all(isinstance(v, int) and 0 <= v <= 9 for row in first["attempt_1"] for v in row)
   with open(f"{workdir}/final_eval.json") as f:
     assert json.load(f)["test"]["pass@2"] == results["pass@2"]
-  # The run used the group-based epoch (reference 4.5), not every stored augmented row.
+  # The run used the group-based epoch (docs/trm.md section 4.5), not every stored augmented row.
   meta_dict = datasets.get_metadata("arc_agi", c.dataset.builder_kwargs.to_dict(),
                                     c.dataset.data_dir)
   assert train.epoch_examples(meta_dict, builder.info.splits["train"].num_examples) < (

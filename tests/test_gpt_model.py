@@ -1,6 +1,6 @@
 """Tests of the GPT layers and model (modules/layers.py GPT section, modules/gpt.py).
 
-Expected values are float64 NumPy computations of ../shared/docs/gpt-reference.md's formulas
+Expected values are float64 NumPy computations of docs/nanogpt.md's formulas
 (pre-LN blocks, LayerNorm eps 1e-5, exact GELU, causal softmax attention with scale 1/sqrt(Dh),
 tied head), never a second call of the code under test. Small sizes keep it fast.
 """

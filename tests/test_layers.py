@@ -1,6 +1,6 @@
 """Tests of modules/layers.py against independent float64 NumPy computations.
 
-Every expected value is computed here in float64 NumPy from the formulas of docs/trm-reference.md
+Every expected value is computed here in float64 NumPy from the formulas of docs/trm.md
 section 1 (and the layers' documented contracts), never by calling the code under test a second time.
 Sizes are small (hidden <= 64, sequence <= 12) to keep the file fast on a shared 2-core machine; the
 init-statistics tests use one large matrix each (init only, no forward pass).

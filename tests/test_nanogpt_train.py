@@ -2,7 +2,7 @@
 accumulation, sampling with/without the KV cache, nanoGPT checkpoint import, a short training run,
 and the pod launcher running it.
 
-Expected values are the formulas of ../shared/docs/gpt-reference.md evaluated here in float64 NumPy
+Expected values are the formulas of docs/nanogpt.md evaluated here in float64 NumPy
 (or the PyTorch reference model of experiments/nanogpt/tools/torch_reference.py for the import).
 """
 import math

@@ -11,7 +11,7 @@ from experiments.trm import optim
 
 
 # --------------------------------------------------------------------------------------------------
-# Float64 NumPy references (written from docs/trm-reference.md section 4, not from optim.py).
+# Float64 NumPy references (written from docs/trm.md section 4, not from optim.py).
 # --------------------------------------------------------------------------------------------------
 
 

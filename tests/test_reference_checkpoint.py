@@ -1,6 +1,6 @@
 """Tests of experiments/trm/reference_checkpoint.py against an independent PyTorch TRM.
 
-tests/torch_trm_reference.py is written from docs/trm-reference.md (no podlab code); its state_dict is
+tests/torch_trm_reference.py is written from docs/trm.md (no podlab code); its state_dict is
 saved with torch.save, imported into podlab and the ACT steps are compared in float32.
 
 A note on tolerances: a random TRM is a chaotic map; float32 rounding differences grow by ~2x

@@ -1,7 +1,7 @@
 """Tests of the text data: vocabularies, the 90/10 split, the TFDS builders, random-window batches.
 
 The shakespeare_char facts (65 characters, 1,003,854 / 111,540 ids, first ids 18 47 56 57 58 1 15 ...)
-are from ../shared/docs/gpt-reference.md; those tests skip without ../shared.
+are from docs/nanogpt.md; those tests skip without ../shared.
 """
 import numpy as np
 import pytest

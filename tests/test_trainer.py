@@ -20,7 +20,7 @@ from experiments.common import layout
 from experiments.common import parallel
 from experiments.common import trainer
 
-DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "adding-an-experiment.md"
+DOC = pathlib.Path(__file__).resolve().parents[1] / "docs/adding-an-experiment.md"
 
 
 def _doc_code() -> str:

@@ -11,7 +11,7 @@ V = 11
 
 
 # --------------------------------------------------------------------------------------------------
-# Float64 NumPy references, written from docs/trm-reference.md section 2 (the reference's formulas).
+# Float64 NumPy references, written from docs/trm.md section 2 (the reference's formulas).
 # --------------------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
 """Tests of modules/trm.py (TRM model, recursion and ACT wrapper) against the facts of
-docs/trm-reference.md sections 1-2.
+docs/trm.md sections 1-2.
 
 Expected values come from independent computations written here (float64 NumPy, hand-built carries,
 closed-form probabilities), never from the code under test run a second way, except where a test's
@@ -68,7 +68,7 @@ def tiny():
 
 
 # --------------------------------------------------------------------------------------------------
-# Parameter counts (reference page, section 5).
+# Parameter counts (docs/trm.md section 5).
 # --------------------------------------------------------------------------------------------------
 
 

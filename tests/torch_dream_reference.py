@@ -1,6 +1,6 @@
 """An independent PyTorch Dream forward with the Hugging Face (Qwen2-style) bfloat16 numerics.
 
-Written from ../shared/docs/dream-reference.md and the usual Qwen2 structure, not from podlab code:
+Written from docs/diffucoder.md and the usual Qwen2 structure, not from podlab code:
 nn.functional.linear with bias for q/k/v, RoPE tables computed in float32 then cast to the model dtype
 and applied in that dtype, repeat_kv for grouped heads, scaled_dot_product_attention with a boolean
 padding mask (outer product of validity), RMSNorm in float32 cast back then times the weight,

@@ -1,4 +1,4 @@
-"""An independent PyTorch TRM for tests, written from docs/trm-reference.md sections 1 and 8.
+"""An independent PyTorch TRM for tests, written from docs/trm.md sections 1 and 8.
 
 Float32 forward by default (`RefConfig.forward_dtype="bfloat16"` runs the reference's training dtype).
 

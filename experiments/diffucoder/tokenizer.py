@@ -34,7 +34,7 @@ QWEN2_SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{
 SYSTEM_PROMPT = "You are a helpful assistant."
 CHATML_TEMPLATE = ("<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{query}\n<|im_end|>\n"
                    "<|im_start|>assistant\n")
-"""The instruct models' prompt (dream-reference.md), with a newline after the query."""
+"""The instruct models' prompt (docs/diffucoder.md), with a newline after the query."""
 
 PLACEHOLDER = "<|podlab_unused_{}|>"
 

@@ -1,6 +1,6 @@
 """The ARC evaluator of the TRM reference: vote over augmentations, pass@K, a Kaggle submission.
 
-Pure numpy/Python (no JAX), after docs/trm-reference.md section 3. Every prediction of an augmented
+Pure numpy/Python (no JAX), after docs/trm.md section 3. Every prediction of an augmented
 test example is cropped (the largest top-left rectangle of colour tokens, `arc.crop`), mapped back to
 the original frame (inverse dihedral transform and inverse colour permutation of its puzzle id) and
 counted as one vote for that grid on its (task, test input). Candidates of a test input are ranked by

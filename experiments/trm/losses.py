@@ -1,6 +1,6 @@
 """TRM losses: stablemax cross-entropy and the per-ACT-step loss and metrics of the reference.
 
-Follows docs/trm-reference.md, section 2. Everything is computed in float32 (JAX runs with x64 off);
+Follows docs/trm.md, section 2. Everything is computed in float32 (JAX runs with x64 off);
 the formulations below stay within 1e-6 relative of the reference's float64 computation (measured in
 tests/test_trm_loss.py).
 
@@ -102,7 +102,7 @@ def act_loss_and_metrics(
     ignore_index: int = IGNORE_LABEL_ID,
     row_mask: jax.Array | None = None,  # [B] bool
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Loss and metrics of one ACT step (reference section 2), for one device's batch.
+  """Loss and metrics of one ACT step (docs/trm.md section 2), for one device's batch.
 
   Per row b with n_b valid tokens (label != ignore_index):
     lm_loss     = sum_b (sum of the valid tokens' stablemax losses) / max(1, n_b)

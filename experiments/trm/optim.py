@@ -1,6 +1,6 @@
 """Optimisers, learning-rate schedules and EMA shared by every experiment.
 
-This module reproduces the optimisation of the TRM reference (docs/trm-reference.md, section 4):
+This module reproduces the optimisation of the TRM reference (docs/trm.md, section 4):
 
 * `warmup_cosine_lr` / `warmup_cosine_schedule`: linear warm-up then cosine decay to
   `min_ratio * base_lr`, as a function of the 1-BASED optimizer step (the first optimizer step uses
@@ -235,7 +235,7 @@ class SparseSignSGD(NamedTuple):
 
 
 def sparse_signsgd(learning_rate: ScalarOrSchedule, weight_decay: float) -> SparseSignSGD:
-  """Sparse SignSGD with decoupled weight decay for an embedding table (reference section 4.2).
+  """Sparse SignSGD with decoupled weight decay for an embedding table (docs/trm.md section 4.2).
 
   Given the GLOBAL list of ids in the batch, `ids` [N], and the gradient of each looked-up row,
   `row_grads` [N, D] (one row per batch element; gather them from every device of every host with

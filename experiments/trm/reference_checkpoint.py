@@ -1,6 +1,6 @@
 """Import and export TRM checkpoints in the reference PyTorch `state_dict` format.
 
-The reference implementation saves `model.state_dict()` with `torch.save` (docs/trm-reference.md,
+The reference implementation saves `model.state_dict()` with `torch.save` (docs/trm.md,
 section 8): keys `model.inner.*` (prefixed `_orig_mod.` when the run used torch.compile), torch Linear
 weights stored (out, in), H_init/L_init in bfloat16 and the puzzle-embedding table as
 `model.inner.puzzle_emb.weights`. This module maps that format to podlab's
@@ -111,7 +111,7 @@ _LAYER_RE = re.compile(r"^model\.inner\.L_level\.layers\.(\d+)\.")
 TORCH_INSTALL_HINT = ("PyTorch is needed to read/write reference checkpoints: "
                       "pip install 'podlab[torch]' (or .venv/bin/pip install torch==2.13.0)")
 
-# Adam-parameter counts of the published models (docs/trm-reference.md, section 5).
+# Adam-parameter counts of the published models (docs/trm.md, section 5).
 PUBLISHED_PARAM_COUNTS = {
     5_028_866: "TRM-MLP Sudoku", 6_828_034: "TRM-Att Sudoku", 6_822_914: "TRM-Att Maze",
     6_829_058: "TRM-Att ARC", 18_795_522: "TRM-MLP Maze", 18_801_666: "TRM-MLP ARC",
@@ -395,7 +395,7 @@ def _hints(sd: Mapping[str, np.ndarray], config: TRMConfig, missing: Sequence[st
     hints.append(f"no {K_POS} in the checkpoint: set pos_encodings='rope' or 'none' "
                  f"(config has {config.pos_encodings!r})")
   if not hints and (missing or unexpected):
-    hints.append("the checkpoint's keys do not follow docs/trm-reference.md section 8")
+    hints.append("the checkpoint's keys do not follow docs/trm.md section 8")
   return hints
 
 

@@ -105,7 +105,7 @@ def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any]) ->
 
 
 def epoch_examples(metadata: Dict[str, Any], num_train_rows: int) -> int:
-  """Examples per epoch (reference 4.5: total_groups * mean_puzzle_examples). For a dataset of
+  """Examples per epoch (docs/trm.md section 4.5: total_groups * mean_puzzle_examples). For a dataset of
   materialised augmentations (ARC: up to 1001 puzzles per task) that is one augmentation's examples
   per task, not every stored row; otherwise every training row."""
   if "train_groups" in metadata and "mean_puzzle_examples" in metadata:
@@ -114,7 +114,7 @@ def epoch_examples(metadata: Dict[str, Any], num_train_rows: int) -> int:
 
 
 def num_train_steps(config: ml_collections.ConfigDict, num_train_examples: int) -> int:
-  """Reference 4.5: int(epochs * total_groups * mean_puzzle_examples / global_batch_size)."""
+  """docs/trm.md section 4.5: int(epochs * total_groups * mean_puzzle_examples / global_batch_size)."""
   if config.total_steps > 0:
     return int(config.total_steps)
   return int(config.epochs * num_train_examples / config.global_batch_size)

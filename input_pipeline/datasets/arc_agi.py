@@ -2,7 +2,7 @@
 
 Reads the Kaggle "combined" files `arc-agi_<set>_{challenges,solutions}.json` from the TFDS manual
 dir (validated by `input_pipeline.puzzles.arc`; a malformed file stops preparation naming the file, task and
-place) and materialises the reference's dataset (docs/trm-reference.md sections 3 and 6):
+place) and materialises the reference's dataset (docs/trm.md sections 3 and 6):
 
   variant arc1: train = training + concept (all pairs) + evaluation demonstrations;
                 test  = evaluation test inputs (400 tasks, 419 test inputs per augmentation).

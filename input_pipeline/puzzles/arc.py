@@ -2,7 +2,7 @@
 
 Everything the ARC dataset builder (`input_pipeline.datasets.arc_agi`) and the ARC evaluator
 (`experiments.trm.arc_eval`) share lives here, without TensorFlow, following the TRM reference
-(docs/trm-reference.md sections 3 and 6).
+(docs/trm.md sections 3 and 6).
 
 Glossary:
   grid       list of rows of ints 0..9, rectangular, 1..30 rows and 1..30 columns; here a numpy

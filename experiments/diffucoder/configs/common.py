@@ -20,7 +20,7 @@ import ml_collections
 
 from modules import dream
 
-# The Qwen2 tokenizer's special ids used by Dream and DiffuCoder (dream-reference.md).
+# The Qwen2 tokenizer's special ids used by Dream and DiffuCoder (docs/diffucoder.md).
 QWEN2_TOKENS = dict(
     mask_id=151666,        # <|mask|>
     pad_id=151643,         # <|endoftext|> (bos = eos = pad)

@@ -2,7 +2,7 @@
 
 795,904 parameters; the reference reaches val 1.8857 at iteration 2000 here (torch, 2 cores), and so
 does this recipe: rng="torch" (base) replays nanoGPT's initial weights and batches, the curve equal
-to the reference's to 4 decimals (README, GPT section).
+to the reference's to 4 decimals (docs/nanogpt.md section 6).
 Arguments: "smoke": 20 iterations with 2 eval batches (tests); "bf16": model.dtype=bfloat16, a
 podlab option (bfloat16 matmul operands, float32 everything else, as torch.autocast; nanoGPT's CPU
 run is float32): ~0.75x the float32 step time here, val 1.8868 at iteration 2000 (README).

@@ -1,7 +1,7 @@
 """A minimal PyTorch GPT in nanoGPT's module layout (state_dict names): the tests' and the benchmark's
 stand-in for the reference (needs torch: pip install '.[torch]').
 
-Written from ../shared/docs/gpt-reference.md (pre-LN, fused c_attn, causal attention through
+Written from docs/nanogpt.md (pre-LN, fused c_attn, causal attention through
 `F.scaled_dot_product_attention(is_causal=True)` as nanoGPT does on torch >= 2, exact GELU, tied
 lm_head, LayerNorm with optional bias); no dropout, no generation. Modules are created in nanoGPT's
 order, so `torch.manual_seed(s); init_like_nanogpt(GPT(args))` draws the same initial weights as

@@ -57,7 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.shard_puzzle_table = True                   # podlab: rows split over all devices, not replicated
   c.model.remat = False                          # podlab option: recompute activations (same numbers)
 
-  # Optimisation (reference section 4). global_batch_size (run section) = the reference's 768.
+  # Optimisation (docs/trm.md section 4). global_batch_size (run section) = the reference's 768.
   c.epochs = 100000
   c.lr = 1e-4
   c.lr_min_ratio = 1.0

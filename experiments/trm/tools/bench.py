@@ -92,7 +92,7 @@ from modules import trm
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SUDOKU_METADATA = {"seq_len": 81, "vocab_size": 11, "num_puzzle_identifiers": 1}
 RECIPES = {"mlp": sudoku_mlp.get_config, "att": sudoku_att.get_config}
-REFERENCE_TOTAL_STEPS = 65_104           # Sudoku at batch 768 (reference section 5): the LR schedule
+REFERENCE_TOTAL_STEPS = 65_104           # Sudoku at batch 768 (docs/trm.md section 5): the LR schedule
 REFERENCE_MEMORY_NOTE = ("reference PyTorch needs ~0.056 GB per example in bf16 "
                          "(batch 768 ~ 45 GB)")
 REFERENCE_FLOP_NOTE = ("reference: about 43 GFLOP per example per optimizer step "

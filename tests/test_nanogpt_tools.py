@@ -1,0 +1,152 @@
+"""experiments/nanogpt/tools: the reference-curve re-run (nanoGPT's loop in PyTorch) and val_eval.
+
+Expected values come from the nanoGPT reference facts (docs/nanogpt.md sections 2-4: data sizes,
+first ids, the learning-rate formula, the published curve's first point) and from torch itself
+(an independent forward of the same weights on the same windows). Needs ../shared/data and torch.
+
+  .venv/bin/python -m pytest tests/test_nanogpt_tools.py -q
+"""
+import math
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the nanoGPT tools need torch (pip install '.[torch]')")
+
+from experiments.nanogpt import nanogpt_checkpoint  # noqa: E402
+from experiments.nanogpt.tools import torch_reference  # noqa: E402
+from experiments.nanogpt.tools import reference_curve  # noqa: E402
+from experiments.nanogpt.tools import val_eval  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def shakespeare(shared_data_dir):
+  return reference_curve.prepare(str(shared_data_dir / "tinyshakespeare" / "input.txt"))
+
+
+def _tiny(**over):
+  h = dict(reference_curve.CPU_RECIPE)
+  h.update(over)
+  return h
+
+
+def _torch_batch_losses(model, val_ids, offsets, T):
+  """Mean token cross-entropy of each batch, in torch (float64 accumulation of float32 losses)."""
+  out = []
+  with torch.no_grad():
+    for row in offsets:
+      w = np.stack([val_ids[i:i + T + 1] for i in row]).astype(np.int64)
+      x, y = torch.from_numpy(w[:, :-1]), torch.from_numpy(w[:, 1:])
+      logits = model(x)
+      out.append(float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                                         y.reshape(-1))))
+  return np.array(out)
+
+
+def test_prepare_is_nanogpts_shakespeare_char(shakespeare):
+  train_ids, val_ids, chars = shakespeare
+  assert (len(train_ids), len(val_ids), len(chars)) == (1_003_854, 111_540, 65)
+  assert chars[0] == "\n" and chars[1] == " " and chars[13] == "A" and chars[39] == "a"
+  np.testing.assert_array_equal(train_ids[:12], [18, 47, 56, 57, 58, 1, 15, 47, 58, 47, 64, 43])
+
+
+def test_learning_rate_is_nanogpts_get_lr():
+  h = _tiny()                                     # lr 1e-3, min 1e-4, warmup 100, decay 2000
+  lr, lo, w, d = 1e-3, 1e-4, 100, 2000
+
+  def want(it):                                   # float64, written from docs/nanogpt.md section 2
+    if it < w:
+      return lr * (it + 1) / (w + 1)
+    if it > d:
+      return lo
+    return lo + 0.5 * (1 + math.cos(math.pi * (it - w) / (d - w))) * (lr - lo)
+
+  for it in (0, 1, 50, 99, 100, 101, 1050, 1999, 2000, 2001, 5000):
+    assert reference_curve.get_lr(it, h) == pytest.approx(want(it), rel=1e-12), it
+  assert reference_curve.get_lr(0, h) == pytest.approx(1e-3 / 101)
+  assert reference_curve.get_lr(1050, h) == pytest.approx(5.5e-4)
+
+
+def test_first_evaluation_is_the_published_curves_first_point(shakespeare):
+  """Seed 1337, the CPU recipe's model: val at iteration 0 is 4.1649 (docs/nanogpt.md section 4),
+  and 3 updates lower the loss."""
+  train_ids, val_ids, chars = shakespeare
+  lines = []
+  curve, _, _, ms = reference_curve.run(_tiny(max_iters=3, eval_interval=3), train_ids, val_ids,
+                                        len(chars), log=lines.append)
+  assert sorted(curve) == [0, 3] and len(ms) == 4 and len(lines) == 2
+  assert curve[0]["val"] == pytest.approx(4.1649, abs=1e-4)
+  assert curve[0]["train"] == pytest.approx(math.log(65), abs=0.1)    # a fresh model: ~uniform
+  assert curve[3]["val"] < curve[0]["val"] - 0.05
+  assert "| iteration | 0 | 3 |" in reference_curve.curve_row(curve)
+
+
+def test_checkpoint_round_trip_and_val_eval_equal_torch(shakespeare, shared_data_dir, tmp_path,
+                                                        capsys):
+  """reference_curve --out writes a ckpt.pt that podlab imports; val_eval's JAX evaluation of it
+  equals the torch model's loss on the same windows; main() prints the table."""
+  train_ids, val_ids, chars = shakespeare
+  h = _tiny(max_iters=2, eval_interval=2, eval_iters=1)
+  curve, model, opt, _ = reference_curve.run(h, train_ids, val_ids, len(chars), log=lambda s: None)
+  path = str(tmp_path / "ref" / "ckpt.pt")
+  reference_curve.save_checkpoint(path, model, opt, h, len(chars), curve)
+  cfg, params, meta = nanogpt_checkpoint.load(path)
+  assert meta["iter_num"] == 2 and meta["best_val_loss"] == pytest.approx(min(
+      v["val"] for v in curve.values()))
+  assert cfg.model_args() == dict(n_layer=4, n_head=4, n_embd=128, block_size=64, bias=False,
+                                  vocab_size=65, dropout=0.0)
+
+  offsets = val_eval.windows(val_ids, 64, batches=3, batch_size=4, seed=0)       # [3, 4]
+  assert offsets.shape == (3, 4) and offsets.min() >= 0 and offsets.max() < len(val_ids) - 64
+  np.testing.assert_array_equal(offsets, val_eval.windows(val_ids, 64, 3, 4, 0))  # seeded
+  ours = val_eval.evaluate(cfg, params, val_ids, offsets)
+  theirs = _torch_batch_losses(model.eval(), val_ids, offsets, 64)
+  np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+
+  assert val_eval.main([f"--ckpt={path}", "--batches=3", "--batch_size=4",
+                        f"--input={shared_data_dir / 'tinyshakespeare' / 'input.txt'}"]) == 0
+  out = capsys.readouterr().out
+  assert f"| {path} | iter 2 | 64 | {ours.mean():.4f} |" in out, out
+
+
+@pytest.mark.slow    # trains through the CLI in a subprocess (~20 s idle, a minute on a busy machine)
+def test_val_eval_reads_a_podlab_workdir(shared_data_dir, tmp_path):
+  """A real podlab run (the CLI, 2 updates): val_eval restores its newest checkpoint, and those
+  weights, exported to nanoGPT's layout and run by the torch model, give the same losses."""
+  wd = tmp_path / "run"
+  cmd = [sys.executable, "-m", "experiments.nanogpt.main",
+         "--config=configs/shakespeare_char_cpu.py:smoke", f"--workdir={wd}",
+         f"--config.dataset.manual_dir={shared_data_dir / 'tinyshakespeare'}",
+         f"--config.dataset.data_dir={tmp_path / 'tfds'}", "--config.max_iters=1",
+         "--config.eval_interval=1", "--config.eval_iters=1", "--config.async_checkpoints=False"]
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  cfg, params, step, vocab = val_eval.load_workdir(str(wd))
+  assert step == 2 and len(vocab) == 65 and cfg.n_layer == 4
+  _, val_ids, _ = reference_curve.prepare(str(shared_data_dir / "tinyshakespeare" / "input.txt"))
+  offsets = val_eval.windows(val_ids, cfg.block_size, batches=2, batch_size=3, seed=1)
+  ours = val_eval.evaluate(cfg, params, val_ids, offsets)
+  model = torch_reference.GPT(cfg.model_args())
+  sd = nanogpt_checkpoint.to_state_dict(params, cfg)
+  model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in sd.items()})
+  np.testing.assert_allclose(ours, _torch_batch_losses(model.eval(), val_ids, offsets,
+                                                       cfg.block_size), rtol=1e-5)
+  with pytest.raises(val_eval.EvalInputError, match="no model_args.json"):
+    val_eval.load_workdir(str(tmp_path / "nothing"))
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+  assert reference_curve.main([f"--input={tmp_path / 'missing.txt'}"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: --input=") and "Fix:" in err and err.count("\n") == 1
+  # No model_args.json here (or, without ../shared, no input.txt): one line, exit 2 either way.
+  assert val_eval.main([f"--workdir={tmp_path}"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: --") and "Fix:" in err and err.count("\n") == 1, err
+  with pytest.raises(SystemExit):
+    val_eval.main([])                               # nothing to evaluate: argparse's usage error
