@@ -9,13 +9,25 @@ clip, AdamW; torch's default threads). Variants run in one process, alternating 
 `--block` iterations, so a shared machine's slow and fast periods fall on all of them alike: compare
 medians of one run. Printed per variant: median (p10-p90) ms/iteration, process CPU ms/iteration
 (all threads), tokens/s, MFU against the measured CPU matmul peak, and the ratio to the PyTorch
-median and to the issue's 35-38 ms. Then sampling 500 tokens (batch 1, temperature 0.8, top-k 200)
-with and without the KV cache (float32; compile excluded; greedy tokens checked identical).
+median and to the issue's 35-38 ms.
+
+Then sampling `--new_tokens` tokens (default 500; batch 1, temperature 0.8, top-k 200, float32;
+compile excluded, median of `--sample_repeats`) for each context policy of
+experiments/nanogpt/sampling.py: "exact" (nanoGPT's crop, the default) with and without the KV
+cache, and the "chunk" deviation with and without it; for each, whether its greedy tokens equal
+nanoGPT's crop (its `generate` loop in PyTorch on the same weights, torch_reference.py; without
+torch, podlab's exact no-cache loop) and the first token where they differ. The weights:
+`--sample_workdir` (a trained podlab run of the recipe), `--sample_ckpt` (a nanoGPT ckpt.pt), or
+else the recipe's initial weights with every matrix scaled by `--sample_scale` (default 8: a random
+init predicts nearly flat distributions, greedy decoding then repeats one token whatever the
+context; scaled, the argmax depends on the context, as a trained model's does).
 
   python -m experiments.nanogpt.bench                          # float32 and bfloat16, 200 each
   python -m experiments.nanogpt.bench --torch --skip_sampling  # + the PyTorch step, interleaved
   python -m experiments.nanogpt.bench --variants=float32,float32:autodiff --iters=100
   python -m experiments.nanogpt.bench --iters=40 --skip_sampling --no_keep_heap   # glibc default
+  python -m experiments.nanogpt.bench --sampling_only            # the sampling table alone
+  python -m experiments.nanogpt.bench --sampling_only --sample_workdir=workdirs/shakespeare_char_cpu
   make gpt-bench GPT_BENCH_ARGS="--torch"
 
 A variant is DTYPE[:autodiff]: model.dtype, and `:autodiff` sets model.fast_grad=False (plain
@@ -25,6 +37,7 @@ autodiff gradients instead of modules/layers.py `matmul`'s).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -43,6 +56,13 @@ def main(argv=None) -> None:
   ap.add_argument("--new_tokens", type=int, default=500)
   ap.add_argument("--xla_flags", default="", help="extra XLA_FLAGS (set before JAX starts)")
   ap.add_argument("--skip_sampling", action="store_true")
+  ap.add_argument("--sampling_only", action="store_true",
+                  help="only the sampling table (on the recipe's freshly initialised weights)")
+  ap.add_argument("--sample_repeats", type=int, default=3, help="timed generations per policy")
+  ap.add_argument("--sample_workdir", help="sample from this podlab run of the recipe")
+  ap.add_argument("--sample_ckpt", help="sample from this nanoGPT ckpt.pt")
+  ap.add_argument("--sample_scale", type=float, default=8.0,
+                  help="without a workdir/ckpt: scale the initial weight matrices by this")
   ap.add_argument("--no_keep_heap", action="store_true",
                   help="do not apply the config's cpu_keep_heap (glibc's default mmap behaviour)")
   args = ap.parse_args(argv)
@@ -59,6 +79,9 @@ def main(argv=None) -> None:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from experiments.nanogpt import mfu  # pylint: disable=g-import-not-at-top
 
+  if args.sampling_only:
+    _sampling(_sample_model(get_config(), args), args.new_tokens, args.sample_repeats)
+    return
   runs = [_jax_run(get_config(), spec, args.warmup) for spec in args.variants.split(",")]
   if args.torch:
     runs.append(_torch_run(get_config(), args.warmup))
@@ -93,7 +116,59 @@ def main(argv=None) -> None:
       print(f"{run['name']}: step scratch {run['scratch'] / 2**20:.1f} MiB per execution, compile "
             f"{run['compile_s']:.2f} s")
   if not args.skip_sampling:
-    _sampling(runs[0], args.new_tokens)
+    _sampling(_sample_model(get_config(), args), args.new_tokens, args.sample_repeats)
+
+
+def _restore_workdir(config, workdir: str):
+  """(GPTConfig, params, step) of the latest checkpoint of a podlab nanoGPT run in `workdir`.
+
+  config: the run's ml_collections config (the model and optimizer shapes come from it); exits
+  with a message when the workdir holds no checkpoint.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from experiments.common import checkpointing  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import train  # pylint: disable=g-import-not-at-top
+  from modules import gpt  # pylint: disable=g-import-not-at-top
+  data = train.TextData(config)
+  cfg = train.model_config(config, data.vocab_size)
+  tx = train.make_optimizer(config)
+  params = gpt.GPTModel(cfg).init(jax.random.key(0))
+  template = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  ckpt = checkpointing.CheckpointManager(os.path.join(workdir, "checkpoints"))
+  try:
+    restored = ckpt.restore(replicated_like={"state": template, "window": {
+        "sums": {k: np.float32(0) for k in train.TRAIN_METRICS}, "steps": np.int32(0)}},
+                            per_device_like={})
+  finally:
+    ckpt.close()
+  if restored is None:
+    raise SystemExit(f"--sample_workdir={workdir}: no checkpoint in {workdir}/checkpoints; train "
+                     "first (make gpt-run) or pass --sample_ckpt")
+  step, saved, _ = restored
+  return cfg, saved["state"].params, int(step)
+
+
+def _sample_model(c, args) -> dict:
+  """The float32 GPT and weights the sampling table runs on (see the module doc)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import nanogpt_checkpoint  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import train  # pylint: disable=g-import-not-at-top
+  from modules import gpt  # pylint: disable=g-import-not-at-top
+  if args.sample_workdir:
+    cfg, params, step = _restore_workdir(c, args.sample_workdir)
+    name = f"{args.sample_workdir} at step {step}"
+  elif args.sample_ckpt:
+    cfg, params, meta = nanogpt_checkpoint.load(args.sample_ckpt)
+    name = f"{args.sample_ckpt} (nanoGPT, iter {meta['iter_num']})"
+  else:
+    cfg = train.model_config(c, c.model.vocab_size if c.model.vocab_size > 0 else 65)
+    params = jax.tree.map(lambda x: x * args.sample_scale if x.ndim == 2 else x,
+                          gpt.GPTModel(cfg).init(jax.random.key(0)))
+    name = f"{args.config} initial weights, matrices x {args.sample_scale:g}"
+  cfg = dataclasses.replace(cfg, dtype="float32")
+  return {"name": name, "model": gpt.GPTModel(cfg), "params": params}
 
 
 def _jax_run(c, spec: str, warmup: int) -> dict:
@@ -194,30 +269,65 @@ def _torch_run(c, warmup: int) -> dict:
           "flops": gpt.flops_per_token(cfg, n_params) * B * c.grad_accum * T}
 
 
-def _sampling(run: dict, new_tokens: int) -> None:
+def _torch_crop(model, params, prompt, new_tokens: int):
+  """nanoGPT's greedy `generate` (idx[:, -block_size:], last logits, argmax) in PyTorch on the same
+  weights; None without torch."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.common import parallel  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import nanogpt_checkpoint  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt import torch_reference  # pylint: disable=g-import-not-at-top
+  cfg = model.config
+  ref = torch_reference.GPT(cfg.model_args())
+  sd = nanogpt_checkpoint.to_state_dict(params, cfg)
+  ref.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in sd.items()})
+  idx = torch.as_tensor(np.asarray(prompt, np.int64))
+  with torch.no_grad():
+    for _ in range(new_tokens):
+      logits = ref(idx[:, -cfg.block_size:])[:, -1, :]
+      idx = torch.cat((idx, logits.argmax(-1, keepdim=True)), dim=1)
+  return idx.numpy()
+
+
+def _sampling(run: dict, new_tokens: int, repeats: int) -> None:
+  import numpy as np  # pylint: disable=g-import-not-at-top
   from experiments.nanogpt import sampling  # pylint: disable=g-import-not-at-top
-  model = run["model"]
-  params = parallel.unreplicate(run["box"]["state"].params)
+  model, params = run["model"], run["params"]
+  T = model.config.block_size
   prompt = np.zeros((1, 1), np.int32)
-  speeds = {}
-  for cache in (True, False):
-    kw = dict(temperature=0.8, top_k=200, seed=1337, kv_cache=cache)
+  crop = _torch_crop(model, params, prompt, new_tokens)
+  crop_src = "nanoGPT's generate loop in PyTorch"
+  if crop is None:
+    crop = sampling.generate(model, params, prompt, new_tokens, temperature=0.0, kv_cache=False)
+    crop_src = "podlab's exact loop without cache (torch not installed)"
+  policies = [("exact (default)", "exact", True), ("exact", "exact", False),
+              ("chunk (deviation)", "chunk", True), ("chunk (deviation)", "chunk", False)]
+  rows = []
+  for name, window, cache in policies:
+    kw = dict(temperature=0.8, top_k=200, seed=1337, kv_cache=cache, window=window)
     sampling.generate(model, params, prompt, new_tokens, **kw)        # compile
     times = []
-    for _ in range(3):
+    for _ in range(repeats):
       t = time.perf_counter()
       sampling.generate(model, params, prompt, new_tokens, **kw)
       times.append(time.perf_counter() - t)
-    speeds[cache] = float(np.median(times))
-  greedy = [sampling.generate(model, params, prompt, new_tokens, temperature=0.0,
-                              kv_cache=cache, context="chunk") for cache in (True, False)]
-  same = bool((greedy[0] == greedy[1]).all())
-  print(f"sampling ({run['name']}): {new_tokens} tokens with the KV cache "
-        f"{1000 * speeds[True]:.0f} ms ({new_tokens / speeds[True]:,.0f} tokens/s), without "
-        f"{1000 * speeds[False]:.0f} ms ({new_tokens / speeds[False]:,.0f} tokens/s): "
-        f"{speeds[False] / speeds[True]:.1f}x; greedy tokens identical: {same}", flush=True)
+    greedy = sampling.generate(model, params, prompt, new_tokens, temperature=0.0, kv_cache=cache,
+                               window=window)
+    differ = np.flatnonzero(greedy[0] != crop[0])
+    rows.append((name, cache, float(np.median(times)), bool(differ.size == 0),
+                 int(differ[0]) if differ.size else None))
+  base = rows[0][2]
+  print(f"sampling ({run['name']}): {new_tokens} tokens after a 1-token prompt, batch 1, "
+        f"temperature 0.8, top-k 200, block_size {T}; median of {repeats} after compilation; "
+        f"greedy tokens compared with {crop_src}")
+  head = (f"{'window':<18} {'KV cache':>8} {'ms':>8} {'tokens/s':>9} {'vs default':>10} "
+          f"{'= nanoGPT crop':>14} {'first differing token':>21}")
+  print(head + "\n" + "-" * len(head))
+  for name, cache, sec, same, first in rows:
+    print(f"{name:<18} {'yes' if cache else 'no':>8} {1000 * sec:8.0f} {new_tokens / sec:9,.0f} "
+          f"{sec / base:9.2f}x {str(same):>14} {'-' if first is None else first:>21}", flush=True)
 
 
 if __name__ == "__main__":
