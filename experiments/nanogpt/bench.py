@@ -16,7 +16,7 @@ compile excluded, median of `--sample_repeats`) for each context policy of
 experiments/nanogpt/sampling.py: "exact" (nanoGPT's crop, the default) with and without the KV
 cache, and the "chunk" deviation with and without it; for each, whether its greedy tokens equal
 nanoGPT's crop (its `generate` loop in PyTorch on the same weights, torch_reference.py; without
-torch, podlab's exact no-cache loop) and the first token where they differ. The weights:
+torch, podlab's exact no-cache loop) and the first position (prompt included) where they differ. The weights:
 `--sample_workdir` (a trained podlab run of the recipe), `--sample_ckpt` (a nanoGPT ckpt.pt), or
 else the recipe's initial weights with every matrix scaled by `--sample_scale` (default 8: a random
 init predicts nearly flat distributions, greedy decoding then repeats one token whatever the
@@ -323,11 +323,11 @@ def _sampling(run: dict, new_tokens: int, repeats: int) -> None:
         f"temperature 0.8, top-k 200, block_size {T}; median of {repeats} after compilation; "
         f"greedy tokens compared with {crop_src}")
   head = (f"{'window':<18} {'KV cache':>8} {'ms':>8} {'tokens/s':>9} {'vs default':>10} "
-          f"{'= nanoGPT crop':>14} {'first differing token':>21}")
+          f"{'= nanoGPT crop':>14} {'first differing position':>24}")
   print(head + "\n" + "-" * len(head))
   for name, cache, sec, same, first in rows:
     print(f"{name:<18} {'yes' if cache else 'no':>8} {1000 * sec:8.0f} {new_tokens / sec:9,.0f} "
-          f"{sec / base:9.2f}x {str(same):>14} {'-' if first is None else first:>21}", flush=True)
+          f"{sec / base:9.2f}x {str(same):>14} {'-' if first is None else first:>24}", flush=True)
 
 
 if __name__ == "__main__":

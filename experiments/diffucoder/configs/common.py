@@ -1,6 +1,13 @@
 """Shared pieces of the DiffuCoder / Dream configs: the 7B architecture, the Qwen2 special ids, and
 the `get_config` skeleton every recipe fills in (see diffucoder_7b_base.py for the commands).
 
+The model-card recipes take `:sampler=harness` (the default) or `:sampler=card`. They differ only
+in top_k. The cards' snippet calls `diffusion_generate(..., temperature, top_p=0.95, alg="entropy")`
+without top_k; the reference then builds its defaults with `DreamGenerationConfig.from_model_config`,
+whose legacy transformers generation defaults carry top_k=50, so the snippet effectively runs top_k
+50 ("card"). The evaluation harness behind the published scores passes top_k=None ("harness": no
+top-k filtering, `generate.top_k=0`).
+
 Fields of a config:
   model: modules.dream.DreamConfig fields (dtypes as strings).
   tokens: special token ids: mask_id, pad_id, eos_id, bos_id, dlm_pad_id, im_start_id, im_end_id.
@@ -18,7 +25,11 @@ Fields of a config:
 
 import ml_collections
 
+from experiments.common import config_utils
 from modules import dream
+
+SAMPLER_TOP_K = {"harness": 0, "card": 50}
+"""`:sampler=` presets of the model-card recipes -> generate.top_k (0 = off); see the module doc."""
 
 # The Qwen2 tokenizer's special ids used by Dream and DiffuCoder (dream-reference.md).
 QWEN2_TOKENS = dict(
@@ -54,6 +65,17 @@ def base_config(*, model: dream.DreamConfig, tokens: dict, max_new_tokens: int, 
   c.chat_template = chat_template
   c.seed = 0
   return c
+
+
+def model_card_top_k(arg) -> int:
+  """generate.top_k of a model-card recipe's `sampler=harness|card` argument (default harness)."""
+  a = config_utils.parse_arg(arg, sampler="harness")
+  if a.sampler not in SAMPLER_TOP_K:
+    raise config_utils.ConfigError(
+        "arg:sampler", a.sampler, "unknown sampler preset",
+        "use sampler=harness (top_k off, the evaluation harness) or sampler=card (top_k 50, the "
+        "model card's snippet)")
+  return SAMPLER_TOP_K[a.sampler]
 
 
 def dream_config(config: ml_collections.ConfigDict) -> dream.DreamConfig:
