@@ -6,6 +6,9 @@ r"""Generates completions with a Dream / DiffuCoder model: prompts in, JSONL out
   python -m experiments.diffucoder.generate --config=configs/diffucoder_7b_base.py \
       --config.checkpoint=/ckpt/DiffuCoder-7B-Base --prompts_jsonl=prompts.jsonl --output=out.jsonl \
       --config.generate.batch_size=4 --config.generate.block_length=32 --config.generate.cache=dual
+  # Fast-dLLM's published Dream loop exactly (dual cache + threshold 0.9, blocks of 32):
+  ... --config.generate.block_algorithm=fast_dllm --config.generate.block_length=32 \
+      --config.generate.cache=dual --config.generate.threshold=0.9 --config.generate.steps=8
   # tiny random model on a CPU (writes the model and a byte-level tokenizer first):
   python -m experiments.diffucoder.convert --write_random=/tmp/tiny_hf --config=configs/tiny.py
   python -m experiments.diffucoder.generate --config=configs/tiny.py --config.checkpoint=/tmp/tiny_hf \
@@ -73,7 +76,8 @@ def sampler_options(config: ml_collections.ConfigDict):
       top_p=None if g.top_p is None else float(g.top_p),
       top_k=int(g.top_k) if g.get("top_k") else None, alg_temp=float(g.get("alg_temp", 0.0) or 0.0),
       block_length=int(g.get("block_length", 0)), cache=str(g.get("cache", "none")),
-      threshold=float(g.get("threshold", 0.0)))
+      threshold=float(g.get("threshold", 0.0)),
+      block_algorithm=str(g.get("block_algorithm", "podlab")))
   opts.validate(int(g.max_new_tokens))
   return opts
 

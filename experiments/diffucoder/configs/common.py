@@ -13,8 +13,10 @@ Fields of a config:
   tokens: special token ids: mask_id, pad_id, eos_id, bos_id, dlm_pad_id, im_start_id, im_end_id.
   generate: the reference sampler's options (max_new_tokens, steps, temperature, top_p, top_k with
     0 = off, alg in origin | maskgit_plus | topk_margin | entropy, alg_temp), plus block_length,
-    cache, threshold (block-wise KV cache / parallel decoding, off by default), batch_size (prompts
-    per device) and pad_to_multiple (prompt-length bucket); see experiments/diffucoder/generate.py.
+    cache, threshold, block_algorithm (block-wise KV cache / parallel decoding, off by default;
+    block_algorithm "podlab" or "fast_dllm", see experiments/diffucoder/sampling.py), batch_size
+    (prompts per device) and pad_to_multiple (prompt-length bucket); see
+    experiments/diffucoder/generate.py.
   checkpoint: a Hugging Face checkpoint folder (safetensors shards + index json) or an orbax folder
     written by `python -m experiments.diffucoder.convert`.
   tokenizer_dir: folder with vocab.json + merges.txt (+ tokenizer_config.json added tokens) or
@@ -58,6 +60,8 @@ def base_config(*, model: dream.DreamConfig, tokens: dict, max_new_tokens: int, 
       # block-wise decoding with an approximate KV cache ("none" | "prefix" | "dual") and
       # confidence-threshold parallel decoding (0 = off, e.g. 0.9; needs block_length > 0).
       block_length=0, cache="none", threshold=0.0,
+      # "podlab" (block_fn) or "fast_dllm" (Fast-dLLM's published loop, exactly; sampling.py).
+      block_algorithm="podlab",
       batch_size=1,          # prompts per device per batch (global batch = batch_size x devices)
       pad_to_multiple=32))   # prompt lengths round up to this: fewer distinct shapes to compile
   c.checkpoint = checkpoint
