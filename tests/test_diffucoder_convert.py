@@ -205,8 +205,13 @@ def test_orbax_round_trip_and_cli(tmp_path, tiny_bf16_dir, capsys):
     assert a.dtype == b.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     np.testing.assert_array_equal(np.asarray(c, np.float32), np.asarray(b, np.float32))
-  with pytest.raises(convert.ConversionError, match="num_layers: saved 2 vs config 3"):
+  with pytest.raises(convert.ConversionError, match="num_layers: saved 2 vs config 3.*Fix: pass "
+                     "the config of this checkpoint, or override the fields: "
+                     "--config.model.num_layers=2$"):
     convert.restore_params(out, dream.tiny_config(num_layers=3))
+  convert.check_checkpoint_folder(out, cfg)                     # the saved config: no weight read
+  with pytest.raises(convert.ConversionError, match="--config.model.num_layers=2$"):
+    convert.check_checkpoint_folder(out, dream.tiny_config(num_layers=3))
   with pytest.raises(convert.ConversionError, match="not a checkpoint written by"):
     convert.restore_params(str(tmp_path), cfg)
 
@@ -218,9 +223,59 @@ def test_cli_write_random_with_config_file(tmp_path, capsys):
   assert "wrote 2 shards of a random 121,408-parameter Dream" in capsys.readouterr().out
   hf = json.load(open(os.path.join(d, "config.json")))
   assert hf["mask_token_id"] == 259 and hf["torch_dtype"] == "float32"
-  assert convert.main(["--hf_dir", d]) == 1                       # config.json => bf16 expected
-  assert "Fix: set config.model.param_dtype" in capsys.readouterr().err
-  assert convert.main(["--hf_dir", d, "--cast"]) == 0
+
+
+def test_torch_dtype_is_honoured_and_casts_are_logged(tmp_path, capsys):
+  d = str(tmp_path / "f32")
+  convert.write_random_checkpoint(d, dream.tiny_config(**F32), seed=2)
+  assert convert.config_from_hf_json(os.path.join(d, "config.json")) == dream.tiny_config(**F32)
+  # A float32 folder becomes a float32 checkpoint, no cast.
+  out = str(tmp_path / "f32_orbax")
+  assert convert.main(["--hf_dir", d, "--out", out]) == 0
+  cap = capsys.readouterr()
+  assert "float32) in" in cap.out and " -> " not in cap.err
+  saved = json.load(open(os.path.join(out, convert.PODLAB_CONFIG_JSON)))
+  assert saved["param_dtype"] == saved["dtype"] == "float32"
+  restored = convert.restore_params(out)
+  ckpt = st.ShardedCheckpoint(d)
+  np.testing.assert_array_equal(np.asarray(restored["dream/lm_head"]["w"]),
+                                np.asarray(ckpt.get("lm_head.weight")).T)
+  # --dtype casts, and says so (from -> to, how many tensors).
+  out16 = str(tmp_path / "bf16_orbax")
+  assert convert.main(["--hf_dir", d, "--dtype", "bfloat16", "--out", out16]) == 0
+  assert f"{d}: cast 27 tensors float32 -> bfloat16 (config.model.param_dtype)" in \
+      capsys.readouterr().err
+  p16 = convert.restore_params(out16)
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(p16))
+  np.testing.assert_array_equal(np.asarray(p16["dream/lm_head"]["w"]),
+                                np.asarray(restored["dream/lm_head"]["w"]).astype(jnp.bfloat16))
+  # A bfloat16 config on the float32 folder: refused without a cast, with the fix; --cast logs.
+  assert convert.main(["--hf_dir", d, "--config", "configs/tiny.py"]) == 1
+  err = capsys.readouterr().err
+  assert ("Fix: set config.model.param_dtype to the checkpoint's dtype (--config.model."
+          "param_dtype=float32 --config.model.dtype=float32), or cast to bfloat16: "
+          "--dtype=bfloat16 / --cast") in err
+  assert convert.main(["--hf_dir", d, "--config", "configs/tiny.py", "--cast"]) == 0
+  assert "cast 27 tensors float32 -> bfloat16" in capsys.readouterr().err
+  assert convert.main(["--hf_dir", d, "--config", "configs/tiny.py",
+                       "--config.model.param_dtype=float32",
+                       "--config.model.dtype=float32"]) == 0   # the override, no cast
+  assert " -> " not in capsys.readouterr().err
+  # The library logs through `log` (absl logging by default), and restore_params too.
+  lines = []
+  convert.load_params(d, dream.tiny_config(), allow_cast=True, log=lines.append)
+  assert lines == [f"{d}: cast 27 tensors float32 -> bfloat16 (config.model.param_dtype)"]
+  lines.clear()
+  convert.restore_params(out, dream.tiny_config(), log=lines.append)
+  assert lines == [f"{os.path.abspath(out)}: cast the saved parameters float32 -> bfloat16 "
+                   "(config.model.param_dtype)"]
+  # An unknown torch_dtype is an error naming the fix.
+  hf = json.load(open(os.path.join(d, "config.json")))
+  hf["torch_dtype"] = "float64"
+  json.dump(hf, open(os.path.join(d, "config.json"), "w"))
+  assert convert.main(["--hf_dir", d]) == 1
+  assert "torch_dtype='float64' is not one of" in capsys.readouterr().err
+  assert convert.main(["--hf_dir", d, "--dtype", "float32"]) == 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -258,13 +313,21 @@ def test_mismatched_checkpoints_give_clear_errors(tmp_path, edit, message):
 
 def test_wrong_config_and_missing_shard(tmp_path, tiny_bf16_dir):
   with pytest.raises(convert.ConversionError,
-                     match="intermediate_size: config.json 160 vs config.model 128"):
+                     match="intermediate_size: config.json 160 vs config.model 128.*"
+                     "or override the fields: --config.model.intermediate_size=160$"):
     convert.load_params(tiny_bf16_dir, dream.tiny_config(intermediate_size=128))
+  with pytest.raises(convert.ConversionError, match="override the fields: "
+                     "--config.model.hidden_size=64 --config.model.num_layers=2$"):
+    convert.check_checkpoint_folder(tiny_bf16_dir, dream.tiny_config(hidden_size=128,
+                                                                     num_layers=3))
   d = str(tmp_path)
   convert.write_random_checkpoint(d, dream.tiny_config(), num_shards=3)
   os.remove(os.path.join(d, "config.json"))
-  with pytest.raises(convert.ConversionError, match="wrong shapes"):
+  with pytest.raises(convert.ConversionError, match="wrong shapes.*override the fields its shapes "
+                     r"show: --config.model.intermediate_size=160 \(num_heads"):
     convert.load_params(d, dream.tiny_config(intermediate_size=128))
+  with pytest.raises(convert.ConversionError, match="missing tensors.*--config.model.num_layers=2 "):
+    convert.check_checkpoint_folder(d, dream.tiny_config(num_layers=3))
   os.remove(os.path.join(d, "model-00002-of-00003.safetensors"))
   with pytest.raises(convert.ConversionError, match="model-00002-of-00003.safetensors: shard named "
                      "by the index .* is missing"):

@@ -70,6 +70,14 @@ def test_data_parallel_dual_cache_threshold_equals_single_device():
                                                threshold=0.5))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("threshold", [0.0, 0.5])
+def test_data_parallel_fast_dllm_equals_single_device(threshold):
+  """M (the batch-average masked count) and the end of a block are taken over all devices."""
+  _check_data_parallel(sampling.SamplerOptions(steps=4, alg="entropy", block_length=4, cache="dual",
+                                               threshold=threshold, block_algorithm="fast_dllm"))
+
+
 def _tiny_setup(tmp_path, **generate_overrides):
   config = tiny.get_config("dtype=float32")
   ckpt = str(tmp_path / "tiny_hf")
@@ -181,3 +189,85 @@ def test_benchmark_cell_reports_consistent_numbers():
   assert row["new_tokens"] == 24 and row["batch"] == 2
   np.testing.assert_allclose(row["tokens_per_s"], 2 / (row["ms_step"] / 1e3), rtol=1e-9)
   assert row["gflop_step"] == benchmark.analytic_flops(config, 2, 32) / 1e9
+
+
+@pytest.mark.parametrize("name", ["diffucoder_7b_base", "diffucoder_7b_instruct", "dream_7b_base"])
+def test_model_card_configs_offer_harness_and_card_top_k(name):
+  import importlib
+  module = importlib.import_module(f"experiments.diffucoder.configs.{name}")
+  harness, card = module.get_config(), module.get_config("sampler=card")
+  assert module.get_config("sampler=harness").to_dict() == harness.to_dict()
+  assert harness.generate.top_k == 0 and generate.sampler_options(harness).top_k is None
+  assert card.generate.top_k == 50 and generate.sampler_options(card).top_k == 50
+  h, c = harness.to_dict(), card.to_dict()                 # top_k is the only difference
+  h["generate"].pop("top_k"), c["generate"].pop("top_k")
+  assert h == c
+  assert harness.generate.top_p == 0.95 and harness.generate.alg == "entropy"
+  assert generate.sampler_options(harness).block_algorithm == "podlab"
+  harness.generate.update(block_algorithm="fast_dllm", block_length=32, cache="dual",
+                          steps=harness.generate.max_new_tokens // 32, threshold=0.9)
+  assert generate.sampler_options(harness).block_algorithm == "fast_dllm"
+  with pytest.raises(config_utils.ConfigError, match="arg:sampler='cards'.*sampler=card"):
+    module.get_config("sampler=cards")
+
+
+def test_write_tiny_tokenizer_writes_nothing_before_the_size_check_passes(tmp_path):
+  config = tiny.get_config("dtype=float32")
+  ckpt = str(tmp_path / "tiny_hf")
+  convert.write_random_checkpoint(ckpt, dream.DreamConfig.from_dict(config.model.to_dict()),
+                                  tokens=config.tokens.to_dict())
+  config.checkpoint = ckpt
+  before = sorted(os.listdir(ckpt))
+  config.model.num_layers = 3                                       # the wrong size
+  with pytest.raises(convert.ConversionError,
+                     match="num_layers: config.json 2 vs config.model 3.*--config.model.num_layers=2"):
+    generate.write_tiny_tokenizer(config)
+  assert sorted(os.listdir(ckpt)) == before                        # no tokenizer file written
+  config.model.num_layers = 2
+  config.model.param_dtype = "bfloat16"                            # a dtype mismatch fails too
+  with pytest.raises(convert.ConversionError, match="--config.model.param_dtype=float32"):
+    generate.write_tiny_tokenizer(config)
+  assert sorted(os.listdir(ckpt)) == before
+  config.model.param_dtype = "float32"
+  assert generate.write_tiny_tokenizer(config) == ckpt
+  assert "vocab.json" in os.listdir(ckpt)
+  tok = tokenizer_lib.load(ckpt)
+  assert tok.decode(tok.encode("def add(a, b):")) == "def add(a, b):"
+  # The tokenizer's ids must fit the model's vocabulary: checked before writing, too.
+  small = tiny.get_config("dtype=float32")
+  small.model.vocab_size = 270
+  d = str(tmp_path / "small")
+  convert.write_random_checkpoint(d, dream.DreamConfig.from_dict(small.model.to_dict()),
+                                  tokens=small.tokens.to_dict())
+  small.checkpoint = d
+  with pytest.raises(config_utils.ConfigError, match=r"model.vocab_size=270: the tiny tokenizer's "
+                     r"ids reach 271.*--config.model.vocab_size=272"):
+    generate.write_tiny_tokenizer(small)
+  assert "vocab.json" not in os.listdir(d)
+
+
+@pytest.mark.slow
+def test_benchmark_compare_decodings_on_given_params():
+  """Mode 2 takes any Dream config + params: rows are the Runner's own decodings, scored right."""
+  from experiments.diffucoder import benchmark
+  forward, params = _model()
+  cfg = dream.tiny_config(dtype="float32", param_dtype="float32")
+  prompt, valid = sampling.left_pad([[5, 6, 7, 8], [9, 10, 11, 12]], PAD)
+  variants = [v for v in benchmark.compare_variants(8, 4, 0.5)
+              if v[0] in ("plain (reference)", "fast_dllm, no cache", "fast_dllm dual cache")]
+  variants = [(name, kw, min(base, 1)) for name, kw, base in variants]
+  rows = benchmark.compare_decodings(cfg, params, prompt, valid, mask_id=MASK, new_tokens=8,
+                                     block_length=4, threshold=0.5, repeats=1, variants=variants)
+  assert [r["decoding"] for r in rows] == ["plain (reference)", "fast_dllm, no cache",
+                                          "fast_dllm dual cache"]
+  for (name, kw, base), r in zip(variants, rows):
+    opts = sampling.SamplerOptions(**{"steps": 8, "alg": "entropy", **kw})
+    out = sampling.Runner(forward, opts, mask_id=MASK).generate(
+        params, prompt, valid, jax.random.key(0), max_new_tokens=8)
+    np.testing.assert_array_equal(r["tokens"], out.tokens[:, 4:])
+    assert r["forwards"] == out.forwards
+    assert r["agreement"] == np.mean(r["tokens"] == rows[0]["tokens"])
+    assert r["agreement_vs"] == np.mean(r["tokens"] == rows[base]["tokens"])
+    np.testing.assert_allclose(r["tokens_per_s"], 16 / r["seconds"])
+  assert rows[0]["agreement"] == rows[0]["speedup"] == 1.0
+  assert rows[2]["forwards"] == 2 * 4              # per block: the refresh + 3 cached forwards

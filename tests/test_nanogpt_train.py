@@ -1,6 +1,6 @@
 """Tests of the nanoGPT experiment: LR schedule, AdamW + decay mask + clipping, gradient
-accumulation, sampling with/without the KV cache, nanoGPT checkpoint import, a short training run,
-and the pod launcher running it.
+accumulation, nanoGPT checkpoint import, a short training run, and the pod launcher running it
+(sampling: tests/test_nanogpt_sampling.py).
 
 Expected values are the formulas of docs/nanogpt.md evaluated here in float64 NumPy
 (or the PyTorch reference model of experiments/nanogpt/tools/torch_reference.py for the import).
@@ -19,7 +19,6 @@ import pytest
 from experiments.common import parallel
 from experiments.common import trainer
 from experiments.nanogpt import nanogpt_checkpoint
-from experiments.nanogpt import sampling
 from experiments.nanogpt import train
 from experiments.nanogpt.configs import shakespeare_char_cpu
 from modules import gpt
@@ -155,50 +154,6 @@ def test_train_steps_match_a_torch_nanogpt_step():
   got = nanogpt_checkpoint.to_state_dict(parallel.unreplicate(state.params), cfg)
   for k, v in ref.state_dict().items():
     np.testing.assert_allclose(got[k], v.numpy(), rtol=0, atol=2e-6, err_msg=k)
-
-
-@pytest.fixture(scope="module")
-def small_model():
-  cfg = gpt.GPTConfig(block_size=16, vocab_size=13, n_layer=2, n_head=2, n_embd=16, bias=False)
-  model = gpt.GPTModel(cfg)
-  params = jax.tree.map(lambda x: x * 8.0 if x.ndim == 2 else x, model.init(jax.random.key(3)))
-  return model, params
-
-
-def test_kv_cache_sampling_gives_identical_tokens(small_model):
-  model, params = small_model
-  prompt = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
-  a = sampling.generate(model, params, prompt, 60, temperature=0.0, kv_cache=True)
-  b = sampling.generate(model, params, prompt, 60, temperature=0.0, kv_cache=False, context="chunk")
-  np.testing.assert_array_equal(a, b)
-  assert a.shape == (2, 63) and (a[:, :3] == prompt).all() and len(np.unique(a[:, 3:])) > 2
-  c = sampling.generate(model, params, prompt, 60, temperature=1.0, top_k=1, kv_cache=True)
-  np.testing.assert_array_equal(a, c)                          # top-k 1 == greedy
-  # Within block_size tokens the sliding crop is the same context.
-  d = sampling.generate(model, params, prompt, 13, temperature=0.0, kv_cache=False)
-  np.testing.assert_array_equal(d, a[:, :16])
-  # Sampled (temperature 0.8, top-k 5): the same seed gives the same text, cache or not.
-  e = sampling.generate(model, params, prompt, 40, temperature=0.8, top_k=5, seed=7, kv_cache=True)
-  f = sampling.generate(model, params, prompt, 40, temperature=0.8, top_k=5, seed=7, kv_cache=False,
-                        context="chunk")
-  np.testing.assert_array_equal(e, f)
-
-
-def test_greedy_tokens_match_a_numpy_argmax_loop(small_model):
-  model, params = small_model
-  prompt = np.array([[1, 2]], np.int32)
-  got = sampling.generate(model, params, prompt, 20, temperature=0.0, kv_cache=False)
-  toks = list(prompt[0])
-  for _ in range(20):
-    ctx = np.array([toks[-16:]], np.int32)                       # nanoGPT's crop
-    toks.append(int(np.argmax(np.asarray(model.apply(params, ctx))[0, -1])))
-  assert list(got[0]) == toks
-
-
-def test_top_k_keeps_logits_at_least_the_kth():
-  logits = jnp.array([[0.0, 3.0, 1.0, 2.0]])
-  draws = {int(sampling.select(logits, jax.random.key(i), 1.0, 2)[0]) for i in range(200)}
-  assert draws == {1, 3}
 
 
 def test_nanogpt_checkpoint_import_matches_torch(tmp_path):

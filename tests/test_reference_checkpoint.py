@@ -258,6 +258,64 @@ def small_sd(**kw):
   return {k: rc._tensor_to_numpy(v) for k, v in tsd.items()}, podlab_config(rcfg), tsd
 
 
+def test_float32_run_checkpoint_imports_and_exports_the_same(tmp_path, capsys):
+  """A forward_dtype="float32" reference run stores H_init/L_init in float32 (the reference creates
+  them in its forward dtype): imported as they are (logged) or cast (logged), exported back the
+  same, and the kept values give the reference's float32 ACT step."""
+  rcfg = small_ref_config(mlp_t=False, pos_encodings="rope", H_cycles=2, init_dtype="float32")
+  model = ref.randomize_(ref.TorchTRM(rcfg), seed=5).eval()
+  tsd = model.state_dict()
+  assert tsd["model.inner.H_init"].dtype == torch.float32
+  path = str(tmp_path / "f32.pt")
+  torch.save({"_orig_mod." + k: v for k, v in tsd.items()}, path)
+  sd = rc.load_state_dict(path)
+  assert sd["model.inner.L_init"].dtype == np.float32
+  config = podlab_config(rcfg)
+  assert rc.infer_config(sd, num_heads=2, H_cycles=2, L_cycles=2, halt_max_steps=2,
+                         seq_len=L) == config                # forward_dtype float32, inferred
+  lines = []
+  params, state, table = rc.import_reference(sd, config, log=lines.append)
+  assert lines == ["H_init/L_init are stored float32 (a forward_dtype='float32' reference run): "
+                   "kept float32"]
+  for k in ("H_init", "L_init"):
+    assert state["trm"][k].dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(state["trm"][k]), tsd[f"model.inner.{k}"].numpy())
+  # Export gives back the same tensors, bitwise (float32 buffers included).
+  back = rc.export_reference(params, state, table, config)
+  assert sorted(back) == sorted(tsd)
+  for k, v in tsd.items():
+    assert back[k].dtype == v.numpy().dtype
+    np.testing.assert_array_equal(back[k], v.numpy())
+  # The kept buffers give the reference's step; a cast (logged) rounds them and drifts.
+  lines.clear()
+  _, s16, _ = rc.import_reference(sd, config, init_dtype="bfloat16", log=lines.append)
+  assert lines == ["H_init/L_init: cast float32 -> bfloat16 (init_dtype='bfloat16')"]
+  assert s16["trm"]["H_init"].dtype == jnp.bfloat16
+  batch = make_batch(11)
+  jb = to_jax_batch(batch)
+  _, t_out = model.model(model.model.initial_carry(batch), batch)
+  want = t_out["logits"].numpy()
+  _, kept = rc.act_step(config, params, state, table, rc.initial_carry(config, jb), jb)
+  _, cast = rc.act_step(config, params, s16, table, rc.initial_carry(config, jb), jb)
+  kept_err, cast_err = rel_err(kept["logits"], want), rel_err(cast["logits"], want)
+  assert kept_err < SAME_CARRY_TOL and cast_err > 10 * kept_err, (kept_err, cast_err)
+  # Through the CLI: import keeps float32 (and says so), export writes the same file contents.
+  out_dir = str(tmp_path / "podlab")
+  assert rc.main(["import", path, "--out", out_dir, "--num_heads", "2", "--H_cycles", "2",
+                  "--L_cycles", "2", "--halt_max_steps", "2", "--seq_len", str(L)]) == 0
+  assert "kept float32" in capsys.readouterr().err
+  pt = str(tmp_path / "back.pt")
+  assert rc.main(["export", out_dir, "--out", pt]) == 0
+  again = rc.load_state_dict(pt)
+  for k, v in tsd.items():
+    assert again[k].dtype == v.numpy().dtype
+    np.testing.assert_array_equal(again[k], v.numpy())
+  # A mixed pair is refused on export, as on import.
+  mixed = {"trm": {"H_init": state["trm"]["H_init"], "L_init": s16["trm"]["L_init"]}}
+  with pytest.raises(rc.ReferenceCheckpointError, match="mixed dtypes: state H_init/L_init"):
+    rc.export_reference(params, mixed, table, config)
+
+
 def test_mismatches_give_clear_errors():
   sd, config, _ = small_sd(mlp_t=True, pos_encodings="none")
   # Config without mlp_t: self_attn missing, mlp_t unexpected, and the fix named.
@@ -273,7 +331,7 @@ def test_mismatches_give_clear_errors():
   del bad["model.inner.lm_head.weight"]
   bad["model.inner.extra.weight"] = np.zeros((3,), np.float32)
   bad["model.inner.puzzle_emb.weights"] = np.zeros((9, 64), np.float32)
-  bad["model.inner.H_init"] = bad["model.inner.H_init"].astype(np.float32)
+  bad["model.inner.H_init"] = bad["model.inner.H_init"].astype(np.float32)   # L_init stays bf16
   with pytest.raises(rc.ReferenceCheckpointError) as e:
     rc.import_reference(bad, config)
   msg = str(e.value)
@@ -281,7 +339,12 @@ def test_mismatches_give_clear_errors():
   assert "unexpected: model.inner.extra.weight" in msg
   assert ("wrong shape: model.inner.puzzle_emb.weights expected (5, 64), got (9, 64)" in msg)
   assert "set num_puzzle_identifiers=9 (config has 5)" in msg
-  assert "wrong dtype: model.inner.H_init expected bfloat16, got float32" in msg
+  assert ("mixed dtypes: model.inner.H_init is float32, model.inner.L_init is bfloat16 (the "
+          "reference creates both in its forward dtype)") in msg
+  f16 = {**sd, **{k: sd[k].astype(np.float16) for k in ("model.inner.H_init", "model.inner.L_init")}}
+  with pytest.raises(rc.ReferenceCheckpointError, match="wrong dtype: model.inner.H_init expected "
+                     r"bfloat16 or float32, got float16 \(the reference stores"):
+    rc.import_reference(f16, config)
   # Sequence length mismatch: the fix names seq_len.
   with pytest.raises(rc.ReferenceCheckpointError, match=r"set seq_len=81 \(config has 49\)"):
     rc.import_reference(sd, dataclasses.replace(config, seq_len=49))

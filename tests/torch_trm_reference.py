@@ -63,6 +63,10 @@ class RefConfig:
   rope_theta: float = 10000.0
   halt_max_steps: int = 16
   forward_dtype: str = "float32"     # "bfloat16" is the reference's training/eval dtype
+  # The dtype of the H_init/L_init buffers. The reference creates them in its forward dtype: a
+  # published (bfloat16) run stores bfloat16, a forward_dtype="float32" run float32. Default
+  # bfloat16: the tests run a bfloat16-trained checkpoint's weights in float32.
+  init_dtype: str = "bfloat16"
 
   @property
   def dtype(self) -> torch.dtype:
@@ -232,8 +236,9 @@ class Inner(nn.Module):
       emb = torch.cat((freqs, freqs), dim=-1)
       self.cos_sin = (emb.cos(), emb.sin())            # recomputed, never stored
     self.L_level = ReasoningModule(cfg)
-    self.register_buffer("H_init", torch.zeros(D, dtype=torch.bfloat16), persistent=True)
-    self.register_buffer("L_init", torch.zeros(D, dtype=torch.bfloat16), persistent=True)
+    init = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.init_dtype]
+    self.register_buffer("H_init", torch.zeros(D, dtype=init), persistent=True)
+    self.register_buffer("L_init", torch.zeros(D, dtype=init), persistent=True)
 
   def input_embeddings(self, inputs: Tensor, puzzle_ids: Tensor) -> Tensor:
     cfg = self.cfg
@@ -316,7 +321,7 @@ class TorchTRM(nn.Module):
 
 def randomize_(trm: TorchTRM, seed: int, q_std: float = 0.3, table_std: float = 0.5) -> TorchTRM:
   """Random reference-style weights, with a NON-zero Q head and random puzzle rows (so q values and
-  the prefix are informative); H_init/L_init truncated normal std 1 rounded to bfloat16."""
+  the prefix are informative); H_init/L_init truncated normal std 1 in their dtype (cfg.init_dtype)."""
   gen = torch.Generator().manual_seed(seed)
   inner = trm.model.inner
   D = inner.cfg.hidden_size
@@ -332,5 +337,5 @@ def randomize_(trm: TorchTRM, seed: int, q_std: float = 0.3, table_std: float = 
       inner.puzzle_emb.weights.copy_(torch.randn(inner.puzzle_emb.weights.shape, generator=gen)
                                      * table_std)
     for buf in (inner.H_init, inner.L_init):
-      buf.copy_(trunc_normal_(torch.empty(D), 1.0, gen).to(torch.bfloat16))
+      buf.copy_(trunc_normal_(torch.empty(D), 1.0, gen).to(buf.dtype))
   return trm

@@ -6,8 +6,9 @@ Three modes:
   # 1. tokens/s and ms per diffusion step for batch 1..32 and canvas 256/512 on a small random Dream
   python -m experiments.diffucoder.benchmark --batches=1,2,4,8,16,32 --canvases=256,512
   # 2. whole generations: plain (reference) vs block-wise decoding, prefix / dual KV cache and
-  #    confidence-threshold parallel decoding: forwards, seconds, tokens/s, speed-up, agreement
-  python -m experiments.diffucoder.benchmark --compare
+  #    confidence-threshold parallel decoding, podlab's variant and Fast-dLLM's exact loop:
+  #    forwards, seconds, tokens/s, speed-up, agreement
+  python -m experiments.diffucoder.benchmark --compare [--checkpoint=DIR]
   # 3. the 7.6B config's compiled step on N fake CPU devices: memory per device and FLOPs per step
   python -m experiments.diffucoder.benchmark --dry_run --devices=1,4,8 --global_batch=8 --canvas=512
 
@@ -24,7 +25,12 @@ runs in a few minutes on a CPU; a TPU / GPU run of the 7.6B model uses the same 
 Mode 2 decodes `--compare_prompts` random prompts (greedy, alg entropy unless `--alg`) with each
 option and reports agreement = the fraction of generated tokens identical to plain decoding, and
 agreement_vs = the same against the decoding the option approximates (a cache against block-wise
-decoding without cache, threshold + cache against threshold without cache).
+decoding without cache, threshold + cache against threshold without cache). The rows: podlab's
+block variant (`block_algorithm="podlab"`) and Fast-dLLM's published loop (`"fast_dllm"`; its
+threshold rows with Fast-dLLM's steps = new tokens / block length, as its evaluation scripts), each
+with and without caches. `--checkpoint=DIR` (a Hugging Face or converted folder, `--mask_id`) runs
+them on that model instead of the small random one; `compare_decodings(config, params, ...)` takes
+any Dream config and parameters (e.g. a trained one) and returns the rows with the generated tokens.
 `--logit_scale` multiplies the random model's output head: a random model's distributions are nearly
 flat, so confidence thresholds never fire; scaling the logits makes it confident like a trained one.
 
@@ -45,7 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 from absl import app
 from absl import flags
@@ -58,7 +64,7 @@ def _define_flags() -> None:
   global _BATCHES, _CANVASES, _TIMED, _HIDDEN, _LAYERS, _HEADS, _KV_HEADS, _VOCAB, _DTYPE, _ALG
   global _TEMPERATURE, _TOP_P, _COMPARE, _COMPARE_PROMPTS, _PROMPT_LEN, _NEW, _BLOCK, _THRESHOLD
   global _REPEATS, _LOGIT_SCALE, _DRY_RUN, _DEVICES, _GLOBAL_BATCH, _CANVAS, _PROMPT_FRACTION
-  global _JSON_OUT, _CHILD
+  global _JSON_OUT, _CHILD, _CHECKPOINT, _MASK_ID
   _BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "16", "32"], "Batch sizes.")
   _CANVASES = flags.DEFINE_list("canvases", ["256", "512"], "Canvas lengths.")
   _TIMED = flags.DEFINE_integer("timed_steps", 3, "Timed steps per cell (median).")
@@ -79,6 +85,10 @@ def _define_flags() -> None:
   _THRESHOLD = flags.DEFINE_float("threshold", 0.9, "Mode 2: parallel-decoding threshold.")
   _REPEATS = flags.DEFINE_integer("repeats", 3, "Mode 2: timed generations per option (median).")
   _LOGIT_SCALE = flags.DEFINE_float("logit_scale", 1.0, "Mode 2: scales the random output head.")
+  _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Mode 2: a Hugging Face or converted "
+                                    "Dream folder to compare on instead of a random model.")
+  _MASK_ID = flags.DEFINE_integer("mask_id", None, "Mode 2 with --checkpoint: the <|mask|> id "
+                                  "(default: config.json's mask_token_id).")
   _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Mode 3: the 7.6B step on fake CPU devices.")
   _DEVICES = flags.DEFINE_list("devices", ["1", "4", "8"], "Mode 3: device counts.")
   _GLOBAL_BATCH = flags.DEFINE_integer("global_batch", 8, "Mode 3: rows over all devices.")
@@ -188,60 +198,118 @@ def run_table() -> List[Dict[str, Any]]:
   return rows
 
 
-def run_compare() -> List[Dict[str, Any]]:
-  """Mode 2; see the module doc."""
+def compare_variants(new: int, block_length: int, threshold: float) -> List[Tuple[str, dict, int]]:
+  """The decodings mode 2 compares: (name, SamplerOptions fields, index of the row whose decoding it
+  approximates). `steps` defaults to `new` (one token per step on average); Fast-dLLM's threshold
+  rows use its published steps = new / block_length. The "fast_dllm ..., no cache" rows run
+  Fast-dLLM's loop with full forwards (not in its code): the decodings its caches approximate."""
+  bl, t = block_length, threshold
+  parallel_steps = new // bl
+  return [
+      ("plain (reference)", dict(), 0),
+      (f"blocks of {bl}, no cache", dict(block_length=bl), 0),
+      ("prefix cache", dict(block_length=bl, cache="prefix"), 1),
+      ("dual cache", dict(block_length=bl, cache="dual"), 1),
+      (f"threshold {t}, no cache", dict(block_length=bl, threshold=t), 1),
+      (f"dual cache + threshold {t}", dict(block_length=bl, cache="dual", threshold=t), 4),
+      ("fast_dllm, no cache", dict(block_length=bl, block_algorithm="fast_dllm"), 0),
+      ("fast_dllm prefix cache", dict(block_length=bl, cache="prefix", block_algorithm="fast_dllm"),
+       6),
+      ("fast_dllm dual cache", dict(block_length=bl, cache="dual", block_algorithm="fast_dllm"), 6),
+      (f"fast_dllm threshold {t}, no cache", dict(block_length=bl, threshold=t,
+                                                  steps=parallel_steps, block_algorithm="fast_dllm"),
+       6),
+      (f"fast_dllm prefix + threshold {t}", dict(block_length=bl, cache="prefix", threshold=t,
+                                                 steps=parallel_steps, block_algorithm="fast_dllm"),
+       9),
+      (f"fast_dllm dual + threshold {t}", dict(block_length=bl, cache="dual", threshold=t,
+                                               steps=parallel_steps, block_algorithm="fast_dllm"), 9),
+  ]
+
+
+def compare_decodings(config, params, prompt, valid, *, mask_id: int, new_tokens: int,
+                      block_length: int, threshold: float, alg: str = "entropy", repeats: int = 3,
+                      variants=None) -> List[Dict[str, Any]]:
+  """Mode 2 on any Dream: `config` a modules.dream.DreamConfig, `params` its Haiku parameters
+  (random, converted or trained), prompt / valid [B, P] (left-padded). Each variant (default
+  `compare_variants`) decodes greedily: compiled once, then `repeats` timed generations (median).
+  Returns one row per variant: decoding, forwards, seconds, tokens_per_s, speedup (vs the first
+  row), agreement (identical generated tokens vs the first row), vs / agreement_vs (vs the row the
+  variant approximates) and tokens (the generated [B, new_tokens] ids, for further scoring)."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from experiments.diffucoder import generate  # pylint: disable=g-import-not-at-top
   from experiments.diffucoder import sampling  # pylint: disable=g-import-not-at-top
+  forward = generate.model_forward(config)
+  variants = variants or compare_variants(new_tokens, block_length, threshold)
+  start = prompt.shape[1]
+  rows, outs = [], []
+  for name, kw, base in variants:
+    opts = sampling.SamplerOptions(**{"steps": new_tokens, "alg": alg, **kw})
+    runner = sampling.Runner(forward, opts, mask_id=mask_id)
+    runner.generate(params, prompt, valid, jax.random.key(0), max_new_tokens=new_tokens)  # compile
+    runs = [runner.generate(params, prompt, valid, jax.random.key(0), max_new_tokens=new_tokens)
+            for _ in range(repeats)]
+    seconds = statistics.median(r.seconds for r in runs)
+    gen = runs[0].tokens[:, start:]
+    outs.append((gen, seconds))
+    rows.append(dict(decoding=name, forwards=runs[0].forwards, seconds=seconds,
+                     tokens_per_s=gen.size / seconds, speedup=outs[0][1] / seconds,
+                     agreement=float(np.mean(gen == outs[0][0])), vs=variants[base][0],
+                     agreement_vs=float(np.mean(gen == outs[base][0])), tokens=gen))
+    print(format_rows([rows[-1]], [c for c in rows[-1] if c != "tokens"]).splitlines()[-1],
+          file=sys.stderr, flush=True)
+  return rows
+
+
+def _compare_model():
+  """(config, params, mask_id, description) of mode 2: --checkpoint, or a small random Dream."""
+  from experiments.diffucoder import convert  # pylint: disable=g-import-not-at-top
+  if _CHECKPOINT.value:
+    path = _CHECKPOINT.value
+    if convert.is_hf_dir(path):
+      config = convert.config_from_hf_json(os.path.join(path, convert.CONFIG_JSON))
+      mask = json.load(open(os.path.join(path, convert.CONFIG_JSON))).get("mask_token_id")
+    else:
+      config, mask = convert.saved_config(path), None
+    mask = _MASK_ID.value if _MASK_ID.value is not None else mask
+    if mask is None:
+      raise app.UsageError(f"--checkpoint={path}: no mask_token_id in its config; pass --mask_id")
+    params = convert.load_checkpoint(path, config)
+    return config, params, int(mask), f"checkpoint {path}"
   config = small_config(_HIDDEN.value, _LAYERS.value, _HEADS.value, _KV_HEADS.value, _VOCAB.value,
                         _DTYPE.value)
   params = _random_params(config)
   if _LOGIT_SCALE.value != 1.0:
     head = params["dream/lm_head"]["w"]
     params["dream/lm_head"]["w"] = (head.astype("float32") * _LOGIT_SCALE.value).astype(head.dtype)
-  forward = generate.model_forward(config)
-  mask_id = config.vocab_size - 1
+  return (config, params, config.vocab_size - 1,
+          f"small random Dream, output head x {_LOGIT_SCALE.value}")
+
+
+def run_compare() -> List[Dict[str, Any]]:
+  """Mode 2; see the module doc."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  config, params, mask_id, what = _compare_model()
   rng = np.random.default_rng(0)
-  prompt = rng.integers(0, mask_id, (_COMPARE_PROMPTS.value, _PROMPT_LEN.value)).astype(np.int32)
+  prompt = rng.integers(0, min(mask_id, config.vocab_size),
+                        (_COMPARE_PROMPTS.value, _PROMPT_LEN.value)).astype(np.int32)
   valid = np.ones_like(prompt, bool)
-  new, bl = _NEW.value, _BLOCK.value
-  # (name, options, the row whose decoding the option approximates: the cache's own baseline)
-  variants = [
-      ("plain (reference)", dict(), 0),
-      (f"blocks of {bl}, no cache", dict(block_length=bl), 0),
-      ("prefix cache", dict(block_length=bl, cache="prefix"), 1),
-      ("dual cache", dict(block_length=bl, cache="dual"), 1),
-      (f"threshold {_THRESHOLD.value}, no cache", dict(block_length=bl, threshold=_THRESHOLD.value),
-       1),
-      (f"dual cache + threshold {_THRESHOLD.value}",
-       dict(block_length=bl, cache="dual", threshold=_THRESHOLD.value), 4),
-  ]
-  rows, outs = [], []
-  for name, kw, base in variants:
-    opts = sampling.SamplerOptions(steps=new, alg=_ALG.value, **kw)
-    runner = sampling.Runner(forward, opts, mask_id=mask_id)
-    runner.generate(params, prompt, valid, jax.random.key(0), max_new_tokens=new)   # compile
-    runs = [runner.generate(params, prompt, valid, jax.random.key(0), max_new_tokens=new)
-            for _ in range(_REPEATS.value)]
-    out = runs[0]
-    seconds = statistics.median(r.seconds for r in runs)
-    gen = out.tokens[:, _PROMPT_LEN.value:]
-    outs.append((gen, seconds))
-    rows.append(dict(decoding=name, forwards=out.forwards, seconds=seconds,
-                     tokens_per_s=gen.size / seconds, speedup=outs[0][1] / seconds,
-                     agreement=float(np.mean(gen == outs[0][0])),
-                     vs=variants[base][0], agreement_vs=float(np.mean(gen == outs[base][0]))))
-    print(format_rows([rows[-1]], list(rows[-1])).splitlines()[-1], file=sys.stderr, flush=True)
-  print(f"{_COMPARE_PROMPTS.value} prompts of {_PROMPT_LEN.value} tokens, {new} new tokens, "
-        f"{new} steps for the step-scheduled rows, greedy {_ALG.value}; small random Dream "
-        f"(hidden {config.hidden_size}, {config.num_layers} layers, vocab {config.vocab_size}, "
-        f"{config.dtype.name}), output head x {_LOGIT_SCALE.value}; agreement = identical tokens "
-        "vs plain; agreement_vs = vs the decoding the option approximates (`vs`); speedup vs "
-        f"plain; seconds: median of {_REPEATS.value} generations after compilation; forwards: "
-        "model calls (per block the most any device's loop ran)")
+  new = _NEW.value
+  rows = compare_decodings(config, params, prompt, valid, mask_id=mask_id, new_tokens=new,
+                           block_length=_BLOCK.value, threshold=_THRESHOLD.value, alg=_ALG.value,
+                           repeats=_REPEATS.value)
+  print(f"{_COMPARE_PROMPTS.value} prompts of {_PROMPT_LEN.value} random tokens, {new} new "
+        f"tokens, {new} steps (Fast-dLLM's threshold rows: {new // _BLOCK.value}), greedy "
+        f"{_ALG.value}; {what} (hidden {config.hidden_size}, {config.num_layers} layers, vocab "
+        f"{config.vocab_size}, {config.dtype.name}); agreement = identical tokens vs plain; "
+        "agreement_vs = vs the decoding the option approximates (`vs`); speedup vs plain; "
+        f"seconds: median of {_REPEATS.value} generations after compilation; forwards: model "
+        "calls (per block the most any device's loop ran)")
   print(format_rows(rows, ["decoding", "forwards", "seconds", "tokens_per_s", "speedup",
                            "agreement", "vs", "agreement_vs"]))
+  for r in rows:
+    r.pop("tokens")
   return rows
 
 

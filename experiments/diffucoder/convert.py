@@ -5,12 +5,22 @@
   # check a folder against a config without writing anything:
   python -m experiments.diffucoder.convert --hf_dir=/ckpt/DiffuCoder-7B-Base \
       --config=configs/diffucoder_7b_base.py
+  # a float32 folder (config.json "torch_dtype": "float32") stays float32; --dtype casts, logged:
+  python -m experiments.diffucoder.convert --hf_dir=/ckpt/f32 --out=/ckpt/f32_orbax
+  python -m experiments.diffucoder.convert --hf_dir=/ckpt/f32 --out=/ckpt/bf16_orbax --dtype=bfloat16
   # write a random model in the real checkpoint layout (tests, demos, benchmarks):
   python -m experiments.diffucoder.convert --write_random=/tmp/tiny_hf --config=configs/tiny.py \
       --shards=3
 
+Dtypes: without --config the parameter (and compute) dtype is config.json's `torch_dtype` (bfloat16
+for the released models). A checkpoint whose tensors are not in the target dtype is refused unless
+the cast is asked for (`--dtype=...`, or `--cast` for config.model.param_dtype); a cast is logged as
+"N tensors float32 -> bfloat16", never silent. `--config.model.FIELD=VALUE` overrides a field of
+`--config` (as in generate.py).
+
 Conversion reads the shard headers first and checks every tensor's name, shape and dtype against
-the config (missing, unexpected, wrong shape, wrong dtype: one error listing them all), then streams
+the config (missing, unexpected, wrong shape, wrong dtype: one error listing them all, with the
+`--config.model.*` overrides that would match), then streams
 the tensors through np.memmap one Haiku parameter at a time: q/k/v are concatenated and transposed to
 the fused `qkv_proj`, gate/up to `gate_up_proj`, torch [out, in] weights become [in, out]. Each result
 is placed on the device (or `sharding`) as soon as it is built, so host memory holds at most the few
@@ -49,12 +59,14 @@ Synopsis:
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from absl import logging
 import jax
 import numpy as np
 
@@ -150,8 +162,12 @@ def params_from_tensors(get: Callable[[str], np.ndarray], config: dream.DreamCon
 # --------------------------------------------------------------------------------------------------
 
 
+DTYPES = ("bfloat16", "float32", "float16")
+
+
 def config_from_hf_json(path: str, **overrides) -> dream.DreamConfig:
-  """A DreamConfig from a Hugging Face config.json (dtypes: bfloat16 unless overridden)."""
+  """A DreamConfig from a Hugging Face config.json. dtype and param_dtype: its `torch_dtype`
+  (bfloat16 when absent, as the released models), unless overridden."""
   try:
     with open(path) as f:
       hf = json.load(f)
@@ -166,8 +182,37 @@ def config_from_hf_json(path: str, **overrides) -> dream.DreamConfig:
     raise ConversionError(f"{path}: tie_word_embeddings=true, but Dream's output head is untied "
                           "(lm_head.weight). Fix: use a Dream / DiffuCoder checkpoint")
   fields = {ours: hf[theirs] for theirs, ours in _HF_FIELDS.items()}
+  torch_dtype = hf.get("torch_dtype") or "bfloat16"
+  if "dtype" not in overrides or "param_dtype" not in overrides:
+    if torch_dtype not in DTYPES:
+      raise ConversionError(f"{path}: torch_dtype={torch_dtype!r} is not one of {DTYPES}. Fix: pass "
+                            "--dtype=bfloat16 (or float32) to cast the weights")
+    fields.update(dtype=torch_dtype, param_dtype=torch_dtype)
   fields.update(overrides)
   return dream.DreamConfig(**fields)
+
+
+def model_overrides(fields: Dict[str, object]) -> str:
+  """`--config.model.F=V ...` for {field: value} (what a fix text tells the user to pass)."""
+  return " ".join(f"--config.model.{k}={v}" for k, v in fields.items())
+
+
+def shape_fields(infos: Dict[str, st.TensorInfo]) -> Dict[str, int]:
+  """The DreamConfig fields a checkpoint's tensor shapes reveal: vocab_size and hidden_size
+  (embed_tokens), intermediate_size (layer 0's gate_proj) and num_layers (the layers present).
+  num_heads / num_kv_heads are not separable from the head dim: config.json holds them."""
+  out = {}
+  emb = infos.get("model.embed_tokens.weight")
+  if emb is not None and len(emb.shape) == 2:
+    out["vocab_size"], out["hidden_size"] = int(emb.shape[0]), int(emb.shape[1])
+  gate = infos.get("model.layers.0.mlp.gate_proj.weight")
+  if gate is not None and len(gate.shape) == 2:
+    out["intermediate_size"] = int(gate.shape[0])
+  layers = {int(n.split(".")[2]) for n in infos if n.startswith("model.layers.")
+            and n.split(".")[2].isdigit()}
+  if layers:
+    out["num_layers"] = max(layers) + 1
+  return out
 
 
 def check_against_hf_json(hf_dir: str, config: dream.DreamConfig) -> None:
@@ -176,11 +221,14 @@ def check_against_hf_json(hf_dir: str, config: dream.DreamConfig) -> None:
   if not os.path.isfile(path):
     return
   theirs = config_from_hf_json(path, dtype=config.dtype, param_dtype=config.param_dtype)
+  differ = [f for f in _HF_FIELDS.values() if getattr(theirs, f) != getattr(config, f)]
   diffs = [f"{f}: config.json {getattr(theirs, f)!r} vs config.model {getattr(config, f)!r}"
-           for f in _HF_FIELDS.values() if getattr(theirs, f) != getattr(config, f)]
+           for f in differ]
   if diffs:
-    raise ConversionError(f"{hf_dir}: the checkpoint's config.json disagrees with the config: "
-                          f"{'; '.join(diffs)}. Fix: pass the config of this model")
+    raise ConversionError(
+        f"{hf_dir}: the checkpoint's config.json disagrees with the config: {'; '.join(diffs)}. "
+        "Fix: pass the config of this model, or override the fields: "
+        + model_overrides({f: getattr(theirs, f) for f in differ}))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -206,13 +254,17 @@ def check_checkpoint(ckpt: st.ShardedCheckpoint, config: dream.DreamConfig, *,
   if shapes:
     problems.append(f"{len(shapes)} wrong shapes ({'; '.join(shapes[:4])})")
   dtype = np.dtype(config.param_dtype)
+  fixes = []
   if not allow_cast:
-    dtypes = [f"{n}: {have[n].dtype_name}" for n in want if n in have and have[n].dtype != dtype]
-    if dtypes:
-      problems.append(f"{len(dtypes)} tensors are not {st.dtype_name(dtype)} = "
-                      f"config.model.param_dtype ({'; '.join(dtypes[:4])}); Fix: set "
-                      "config.model.param_dtype to the checkpoint's dtype or pass --cast "
-                      "(allow_cast=True)")
+    wrong = [n for n in want if n in have and have[n].dtype != dtype]
+    if wrong:
+      theirs = collections.Counter(np.dtype(have[n].dtype).name for n in wrong).most_common(1)[0][0]
+      problems.append(f"{len(wrong)} tensors are not {st.dtype_name(dtype)} = "
+                      f"config.model.param_dtype ("
+                      + "; ".join(f"{n}: {have[n].dtype_name}" for n in wrong[:4]) + ")")
+      fixes.append(f"set config.model.param_dtype to the checkpoint's dtype (--config.model."
+                   f"param_dtype={theirs} --config.model.dtype={theirs}), or cast to "
+                   f"{dtype.name}: --dtype={dtype.name} / --cast (allow_cast=True; logged)")
   else:
     bad = [f"{n}: {have[n].dtype_name}" for n in want
            if n in have and not np.issubdtype(have[n].dtype, np.floating)
@@ -220,28 +272,56 @@ def check_checkpoint(ckpt: st.ShardedCheckpoint, config: dream.DreamConfig, *,
     if bad:
       problems.append(f"non-float tensors cannot be cast ({'; '.join(bad[:4])})")
   if problems:
+    if missing or unexpected or shapes:
+      seen = {f: v for f, v in shape_fields(have).items() if getattr(config, f) != v}
+      fix = "pass the config of this checkpoint (or its config.json)"
+      if seen:
+        fix += (", or override the fields its shapes show: " + model_overrides(seen) +
+                " (num_heads / num_kv_heads: see its config.json)")
+      fixes.insert(0, fix)
     raise ConversionError(
         f"{ckpt.dir} does not match the config (V={config.vocab_size}, D={config.hidden_size}, "
         f"F={config.intermediate_size}, layers={config.num_layers}, heads={config.num_heads}/"
-        f"{config.num_kv_heads}): " + " | ".join(problems) +
-        ". Fix: pass the config of this checkpoint (or its config.json)")
+        f"{config.num_kv_heads}): " + " | ".join(problems) + ". Fix: " + "; and ".join(fixes))
 
 
-def load_params(hf_dir: str, config: dream.DreamConfig, *, allow_cast: bool = False,
-                place: Optional[Callable[[np.ndarray], jax.Array]] = None,
-                progress: Optional[Callable[[str], None]] = None) -> dict:
-  """Reads a Hugging Face checkpoint folder into the Haiku parameter tree, streaming (see top).
+def casts(ckpt: st.ShardedCheckpoint, config: dream.DreamConfig) -> Dict[str, int]:
+  """{"float32 -> bfloat16": number of tensors, ...}: the casts loading `ckpt` as `config` makes."""
+  to = np.dtype(config.param_dtype).name
+  count = collections.Counter(f"{np.dtype(ckpt.infos[n].dtype).name} -> {to}"
+                              for n, _ in hf_tensor_specs(config)
+                              if n in ckpt.infos and ckpt.infos[n].dtype != np.dtype(to))
+  return dict(sorted(count.items()))
 
-  Checks config.json (if present), the shard headers and every tensor's name, shape and dtype
-  before reading any weights. `place` puts each parameter somewhere (default jax.device_put; pass
-  e.g. `lambda x: jax.device_put(x, sharding)`).
-  """
+
+def open_checked(hf_dir: str, config: dream.DreamConfig, *,
+                 allow_cast: bool = False) -> st.ShardedCheckpoint:
+  """The checks of `load_params` without reading any weight: config.json (if present), the shard
+  headers and index, every tensor's name, shape and dtype. Returns the opened checkpoint."""
   check_against_hf_json(hf_dir, config)
   try:
     ckpt = st.ShardedCheckpoint(hf_dir)
   except st.SafetensorsError as e:
     raise ConversionError(str(e)) from None
   check_checkpoint(ckpt, config, allow_cast=allow_cast)
+  return ckpt
+
+
+def load_params(hf_dir: str, config: dream.DreamConfig, *, allow_cast: bool = False,
+                place: Optional[Callable[[np.ndarray], jax.Array]] = None,
+                progress: Optional[Callable[[str], None]] = None,
+                log: Optional[Callable[[str], None]] = None) -> dict:
+  """Reads a Hugging Face checkpoint folder into the Haiku parameter tree, streaming (see top).
+
+  Checks config.json (if present), the shard headers and every tensor's name, shape and dtype
+  before reading any weights. `place` puts each parameter somewhere (default jax.device_put; pass
+  e.g. `lambda x: jax.device_put(x, sharding)`). With `allow_cast`, tensors not in
+  config.param_dtype are cast, and `log` (default: absl logging.warning) gets one line
+  "cast N tensors float32 -> bfloat16 (config.model.param_dtype)" per source dtype.
+  """
+  ckpt = open_checked(hf_dir, config, allow_cast=allow_cast)
+  for change, n in casts(ckpt, config).items():
+    (log or logging.warning)(f"{hf_dir}: cast {n} tensors {change} (config.model.param_dtype)")
   return params_from_tensors(ckpt.get, config, place=place, progress=progress)
 
 
@@ -258,11 +338,9 @@ def save_params(params: dict, out_dir: str, config: dream.DreamConfig) -> None:
       json.dump(config.to_dict(), f, indent=2)
 
 
-def restore_params(path: str, config: Optional[dream.DreamConfig] = None, *,
-                   sharding: Optional[jax.sharding.Sharding] = None) -> dict:
-  """Restores params written by `save_params`. With `config`, its architecture must equal the saved
-  one and the arrays come back in config.param_dtype with the expected shapes."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+def saved_config(path: str, config: Optional[dream.DreamConfig] = None) -> dream.DreamConfig:
+  """The DreamConfig stored beside an orbax checkpoint by `save_params`; with `config`, checks that
+  its architecture equals the saved one (no weight is read)."""
   path = os.path.abspath(path)
   meta_path = os.path.join(path, PODLAB_CONFIG_JSON)
   if not os.path.isfile(meta_path):
@@ -271,13 +349,30 @@ def restore_params(path: str, config: Optional[dream.DreamConfig] = None, *,
                           "first, or pass it as a Hugging Face checkpoint")
   with open(meta_path) as f:
     saved = dream.DreamConfig(**json.load(f))
-  if config is None:
-    config = saved
-  diffs = [f"{f}: saved {getattr(saved, f)!r} vs config {getattr(config, f)!r}"
-           for f in _HF_FIELDS.values() if getattr(saved, f) != getattr(config, f)]
+  config = config or saved
+  differ = [f for f in _HF_FIELDS.values() if getattr(saved, f) != getattr(config, f)]
+  diffs = [f"{f}: saved {getattr(saved, f)!r} vs config {getattr(config, f)!r}" for f in differ]
   if diffs:
-    raise ConversionError(f"{path}: the checkpoint's architecture differs from the config: "
-                          f"{'; '.join(diffs)}. Fix: pass the config of this checkpoint")
+    raise ConversionError(
+        f"{path}: the checkpoint's architecture differs from the config: {'; '.join(diffs)}. "
+        "Fix: pass the config of this checkpoint, or override the fields: "
+        + model_overrides({f: getattr(saved, f) for f in differ}))
+  return saved
+
+
+def restore_params(path: str, config: Optional[dream.DreamConfig] = None, *,
+                   sharding: Optional[jax.sharding.Sharding] = None,
+                   log: Optional[Callable[[str], None]] = None) -> dict:
+  """Restores params written by `save_params`. With `config`, its architecture must equal the saved
+  one and the arrays come back in config.param_dtype with the expected shapes (a saved dtype that
+  differs is cast, and `log`, default absl logging.warning, says so from -> to)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  path = os.path.abspath(path)
+  saved = saved_config(path, config)
+  config = config or saved
+  if saved.param_dtype != config.param_dtype:
+    (log or logging.warning)(f"{path}: cast the saved parameters {saved.param_dtype.name} -> "
+                             f"{config.param_dtype.name} (config.model.param_dtype)")
   sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                         dream.param_shapes(config))
@@ -289,14 +384,28 @@ def is_hf_dir(path: str) -> bool:
   return any(os.path.isfile(os.path.join(path, n)) for n in (st.INDEX_NAME, st.SINGLE_NAME))
 
 
-def load_checkpoint(path: str, config: dream.DreamConfig, **kwargs) -> dict:
-  """`path` is a Hugging Face folder (load_params) or an orbax folder (restore_params)."""
+def _check_folder(path: str) -> None:
   if not os.path.isdir(path):
     raise ConversionError(f"checkpoint {path!r} is not a folder. Fix: set config.checkpoint to a "
                           "Hugging Face checkpoint folder or a converted orbax folder")
+
+
+def check_checkpoint_folder(path: str, config: dream.DreamConfig) -> None:
+  """Every check `load_checkpoint` makes before reading weights (config.json or the saved config,
+  shard headers, tensor names / shapes / dtypes), reading no weight: raises ConversionError."""
+  _check_folder(path)
+  if is_hf_dir(path):
+    open_checked(path, config)
+  else:
+    saved_config(path, config)
+
+
+def load_checkpoint(path: str, config: dream.DreamConfig, **kwargs) -> dict:
+  """`path` is a Hugging Face folder (load_params) or an orbax folder (restore_params)."""
+  _check_folder(path)
   if is_hf_dir(path):
     return load_params(path, config, **kwargs)
-  return restore_params(path, config)
+  return restore_params(path, config, log=kwargs.get("log"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -385,17 +494,35 @@ def main(argv: Sequence[str]) -> int:
   parser.add_argument("--out", help="orbax output folder (omitted: check and load only)")
   parser.add_argument("--config", help="configs/<model>.py[:arg] (default: the folder's config.json)")
   parser.add_argument("--cast", action="store_true",
-                      help="cast tensors to config.model.param_dtype instead of requiring it")
+                      help="cast tensors to config.model.param_dtype instead of requiring it (logged)")
+  parser.add_argument("--dtype", choices=DTYPES,
+                      help="parameter and compute dtype of the result (default: --config's, else "
+                      "config.json's torch_dtype); tensors in another dtype are cast (logged)")
   parser.add_argument("--write_random", metavar="DIR",
                       help="write a random model in the real layout to DIR (needs --config)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--shards", type=int, default=2)
-  args = parser.parse_args(argv)
+  args, rest = parser.parse_known_args(argv)
+  overrides = {}
+  fields = dream.DreamConfig().to_dict()
+  for item in rest:
+    name, eq, value = item.partition("=")
+    field = name[len("--config.model."):] if name.startswith("--config.model.") else None
+    if field is None or not eq:
+      parser.error(f"unrecognized argument {item!r} (overrides read --config.model.FIELD=VALUE)")
+    if field not in fields:
+      parser.error(f"{name}: unknown field; DreamConfig fields: {', '.join(sorted(fields))}")
+    try:
+      overrides[field] = type(fields[field])(value)
+    except ValueError:
+      parser.error(f"{item}: expected a {type(fields[field]).__name__}")
+  if args.dtype:
+    overrides.update(dtype=args.dtype, param_dtype=args.dtype)
 
   config, tokens = None, None
   if args.config:
     c = _load_config_file(args.config)
-    config = dream.DreamConfig.from_dict(c.model.to_dict())
+    config = dream.DreamConfig.from_dict({**c.model.to_dict(), **overrides})
     tokens = c.tokens.to_dict()
   if args.write_random:
     if config is None:
@@ -407,8 +534,12 @@ def main(argv: Sequence[str]) -> int:
     return 0
   if not args.hf_dir:
     parser.error("pass --hf_dir (or --write_random)")
-  if config is None:
-    config = config_from_hf_json(os.path.join(args.hf_dir, CONFIG_JSON))
+  try:
+    if config is None:
+      config = config_from_hf_json(os.path.join(args.hf_dir, CONFIG_JSON), **overrides)
+  except (ConversionError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
   start = time.time()
   done = [0]
   total = len(param_sources(config))
@@ -417,15 +548,17 @@ def main(argv: Sequence[str]) -> int:
     done[0] += 1
     print(f"\r[{done[0]}/{total}] {name:<60}", end="", file=sys.stderr, flush=True)
 
+  log = lambda line: print(f"\n{line}", file=sys.stderr, flush=True)
   try:
-    params = load_params(args.hf_dir, config, allow_cast=args.cast, progress=progress)
+    params = load_params(args.hf_dir, config, allow_cast=args.cast or bool(args.dtype),
+                         progress=progress, log=log)
   except ConversionError as e:
     print(f"\nerror: {e}", file=sys.stderr)
     return 1
   print(file=sys.stderr)
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-  print(f"loaded {n:,} parameters ({len(jax.tree.leaves(params))} arrays) in "
-        f"{time.time() - start:.1f} s")
+  print(f"loaded {n:,} parameters ({len(jax.tree.leaves(params))} arrays, "
+        f"{config.param_dtype.name}) in {time.time() - start:.1f} s")
   if args.out:
     save_params(params, args.out, config)
     print(f"wrote orbax checkpoint {args.out}")

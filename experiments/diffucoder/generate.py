@@ -6,6 +6,9 @@ r"""Generates completions with a Dream / DiffuCoder model: prompts in, JSONL out
   python -m experiments.diffucoder.generate --config=configs/diffucoder_7b_base.py \
       --config.checkpoint=/ckpt/DiffuCoder-7B-Base --prompts_jsonl=prompts.jsonl --output=out.jsonl \
       --config.generate.batch_size=4 --config.generate.block_length=32 --config.generate.cache=dual
+  # Fast-dLLM's published Dream loop exactly (dual cache + threshold 0.9, blocks of 32):
+  ... --config.generate.block_algorithm=fast_dllm --config.generate.block_length=32 \
+      --config.generate.cache=dual --config.generate.threshold=0.9 --config.generate.steps=8
   # tiny random model on a CPU (writes the model and a byte-level tokenizer first):
   python -m experiments.diffucoder.convert --write_random=/tmp/tiny_hf --config=configs/tiny.py
   python -m experiments.diffucoder.generate --config=configs/tiny.py --config.checkpoint=/tmp/tiny_hf \
@@ -73,7 +76,8 @@ def sampler_options(config: ml_collections.ConfigDict):
       top_p=None if g.top_p is None else float(g.top_p),
       top_k=int(g.top_k) if g.get("top_k") else None, alg_temp=float(g.get("alg_temp", 0.0) or 0.0),
       block_length=int(g.get("block_length", 0)), cache=str(g.get("cache", "none")),
-      threshold=float(g.get("threshold", 0.0)))
+      threshold=float(g.get("threshold", 0.0)),
+      block_algorithm=str(g.get("block_algorithm", "podlab")))
   opts.validate(int(g.max_new_tokens))
   return opts
 
@@ -223,21 +227,44 @@ def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, par
   return [records[i] for i in range(len(prompts))]
 
 
+def write_tiny_tokenizer(config: ml_collections.ConfigDict) -> str:
+  """--write_tiny_tokenizer: the tiny config's byte-level tokenizer, written into config.tokenizer_dir
+  (or the checkpoint folder) only after the checkpoint passes the size checks against config.model
+  (no weight is read) and the tokenizer's ids fit config.model.vocab_size. Returns the folder."""
+  from experiments.diffucoder import convert  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder.configs import common  # pylint: disable=g-import-not-at-top
+  model_config = common.dream_config(config)
+  if not config.checkpoint:
+    raise config_utils.ConfigError("checkpoint", config.checkpoint, "no checkpoint",
+                                   "pass --config.checkpoint=<Hugging Face or converted folder>")
+  convert.check_checkpoint_folder(config.checkpoint, model_config)
+  tokens = config.tokens.to_dict()
+  first = max(tokens.values()) + 1
+  last = first + len(tokenizer_lib.TINY_MERGES) - 1
+  if last >= model_config.vocab_size:
+    raise config_utils.ConfigError(
+        "model.vocab_size", model_config.vocab_size,
+        f"the tiny tokenizer's ids reach {last} (specials up to {first - 1}, "
+        f"{len(tokenizer_lib.TINY_MERGES)} merges after them)",
+        f"use --config.model.vocab_size={last + 1} or more (the tiny config's 272)")
+  folder = config.tokenizer_dir or config.checkpoint
+  tokenizer_lib.write_byte_level_tokenizer(folder, tokenizer_lib.tiny_special_tokens(tokens),
+                                           tokenizer_lib.TINY_MERGES, first_merge_id=first)
+  return folder
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   import jax  # pylint: disable=g-import-not-at-top
   from experiments.diffucoder import convert  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   with distributed.fail_fast():
     try:
       if _WRITE_TINY_TOKENIZER.value:
-        folder = config.tokenizer_dir or config.checkpoint
-        tokenizer_lib.write_byte_level_tokenizer(
-            folder, tokenizer_lib.tiny_special_tokens(config.tokens.to_dict()),
-            tokenizer_lib.TINY_MERGES, first_merge_id=max(config.tokens.to_dict().values()) + 1)
+        write_tiny_tokenizer(config)
       prompts = read_prompts(_PROMPT.value, _PROMPTS_JSONL.value)
       t0 = time.perf_counter()
       records = run(config, prompts, progress=_PROGRESS.value)

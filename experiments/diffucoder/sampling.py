@@ -22,6 +22,20 @@ approximate KV cache (Fast-dLLM, arXiv 2505.22618) refreshed at every block star
 reuses the keys/values of everything before the block, `cache="dual"` also those after it, and
 confidence-threshold parallel decoding (`threshold` > 0: per step, unmask the most probable masked
 token of the block plus every masked token of the block whose probability is >= threshold).
+`block_algorithm` says how a block runs:
+  "podlab" (default, `block_fn`): the block-start forward is the block's first schedule step (k_0
+    tokens by the alg's confidence, or a threshold step), the cached forwards take the rest.
+  "fast_dllm" (`fast_dllm_block_fn`): Fast-dLLM's published Dream loop (NVlabs/Fast-dLLM
+    dream/model/generation_utils_block.py), token for token on unpadded rows at temperature 0
+    (tests/test_diffucoder_fast_dllm.py): the block-start forward fixes the block's first position
+    and nothing else; the schedule continues at step 1 on the cached forwards; without a threshold
+    the confidence is entropy whatever `alg` is (validate() asks for alg="entropy"). Differences:
+    the sampler runs in float32 (Fast-dLLM's in the model dtype, bf16 for the 7B); its threshold
+    branch handles batch 1 (here each row independently); its cached calls give the model a padding
+    mask sliced to another shape and positions 0..L-1 (it evaluates batch 1 unpadded; here padding
+    is masked and positions restart per row, which is the same for unpadded rows); a threshold block
+    stops after block_length cached forwards (Fast-dLLM never stops while the model predicts
+    <|mask|>).
 
 Shape glossary:
   B: batch (rows)     L: canvas length (prompt + max_new_tokens)    V: vocabulary size
@@ -60,6 +74,7 @@ from experiments.common import config_utils
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 CACHES = ("none", "prefix", "dual")
+BLOCK_ALGORITHMS = ("podlab", "fast_dllm")
 ENTROPY_EPS = 1e-10
 """Added inside the log of the entropy confidence, as in the reference."""
 
@@ -89,6 +104,10 @@ class SamplerOptions:
       block_length > 0).
     threshold: 0 = off; > 0 = confidence-threshold parallel decoding within blocks (needs
       block_length > 0; a block then takes as many steps as it needs, at most block_length).
+    block_algorithm: how a block is decoded (block_length > 0): "podlab" (`block_fn`: the block's
+      schedule starts on the block-start forward) or "fast_dllm" (`fast_dllm_block_fn`: Fast-dLLM's
+      published Dream loop, exactly: the block-start forward fixes the block's first position, the
+      schedule continues on the cached forwards, entropy confidence without a threshold).
   """
   steps: int = 256
   alg: str = "entropy"
@@ -100,6 +119,7 @@ class SamplerOptions:
   block_length: int = 0
   cache: str = "none"
   threshold: float = 0.0
+  block_algorithm: str = "podlab"
 
   def validate(self, max_new_tokens: int, prefix: str = "generate") -> None:
     """Raises ConfigError (naming `prefix.field`, the value and the fix) for unusable settings."""
@@ -127,7 +147,14 @@ class SamplerOptions:
       raise E(f"{prefix}.threshold", self.threshold, "must be in [0, 1]", "use 0 (off) or e.g. 0.9")
     if self.block_length < 0:
       raise E(f"{prefix}.block_length", self.block_length, "must be >= 0", "use 0 (off) or e.g. 32")
+    if self.block_algorithm not in BLOCK_ALGORITHMS:
+      raise E(f"{prefix}.block_algorithm", self.block_algorithm, "unknown block algorithm",
+              f"use one of {', '.join(BLOCK_ALGORITHMS)}")
     if self.block_length == 0:
+      if self.block_algorithm != "podlab":
+        raise E(f"{prefix}.block_algorithm", self.block_algorithm,
+                "Fast-dLLM's loop decodes blocks and block_length is 0",
+                "set --config.generate.block_length=32 (Fast-dLLM's) and cache=prefix or dual")
       if self.cache != "none":
         raise E(f"{prefix}.cache", self.cache, "the KV cache is block-wise and block_length is 0",
                 "set --config.generate.block_length=32 (a divisor of max_new_tokens)")
@@ -141,10 +168,20 @@ class SamplerOptions:
               f"does not divide max_new_tokens={max_new_tokens}",
               "use a divisor of max_new_tokens (e.g. 32 for 256)")
     num_blocks = max_new_tokens // self.block_length
-    if self.threshold == 0 and self.steps % num_blocks:
+    if (self.threshold == 0 or self.block_algorithm == "fast_dllm") and self.steps % num_blocks:
       raise E(f"{prefix}.steps", self.steps,
               f"not divisible by the {num_blocks} blocks of {self.block_length} tokens",
               f"use a multiple of {num_blocks}")
+    if self.block_algorithm == "fast_dllm" and self.threshold == 0:
+      if self.steps // num_blocks < 2:
+        raise E(f"{prefix}.steps", self.steps,
+                f"gives {self.steps // num_blocks} step per block: Fast-dLLM's loop then leaves all "
+                "but the block's first position masked",
+                f"use steps >= {2 * num_blocks} (2 per block), or a threshold")
+      if self.alg != "entropy":
+        raise E(f"{prefix}.alg", self.alg,
+                "Fast-dLLM's block loop ranks by entropy whatever alg says (without a threshold)",
+                "set alg=entropy, or block_algorithm=podlab for another confidence")
     if self.alg == "origin" and self.threshold > 0:
       raise E(f"{prefix}.alg", self.alg, "threshold decoding ranks tokens by confidence",
               "use maskgit_plus/topk_margin/entropy, or threshold=0")
@@ -404,6 +441,24 @@ def plain_step_fn(forward: ForwardFn, opts: SamplerOptions, *, mask_id: int, sta
   return step
 
 
+def cache_window(cache: str, kv, valid: jax.Array, lo, bl: int):
+  """The cached steps' (context, window) after a block-start forward that returned `kv`.
+
+  cache "prefix": window = positions [lo, L) (the block and everything after it), context = the
+  keys/values of [0, lo). "dual": window = the block [lo, lo + bl), context = every other position's
+  keys/values. Returns ((kv_list, context_valid), window) with window(a) slicing [B, L, ...] arrays.
+  """
+  L = valid.shape[1]
+  if cache == "prefix":
+    ctx = ([(k[:, :lo], v[:, :lo]) for k, v in kv], valid[:, :lo])
+    return ctx, lambda a: a[:, lo:]
+  idx = jnp.arange(L - bl)
+  idx = jnp.where(idx < lo, idx, idx + bl)                                         # [L - bl]
+  ctx = ([(jnp.take(k, idx, axis=1), jnp.take(v, idx, axis=1)) for k, v in kv],
+         jnp.take(valid, idx, axis=1))
+  return ctx, lambda a: jax.lax.dynamic_slice_in_dim(a, lo, bl, axis=1)
+
+
 def block_fn(forward: ForwardFn, opts: SamplerOptions, *, mask_id: int, start: int,
              block_index: Optional[int] = None, axis_name: Optional[str] = None):
   """All steps of one block: block(params, tokens, valid, positions, key, ratios, block_start)
@@ -453,15 +508,7 @@ def block_fn(forward: ForwardFn, opts: SamplerOptions, *, mask_id: int, start: i
         logits = forward(params, tokens, valid, positions)
         return sample_block(j, tokens, take(shift_logits(logits)))
     else:
-      if opts.cache == "prefix":                      # window [lo, L), context [0, lo)
-        ctx = ([(k[:, :lo], v[:, :lo]) for k, v in kv], valid[:, :lo])
-        window = lambda a: a[:, lo:]
-      else:                                           # window [lo, lo + bl), context the rest
-        idx = jnp.arange(L - bl)
-        idx = jnp.where(idx < lo, idx, idx + bl)                                 # [L - bl]
-        ctx = ([(jnp.take(k, idx, axis=1), jnp.take(v, idx, axis=1)) for k, v in kv],
-               jnp.take(valid, idx, axis=1))
-        window = take
+      ctx, window = cache_window(opts.cache, kv, valid, lo, bl)
       w_valid, w_pos = window(valid), window(positions)
 
       def window_step(j, tokens):
@@ -481,6 +528,95 @@ def block_fn(forward: ForwardFn, opts: SamplerOptions, *, mask_id: int, start: i
       return tokens, steps
     tokens = jax.lax.fori_loop(1, num_r, window_step, tokens)
     return tokens, jnp.int32(num_r)
+
+  return block
+
+
+def fast_dllm_block_fn(forward: ForwardFn, opts: SamplerOptions, *, mask_id: int, start: int,
+                       block_index: Optional[int] = None, axis_name: Optional[str] = None):
+  """Fast-dLLM's Dream block loop (`block_algorithm="fast_dllm"`); the same signature and result as
+  `block_fn`: block(params, tokens, valid, positions, key, ratios, block_start) -> (tokens, forwards).
+
+  1. The refresh: a full forward over the canvas (keys/values kept for the cache). Its shifted
+     logits fix the block's FIRST position whatever its confidence (argmax at temperature 0, else a
+     draw from the filtered distribution); nothing else is unmasked by it.
+  2. Then forwards on the cache's window (cache "prefix": the block and everything after it, the
+     keys/values before the block reused; "dual": the block alone, all other keys/values reused;
+     "none": the whole canvas, a podlab extension). The logits are shifted inside the window, so
+     the window's first position reads its own raw logit, as Fast-dLLM's code does (it only
+     matters if the refresh fixed <|mask|> there). Each forward, on the block's masked positions:
+     - threshold > 0 (Fast-dLLM's alg="confidence_threshold"): confidence = probability of the
+       chosen token; unmask the most confident masked position of each row and every one whose
+       confidence >= threshold.
+     - threshold 0: the schedule continues at step i = 1 (the refresh took step 0) of the S =
+       steps / blocks steps of linspace(1, eps, S + 1): k = floor(M (1 - s/t)) (all the rest at
+       i = S - 1), M = the batch-average masked count of the block; confidence = sum p log(p + 1e-10)
+       (entropy) whatever `alg` says, top-k positions (or sampled with alg_temp). At i = S the
+       forward is made and the loop stops (Fast-dLLM's `if i == steps_per_block: break`).
+  3. The block ends when no position of it is masked in any row (checked after each forward), so
+     every block costs at least the refresh plus one window forward.
+  `ratios` [S]: `transfer_ratios(S)`. With a threshold the loop also stops after block_length window
+  forwards: Fast-dLLM loops forever when the model keeps predicting <|mask|>, otherwise every
+  forward unmasks at least one token and the bound is never reached.
+  """
+  bl = opts.block_length
+  if opts.cache == "prefix" and block_index is None:
+    raise ValueError("cache='prefix' needs a static block_index (its window length depends on it)")
+  temperature, top_p, top_k = opts.filtering
+  entropy_opts = dataclasses.replace(opts, alg="entropy")
+
+  def psum(x):
+    return x if axis_name is None else jax.lax.psum(x, axis_name)
+
+  def block(params, tokens, valid, positions, key, ratios, block_start):
+    S = ratios.shape[0]
+    lo = start + block_index * bl if opts.cache == "prefix" else block_start
+    take = lambda a: jax.lax.dynamic_slice_in_dim(a, lo, bl, axis=1)         # [B, bl, ...]
+
+    # 1. The refresh forward fixes the block's first position.
+    if opts.cache == "none":
+      logits, kv = forward(params, tokens, valid, positions), None
+    else:
+      logits, kv = forward(params, tokens, valid, positions, return_kv=True)
+    first = jax.lax.dynamic_index_in_dim(shift_logits(logits), lo, axis=1)    # [B, 1, V]
+    _, x0, _ = sample_tokens(jax.random.fold_in(key, 0), first, temperature=temperature,
+                             top_p=top_p, top_k=top_k, alg="maskgit_plus")
+    tokens = jax.lax.dynamic_update_slice_in_dim(tokens, x0, lo, axis=1)
+
+    if opts.cache == "none":
+      def block_logits(tokens):
+        return take(shift_logits(forward(params, tokens, valid, positions)))       # [B, bl, V]
+    else:
+      ctx, window = cache_window(opts.cache, kv, valid, lo, bl)
+      w_valid, w_pos = window(valid), window(positions)
+
+      def block_logits(tokens):
+        logits_w = forward(params, window(tokens), w_valid, w_pos, context=ctx)    # [B, W, V]
+        return shift_logits(logits_w)[:, :bl]                                      # [B, bl, V]
+
+    # 2. Window forwards until the block is full.
+    def body(carry):
+      n, i, tokens, _ = carry
+      shifted = block_logits(tokens)
+      tb = take(tokens)
+      region = jnp.ones(tb.shape, bool)
+      k = jax.random.fold_in(key, n + 1)
+      if opts.threshold > 0:
+        new, stop = threshold_step(k, tb, shifted, region, opts, mask_id), jnp.bool_(False)
+      else:
+        stop = i >= S                                 # the same on every device: no collective skipped
+        new = jnp.where(stop, tb, unmask_step(k, tb, shifted, region, ratios[jnp.minimum(i, S - 1)],
+                                              entropy_opts, mask_id, axis_name))
+        i = i + 1
+      tokens = jax.lax.dynamic_update_slice_in_dim(tokens, new, lo, axis=1)
+      left = psum(jnp.sum(new == mask_id, dtype=jnp.int32))
+      return n + 1, i, tokens, stop | (left == 0)
+
+    cap = bl if opts.threshold > 0 else S
+    cond = lambda carry: (carry[0] < cap) & ~carry[3]
+    n, _, tokens, _ = jax.lax.while_loop(
+        cond, body, (jnp.int32(0), jnp.int32(1), tokens, jnp.bool_(False)))
+    return tokens, n + 1
 
   return block
 
@@ -568,15 +704,17 @@ class Runner:
           progress(1)
     else:
       num_blocks = max_new_tokens // opts.block_length
-      spb = max(opts.steps // num_blocks, 1) if opts.threshold == 0 else 1
+      fast = opts.block_algorithm == "fast_dllm"
+      spb = max(opts.steps // num_blocks, 1) if (opts.threshold == 0 or fast) else 1
       ratios = jnp.asarray(transfer_ratios(spb, opts.eps))
+      make_block = fast_dllm_block_fn if fast else block_fn
       if start < 1 and opts.cache != "none":
         raise ValueError("block-wise KV caching needs a prompt of at least one token. "
                          "Fix: give a non-empty prompt or use cache='none'.")
       for blk in range(num_blocks):
         # Prefix windows shrink block by block (one compile per block); the others share one shape.
         static_blk = blk if opts.cache == "prefix" else None
-        fn = self._compile(("block", shape, start, static_blk), lambda axis, b=static_blk: block_fn(
+        fn = self._compile(("block", shape, start, static_blk), lambda axis, b=static_blk: make_block(
             self.forward, opts, mask_id=self.mask_id, start=start, block_index=b, axis_name=axis))
         x, n = fn(params, x, v, p, self._keys(jax.random.fold_in(key, blk)), ratios,
                   jnp.int32(start + blk * opts.block_length))

@@ -11,7 +11,11 @@ podlab's fused qkv_proj; lm_head.weight is tied to transformer.wte.weight; the c
 
 Synopsis:
   python -m experiments.nanogpt.nanogpt_checkpoint --ckpt=out-shakespeare-char/ckpt.pt
-        # prints the model args, the parameter count, and the val loss on shakespeare_char
+        # prints the model args, the parameter count, the checkpoint's iteration and best val loss,
+        # and the val loss on the config's dataset (default configs/shakespeare_char_cpu.py's
+        # shakespeare_char): the mean cross-entropy over every non-overlapping block_size window
+  python -m experiments.nanogpt.nanogpt_checkpoint --ckpt=ckpt.pt --config=configs/shakespeare_char.py \
+      --config.dataset.data_dir=/data/tfds --max_windows=200     # another recipe's dataset, 200 windows
 
   from experiments.nanogpt import nanogpt_checkpoint
   config, params, meta = nanogpt_checkpoint.load("out/ckpt.pt")          # GPTConfig, Haiku params
@@ -22,7 +26,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, Tuple
+import sys
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -164,3 +169,109 @@ def load(path: str, dtype: str = "float32") -> Tuple[gpt.GPTConfig, Dict[str, An
           "best_val_loss": None if best is None else float(_np(best)),
           "config": ckpt.get("config", {})}
   return config, params, meta
+
+
+def split_tokens(config, split: str = "") -> Tuple[np.ndarray, int, str]:
+  """(token ids of a split, vocab_size, split name) of a nanoGPT config's dataset (prepared on first
+  use when config.dataset.prepare_if_missing). `split` "" = config.dataset.val_split."""
+  from input_pipeline import datasets  # pylint: disable=g-import-not-at-top
+  from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
+  from input_pipeline.datasets import text_corpus  # pylint: disable=g-import-not-at-top
+  ds = config.dataset
+  split = split or ds.val_split
+  source = pipeline.DataSource.from_config(ds, seed=config.seed)
+  builder = datasets.get_builder(source.name, source.data_dir, source.builder_kwargs)
+  if not builder.is_prepared():
+    raise FileNotFoundError(
+        f"{builder.info.full_name} is not prepared in {source.data_dir}: pass "
+        "--config.dataset.prepare_if_missing=True --config.dataset.manual_dir=<folder with the text>")
+  return (text_corpus.load_tokens(builder, split), int(builder.info.metadata["vocab_size"]),
+          split)
+
+
+def split_loss(model: gpt.GPTModel, params, tokens: np.ndarray, *, batch_size: int = 64,
+               max_windows: int = 0) -> Tuple[float, int]:
+  """(mean next-token cross-entropy, tokens scored) over every non-overlapping block_size window
+  of `tokens` (x = tokens[i:i+T], y = tokens[i+1:i+T+1], i = 0, T, 2T, ...); `max_windows` > 0
+  keeps the first that many. Deterministic: the whole split, not nanoGPT's random batches."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  T = model.config.block_size
+  tokens = np.asarray(tokens)
+  n = (len(tokens) - 1) // T
+  if max_windows > 0:
+    n = min(n, max_windows)
+  if n < 1:
+    raise ValueError(f"the split has {len(tokens)} tokens, fewer than block_size + 1 = {T + 1}")
+  starts = np.arange(n) * T
+  idx = starts[:, None] + np.arange(T)[None]                     # [n, T]
+
+  @jax.jit
+  def summed(params, x, y, valid):
+    logp = jax.nn.log_softmax(model.apply(params, x).astype(jnp.float32), axis=-1)   # [b, T, V]
+    nll = -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]                  # [b, T]
+    return jnp.sum(jnp.where(valid[:, None], nll, 0.0))
+
+  total = 0.0
+  for lo in range(0, n, batch_size):
+    rows = idx[lo:lo + batch_size]
+    valid = np.ones(batch_size, bool)
+    valid[len(rows):] = False
+    rows = np.concatenate([rows, np.repeat(rows[:1], batch_size - len(rows), 0)])   # one shape
+    total += float(summed(params, tokens[rows].astype(np.int32),
+                          tokens[rows + 1].astype(np.int32), valid))
+  return total / (n * T), n * T
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """The CLI (see the module synopsis). Returns the exit status: 0, or 1 with one error line."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from experiments.common import config_utils  # pylint: disable=g-import-not-at-top
+  here = os.path.dirname(os.path.abspath(__file__))
+  argv = list(sys.argv if argv is None else argv)
+  if not any(a.split("=")[0] in ("--config", "-config") for a in argv[1:]):
+    argv.insert(1, "--config=configs/shakespeare_char_cpu.py")   # before any --config.* override
+  argv = config_utils.resolve_config_argv(argv, here)
+  fv = flags.FlagValues()                   # private flags: sample.py imports this module
+  flags.DEFINE_string("ckpt", None, "A nanoGPT ckpt.pt.", flag_values=fv)
+  config_flags.DEFINE_config_file("config", None, "The dataset's config (path[:arg]).",
+                                  flag_values=fv, lock_config=False, sys_argv=argv)
+  flags.DEFINE_integer("batch_size", 64, "Windows per forward for the val loss.", flag_values=fv)
+  flags.DEFINE_integer("max_windows", 0, "Score only the first N windows (0 = the whole split).",
+                       flag_values=fv)
+  try:
+    fv(argv)
+  except flags.Error as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  if not fv.ckpt:
+    print("error: pass --ckpt=path/to/ckpt.pt", file=sys.stderr)
+    return 1
+  config = fv.config
+  try:
+    cfg, params, meta = load(fv.ckpt)
+    tokens, vocab_size, split = split_tokens(config)
+    if cfg.vocab_size < vocab_size:
+      raise CheckpointFormatError(
+          f"vocab_size {cfg.vocab_size} < the dataset's {vocab_size} ({config.dataset.name}): "
+          "pass the --config of the dataset the model was trained on")
+    loss, scored = split_loss(gpt.GPTModel(cfg), params, tokens, batch_size=fv.batch_size,
+                              max_windows=fv.max_windows)
+  except (config_utils.ConfigError, CheckpointFormatError, FileNotFoundError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  n = gpt.num_params(params, cfg)
+  best = meta["best_val_loss"]
+  print(f"nanoGPT checkpoint {fv.ckpt}: iter_num {meta['iter_num']}, best_val_loss "
+        f"{'-' if best is None else f'{best:.4f}'}")
+  print(f"model_args: {cfg.model_args()}")
+  print(f"number of parameters: {n / 1e6:.2f}M ({n:,}; nanoGPT's count, position embeddings "
+        "excluded)")
+  print(f"val loss: {loss:.4f} ({config.dataset.name} {split} split, {scored:,} tokens in "
+        f"{scored // cfg.block_size:,} windows of {cfg.block_size})")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -4,9 +4,11 @@ r"""Samples text from a trained GPT (nanoGPT's sample.py): a podlab workdir or a
       --workdir=workdirs/shakespeare_char_cpu --start="ROMEO:" --num_samples=2 --max_new_tokens=500
   python -m experiments.nanogpt.sample --ckpt=out-shakespeare-char/ckpt.pt \
       --config=configs/shakespeare_char_cpu.py      # a model trained with the reference
-  ... --kv_cache=false       # nanoGPT's sliding crop, no cache (slower; see sampling.py)
+  ... --kv_cache=false       # no cache: a full forward per token (the same tokens, slower)
+  ... --window=chunk         # a deviation: re-encode the last block/2 tokens past the block (faster)
 
-Defaults as nanoGPT: temperature 0.8, top-k 200, seed 1337, 10 samples of 500 tokens, start "\n".
+Defaults as nanoGPT: temperature 0.8, top-k 200, seed 1337, 10 samples of 500 tokens, start "\n",
+and nanoGPT's context (the last block_size tokens; `--window=exact`, see sampling.py).
 The vocabulary comes from the config's dataset (prepared on first use). `--start=FILE:path` reads
 the prompt from a file. Prints the wall time and tokens/s of each sample.
 """
@@ -35,7 +37,10 @@ _NEW = flags.DEFINE_integer("max_new_tokens", 500, "Tokens per sample.")
 _TEMP = flags.DEFINE_float("temperature", 0.8, "Softmax temperature (0 = greedy).")
 _TOPK = flags.DEFINE_integer("top_k", 200, "Keep the top-k logits (0 = all).")
 _SEED = flags.DEFINE_integer("seed", 1337, "Sampling seed.")
-_CACHE = flags.DEFINE_bool("kv_cache", True, "Use the KV cache (context policy 'chunk').")
+_CACHE = flags.DEFINE_bool("kv_cache", True, "Use the KV cache where the window allows it.")
+_WINDOW = flags.DEFINE_enum("window", "exact", ["exact", "chunk"],
+                            "Context past the block: 'exact' = nanoGPT's last block_size tokens; "
+                            "'chunk' = a faster deviation (the last block_size/2, re-encoded).")
 
 
 def main() -> None:
@@ -60,7 +65,8 @@ def main() -> None:
   for i in range(_NUM.value):
     t = time.perf_counter()
     out = sampling.generate(model, params, prompt, _NEW.value, temperature=_TEMP.value,
-                            top_k=_TOPK.value or None, seed=_SEED.value + i, kv_cache=_CACHE.value)
+                            top_k=_TOPK.value or None, seed=_SEED.value + i, kv_cache=_CACHE.value,
+                            window=_WINDOW.value)
     took = time.perf_counter() - t
     print(text.decode(out[0], data.vocab))
     print(f"---------------  ({_NEW.value} tokens in {took:.2f} s, {_NEW.value / took:,.0f} "

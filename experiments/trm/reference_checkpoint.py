@@ -2,7 +2,8 @@
 
 The reference implementation saves `model.state_dict()` with `torch.save` (docs/trm.md,
 section 8): keys `model.inner.*` (prefixed `_orig_mod.` when the run used torch.compile), torch Linear
-weights stored (out, in), H_init/L_init in bfloat16 and the puzzle-embedding table as
+weights stored (out, in), H_init/L_init in the run's forward dtype (bfloat16 in the published
+recipes; float32 from a run with forward_dtype="float32") and the puzzle-embedding table as
 `model.inner.puzzle_emb.weights`. This module maps that format to podlab's
 (params, state, puzzle_table) of `modules.trm.TRMModel(config).init(...)` / `.init_puzzle_table()`
 and back, bitwise, and runs single ACT steps on imported weights.
@@ -16,7 +17,8 @@ Key mapping (block i in 0..L_layers-1; "T" = transposed, torch (out, in) <-> Hai
       <->  params["trm/~/L_level/~/layers_i/<sub>/<proj>"]["w"] (T)
       <sub>.<proj>: self_attn.qkv_proj, self_attn.o_proj (attention) or mlp_t.gate_up_proj,
       mlp_t.down_proj (token MLP); mlp.gate_up_proj, mlp.down_proj (both variants)
-  model.inner.H_init / L_init (bfloat16)     <->  state["trm"]["H_init"] / ["L_init"] (bfloat16)
+  model.inner.H_init / L_init (bf16 or f32)  <->  state["trm"]["H_init"] / ["L_init"] (the same dtype:
+      kept by default, or cast with init_dtype=...; a float32 or cast pair is logged)
   model.inner.puzzle_emb.weights             <->  puzzle_table [N, E] float32 (absent when E = 0)
 
 Public API:
@@ -25,7 +27,7 @@ Public API:
   infer_config(state_dict, **overrides) -> TRMConfig     shapes -> config; overrides for the rest.
   reference_key_shapes(config) -> {key: (shape, dtype)}  the exact key set a config expects.
   adam_param_count(state_dict) -> int                    the reference's printed parameter count.
-  import_reference(state_dict, config) -> (params, state, puzzle_table)
+  import_reference(state_dict, config, *, init_dtype=None, log=None) -> (params, state, puzzle_table)
   export_reference(params, state, puzzle_table, config, *, compiled_prefix=False) -> state_dict
   load_reference_checkpoint(path, config) -> (params, state, puzzle_table)
   initial_carry(config, batch) -> ACTCarry               (re-exported from modules.trm)
@@ -59,13 +61,14 @@ Command line:
 
   python -m experiments.trm.reference_checkpoint inspect CKPT.pt [--num_heads 8 ...]
   python -m experiments.trm.reference_checkpoint import CKPT.pt --out DIR [config overrides]
+      [--init_dtype keep|bfloat16|float32]        # H_init/L_init: keep the stored dtype (default)
   python -m experiments.trm.reference_checkpoint export DIR --out CKPT.pt [--compiled_prefix]
 
 `import` writes an orbax PyTree checkpoint {"params", "state", "puzzle_table"} at DIR with the
 TRMConfig in its custom metadata ("trm_config"); `export` reads it back (the stored config, updated by
 any overrides). Fields that no weight shape reveals (H_cycles, L_cycles, halt_max_steps, num_heads,
-halt_exploration_prob, forward_dtype; rope vs none without learned positions) take the TRMConfig
-defaults unless overridden; seq_len must be given for attention checkpoints without learned
+halt_exploration_prob, forward_dtype unless H_init/L_init are stored float32; rope vs none without
+learned positions) take the TRMConfig defaults unless overridden; seq_len must be given for attention checkpoints without learned
 positions (no stored shape holds it).
 """
 
@@ -78,8 +81,9 @@ import math
 import os
 import re
 import sys
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from absl import logging
 import haiku as hk
 import jax
 import jax.numpy as jnp
@@ -106,6 +110,8 @@ K_POS = INNER + "embed_pos.embedding_weight"
 K_TABLE = INNER + "puzzle_emb.weights"
 K_H_INIT = INNER + "H_init"
 K_L_INIT = INNER + "L_init"
+INIT_DTYPES = ("bfloat16", "float32")
+"""The dtypes the reference stores H_init/L_init in: its forward dtype."""
 _LAYER_RE = re.compile(r"^model\.inner\.L_level\.layers\.(\d+)\.")
 
 TORCH_INSTALL_HINT = ("PyTorch is needed to read/write reference checkpoints: "
@@ -318,6 +324,10 @@ def _infer_fields(sd: Mapping[str, np.ndarray],
   if total is not None:
     out["seq_len"] = (total - prefix,
                       f"{why} has S={total} positions, minus {prefix} puzzle prefix slots")
+  inits = [sd.get(K_H_INIT), sd.get(K_L_INIT)]
+  if all(x is not None and x.dtype == np.float32 for x in inits):
+    out["forward_dtype"] = ("float32", "H_init/L_init are stored float32 (the reference creates "
+                            "them in its forward dtype)")
   gate = sd.get(INNER + "L_level.layers.0.mlp.gate_up_proj.weight")
   if gate is not None and gate.ndim == 2 and gate.shape[0] % 2 == 0:
     inner = gate.shape[0] // 2
@@ -330,11 +340,13 @@ def infer_config(state_dict: Mapping[str, Any], **overrides: Any) -> TRMConfig:
   """A TRMConfig from a reference state_dict's shapes, updated by `overrides` (TRMConfig fields).
 
   Inferred: vocab_size, hidden_size, L_layers, mlp_t, num_puzzle_identifiers, puzzle_emb_ndim,
-  pos_encodings="learned" (when embed_pos is stored), expansion, and seq_len where a shape holds S
-  (mlp_t or learned positions; S minus puzzle_emb_len, default 16). Not inferable, so defaults unless
-  overridden: H_cycles (3), L_cycles (6; Maze/ARC recipes use 4), halt_max_steps (16), num_heads (8),
-  pos_encodings rope vs none (default "none" for mlp_t, "rope" for attention), seq_len for attention
-  without learned positions (required then), forward_dtype, halt_exploration_prob.
+  pos_encodings="learned" (when embed_pos is stored), expansion, seq_len where a shape holds S
+  (mlp_t or learned positions; S minus puzzle_emb_len, default 16), and forward_dtype="float32" when
+  H_init/L_init are stored float32. Not inferable, so defaults unless overridden: H_cycles (3),
+  L_cycles (6; Maze/ARC recipes use 4), halt_max_steps (16), num_heads (8), pos_encodings rope vs
+  none (default "none" for mlp_t, "rope" for attention), seq_len for attention without learned
+  positions (required then), forward_dtype of a bfloat16 pair (default bfloat16),
+  halt_exploration_prob.
   """
   names = {f.name for f in dataclasses.fields(TRMConfig)}
   unknown = sorted(set(overrides) - names)
@@ -417,10 +429,16 @@ def _check(sd: Mapping[str, np.ndarray], config: TRMConfig) -> List[str]:
     got = sd[k]
     if tuple(got.shape) != e.shape:
       problems.append(f"  wrong shape: {k} expected {e.shape}, got {tuple(got.shape)}")
-    if got.dtype != e.dtype:
-      why = (" (the reference stores H_init/L_init in the bfloat16 forward dtype)"
-             if e.group == "state" else "")
-      problems.append(f"  wrong dtype: {k} expected {e.dtype.name}, got {got.dtype}{why}")
+    if e.group == "state":
+      if got.dtype.name not in INIT_DTYPES:
+        problems.append(f"  wrong dtype: {k} expected bfloat16 or float32, got {got.dtype} (the "
+                        "reference stores H_init/L_init in its forward dtype)")
+    elif got.dtype != e.dtype:
+      problems.append(f"  wrong dtype: {k} expected {e.dtype.name}, got {got.dtype}")
+  pair = [sd[k].dtype.name for k in (K_H_INIT, K_L_INIT) if k in sd]
+  if len(pair) == 2 and pair[0] != pair[1]:
+    problems.append(f"  mixed dtypes: {K_H_INIT} is {pair[0]}, {K_L_INIT} is {pair[1]} (the "
+                    "reference creates both in its forward dtype)")
   if problems:
     hints = _hints(sd, config, missing, unexpected)
     problems.append("likely fix: " + ("; ".join(hints) if hints else "none found"))
@@ -432,21 +450,36 @@ def _check(sd: Mapping[str, np.ndarray], config: TRMConfig) -> List[str]:
 # --------------------------------------------------------------------------------------------------
 
 
-def import_reference(state_dict: Mapping[str, Any],
-                     config: TRMConfig) -> Tuple[hk.Params, hk.State, Optional[jax.Array]]:
+def import_reference(state_dict: Mapping[str, Any], config: TRMConfig, *,
+                     init_dtype: Optional[str] = None,
+                     log: Optional[Callable[[str], None]] = None
+                     ) -> Tuple[hk.Params, hk.State, Optional[jax.Array]]:
   """Reference state_dict -> podlab (params, state, puzzle_table).
 
   state_dict: {key: np.ndarray or torch.Tensor}, keys with or without `_orig_mod.`.
   Returns params (float32, Linear weights transposed to (in, out)), state {"trm": {H_init, L_init}}
-  (bfloat16) and the puzzle table [N, E] float32 (None when config.puzzle_emb_ndim == 0), as jnp
-  arrays, bitwise equal to the stored values. Raises ReferenceCheckpointError listing every missing,
-  unexpected, mis-shaped or mis-typed key with the likely config fix.
+  and the puzzle table [N, E] float32 (None when config.puzzle_emb_ndim == 0), as jnp arrays,
+  bitwise equal to the stored values. H_init/L_init are stored in the run's forward dtype (bfloat16,
+  or float32 from a forward_dtype="float32" run): `init_dtype` None or "keep" keeps it (podlab's
+  model casts them to its compute dtype at use), "bfloat16" / "float32" casts; `log` (default absl
+  logging.warning) gets one line when the pair is float32 or is cast (from -> to). Raises
+  ReferenceCheckpointError listing every missing, unexpected, mis-shaped or mis-typed key with the
+  likely config fix.
   """
+  if init_dtype not in (None, "keep") + INIT_DTYPES:
+    raise ValueError(f"init_dtype={init_dtype!r}: use 'keep' (None), 'bfloat16' or 'float32'")
   sd = _normalize(state_dict)
   problems = _check(sd, config)
   if problems:
     raise ReferenceCheckpointError(
         f"reference state_dict does not match {_config_summary(config)}:\n" + "\n".join(problems))
+  stored = sd[K_H_INIT].dtype.name
+  target = stored if init_dtype in (None, "keep") else init_dtype
+  if target != stored:
+    (log or logging.warning)(f"H_init/L_init: cast {stored} -> {target} (init_dtype={init_dtype!r})")
+  elif stored != "bfloat16":
+    (log or logging.warning)(f"H_init/L_init are stored {stored} (a forward_dtype={stored!r} "
+                             f"reference run): kept {stored}")
   params: Dict[str, Dict[str, jax.Array]] = {}
   state: Dict[str, Dict[str, jax.Array]] = {}
   table = None
@@ -454,13 +487,12 @@ def import_reference(state_dict: Mapping[str, Any],
     value = sd[e.key]
     if e.transpose:
       value = np.ascontiguousarray(value.T)
-    value = jnp.asarray(value, dtype=e.dtype)
     if e.group == "params":
-      params.setdefault(e.module, {})[e.name] = value
+      params.setdefault(e.module, {})[e.name] = jnp.asarray(value, dtype=e.dtype)
     elif e.group == "state":
-      state.setdefault(e.module, {})[e.name] = value
+      state.setdefault(e.module, {})[e.name] = jnp.asarray(value, dtype=target)
     else:
-      table = value
+      table = jnp.asarray(value, dtype=e.dtype)
   return params, state, table
 
 
@@ -483,8 +515,9 @@ def export_reference(params: hk.Params, state: hk.State, puzzle_table: Optional[
   """podlab (params, state, puzzle_table) -> reference state_dict {key: np.ndarray}.
 
   Exactly the keys of `reference_key_shapes(config)` (prefixed `_orig_mod.` when `compiled_prefix`,
-  as torch.compile'd runs save them); float32 weights in torch (out, in) layout, H_init/L_init
-  bfloat16. `import_reference(export_reference(...), config)` gives back the inputs bitwise.
+  as torch.compile'd runs save them); float32 weights in torch (out, in) layout, H_init/L_init in
+  the state's dtype (bfloat16, or float32 as a forward_dtype="float32" run stores them).
+  `import_reference(export_reference(...), config)` gives back the inputs bitwise.
   """
   flat = _flat_podlab(params, state)
   entries = _entries(config)
@@ -514,12 +547,19 @@ def export_reference(params: hk.Params, state: hk.State, puzzle_table: Optional[
       want = tuple(e.shape[::-1]) if e.transpose else e.shape
       problems.append(f"  wrong shape: {where} expected {want}, got {got}")
       continue
-    if value.dtype != e.dtype:
-      problems.append(f"  wrong dtype: {where} expected {e.dtype.name}, got {value.dtype}")
+    if e.group == "state" and value.dtype.name in INIT_DTYPES:
+      pass                                      # the reference's forward dtype: written as it is
+    elif value.dtype != e.dtype:
+      want = "bfloat16 or float32" if e.group == "state" else e.dtype.name
+      problems.append(f"  wrong dtype: {where} expected {want}, got {value.dtype}")
       continue
     out[(COMPILED_PREFIX if compiled_prefix else "") + e.key] = np.ascontiguousarray(value)
   for ident in sorted(set(flat) - seen):
     problems.append(f"  unexpected: {ident[0]}[{ident[1]!r}][{ident[2]!r}]")
+  inits = {k: v.dtype.name for k, v in out.items() if k.endswith((K_H_INIT, K_L_INIT))}
+  if len(set(inits.values())) > 1:
+    problems.append(f"  mixed dtypes: state H_init/L_init are {sorted(inits.values())} (the "
+                    "reference stores both in its forward dtype): cast them to one")
   if puzzle_table is not None and not config.prefix_len:
     problems.append("  unexpected: puzzle_table (config.puzzle_emb_ndim == 0: pass None)")
   if problems:
@@ -612,7 +652,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     if parse is None:
       raise TypeError(f"TRMConfig.{f.name} has type {f.type!r}: add a parser in {__name__}")
     default = "" if f.default is dataclasses.MISSING else f"; TRMConfig default {f.default!r}"
-    if f.name in NOT_INFERABLE:
+    if f.name == "forward_dtype":
+      note = f"'float32' when H_init/L_init are stored float32, else not inferable{default}"
+    elif f.name in NOT_INFERABLE:
       note = f"not inferable{default}"
     elif f.name == "seq_len":
       note = "inferred as S - prefix for mlp_t or learned positions; required otherwise"
@@ -649,6 +691,9 @@ def _inspect(args: argparse.Namespace) -> int:
         (f" (= the published {published} count)" if published else ""))
   if K_TABLE in sd:
     print(f"puzzle-embedding table: {tuple(sd[K_TABLE].shape)} (not an Adam parameter)")
+  if K_H_INIT in sd:
+    print(f"H_init/L_init: {sd[K_H_INIT].dtype} (the reference run's forward dtype; `import` keeps "
+          "it unless --init_dtype)")
   try:
     config = infer_config(sd, **overrides)
   except ReferenceCheckpointError as e:
@@ -669,7 +714,9 @@ def _import(args: argparse.Namespace) -> int:
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   sd = load_state_dict(args.checkpoint)
   config = infer_config(sd, **_overrides(args))
-  params, state, table = import_reference(sd, config)
+  params, state, table = import_reference(
+      sd, config, init_dtype=args.init_dtype,
+      log=lambda line: print(f"reference_checkpoint import: {line}", file=sys.stderr))
   out = os.path.abspath(args.out)
   if os.path.exists(out) and not args.force:
     raise FileExistsError(f"--out {out} exists: choose a new directory or pass --force")
@@ -735,6 +782,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("checkpoint", help="reference checkpoint (.pt state_dict)")
   p.add_argument("--out", required=True, help="output directory (orbax PyTree checkpoint)")
   p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+  p.add_argument("--init_dtype", choices=("keep",) + INIT_DTYPES, default="keep",
+                 help="H_init/L_init: keep the stored dtype (the run's forward dtype; default) or "
+                 "cast (logged)")
   _add_config_flags(p)
   p = sub.add_parser(
       "export", help="podlab orbax directory (from `import`) -> reference .pt",

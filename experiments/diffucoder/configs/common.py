@@ -1,13 +1,22 @@
 """Shared pieces of the DiffuCoder / Dream configs: the 7B architecture, the Qwen2 special ids, and
 the `get_config` skeleton every recipe fills in (see diffucoder_7b_base.py for the commands).
 
+The model-card recipes take `:sampler=harness` (the default) or `:sampler=card`. They differ only
+in top_k. The cards' snippet calls `diffusion_generate(..., temperature, top_p=0.95, alg="entropy")`
+without top_k; the reference then builds its defaults with `DreamGenerationConfig.from_model_config`,
+whose legacy transformers generation defaults carry top_k=50, so the snippet effectively runs top_k
+50 ("card"). The evaluation harness behind the published scores passes top_k=None ("harness": no
+top-k filtering, `generate.top_k=0`).
+
 Fields of a config:
   model: modules.dream.DreamConfig fields (dtypes as strings).
   tokens: special token ids: mask_id, pad_id, eos_id, bos_id, dlm_pad_id, im_start_id, im_end_id.
   generate: the reference sampler's options (max_new_tokens, steps, temperature, top_p, top_k with
     0 = off, alg in origin | maskgit_plus | topk_margin | entropy, alg_temp), plus block_length,
-    cache, threshold (block-wise KV cache / parallel decoding, off by default), batch_size (prompts
-    per device) and pad_to_multiple (prompt-length bucket); see experiments/diffucoder/generate.py.
+    cache, threshold, block_algorithm (block-wise KV cache / parallel decoding, off by default;
+    block_algorithm "podlab" or "fast_dllm", see experiments/diffucoder/sampling.py), batch_size
+    (prompts per device) and pad_to_multiple (prompt-length bucket); see
+    experiments/diffucoder/generate.py.
   checkpoint: a Hugging Face checkpoint folder (safetensors shards + index json) or an orbax folder
     written by `python -m experiments.diffucoder.convert`.
   tokenizer_dir: folder with vocab.json + merges.txt (+ tokenizer_config.json added tokens) or
@@ -18,7 +27,11 @@ Fields of a config:
 
 import ml_collections
 
+from experiments.common import config_utils
 from modules import dream
+
+SAMPLER_TOP_K = {"harness": 0, "card": 50}
+"""`:sampler=` presets of the model-card recipes -> generate.top_k (0 = off); see the module doc."""
 
 # The Qwen2 tokenizer's special ids used by Dream and DiffuCoder (docs/diffucoder.md).
 QWEN2_TOKENS = dict(
@@ -47,6 +60,8 @@ def base_config(*, model: dream.DreamConfig, tokens: dict, max_new_tokens: int, 
       # block-wise decoding with an approximate KV cache ("none" | "prefix" | "dual") and
       # confidence-threshold parallel decoding (0 = off, e.g. 0.9; needs block_length > 0).
       block_length=0, cache="none", threshold=0.0,
+      # "podlab" (block_fn) or "fast_dllm" (Fast-dLLM's published loop, exactly; sampling.py).
+      block_algorithm="podlab",
       batch_size=1,          # prompts per device per batch (global batch = batch_size x devices)
       pad_to_multiple=32))   # prompt lengths round up to this: fewer distinct shapes to compile
   c.checkpoint = checkpoint
@@ -54,6 +69,17 @@ def base_config(*, model: dream.DreamConfig, tokens: dict, max_new_tokens: int, 
   c.chat_template = chat_template
   c.seed = 0
   return c
+
+
+def model_card_top_k(arg) -> int:
+  """generate.top_k of a model-card recipe's `sampler=harness|card` argument (default harness)."""
+  a = config_utils.parse_arg(arg, sampler="harness")
+  if a.sampler not in SAMPLER_TOP_K:
+    raise config_utils.ConfigError(
+        "arg:sampler", a.sampler, "unknown sampler preset",
+        "use sampler=harness (top_k off, the evaluation harness) or sampler=card (top_k 50, the "
+        "model card's snippet)")
+  return SAMPLER_TOP_K[a.sampler]
 
 
 def dream_config(config: ml_collections.ConfigDict) -> dream.DreamConfig:

@@ -9,13 +9,25 @@ clip, AdamW; torch's default threads). Variants run in one process, alternating 
 `--block` iterations, so a shared machine's slow and fast periods fall on all of them alike: compare
 medians of one run. Printed per variant: median (p10-p90) ms/iteration, process CPU ms/iteration
 (all threads), tokens/s, MFU against the measured CPU matmul peak, and the ratio to the PyTorch
-median and to the issue's 35-38 ms. Then sampling 500 tokens (batch 1, temperature 0.8, top-k 200)
-with and without the KV cache (float32; compile excluded; greedy tokens checked identical).
+median and to the issue's 35-38 ms.
+
+Then sampling `--new_tokens` tokens (default 500; batch 1, temperature 0.8, top-k 200, float32;
+compile excluded, median of `--sample_repeats`) for each context policy of
+experiments/nanogpt/sampling.py: "exact" (nanoGPT's crop, the default) with and without the KV
+cache, and the "chunk" deviation with and without it; for each, whether its greedy tokens equal
+nanoGPT's crop (its `generate` loop in PyTorch on the same weights, torch_reference.py; without
+torch, podlab's exact no-cache loop) and the first position (prompt included) where they differ. The weights:
+`--sample_workdir` (a trained podlab run of the recipe), `--sample_ckpt` (a nanoGPT ckpt.pt), or
+else the recipe's initial weights with every matrix scaled by `--sample_scale` (default 8: a random
+init predicts nearly flat distributions, greedy decoding then repeats one token whatever the
+context; scaled, the argmax depends on the context, as a trained model's does).
 
   python -m experiments.nanogpt.tools.bench                          # float32 and bfloat16, 200 each
   python -m experiments.nanogpt.tools.bench --torch --skip_sampling  # + the PyTorch step, interleaved
   python -m experiments.nanogpt.tools.bench --variants=float32,float32:autodiff --iters=100
   python -m experiments.nanogpt.tools.bench --iters=40 --skip_sampling --no_keep_heap   # glibc default
+  python -m experiments.nanogpt.tools.bench --sampling_only            # the sampling table alone
+  python -m experiments.nanogpt.tools.bench --sampling_only --sample_workdir=workdirs/shakespeare_char_cpu
   make gpt-bench GPT_BENCH_ARGS="--torch"
 
 A variant is DTYPE[:autodiff]: model.dtype, and `:autodiff` sets model.fast_grad=False (plain
@@ -25,9 +37,23 @@ autodiff gradients instead of modules/layers.py `matmul`'s).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import os
 import sys
 import time
+
+import jax
+import numpy as np
+
+from experiments.common import host_malloc
+from experiments.common import mfu
+from experiments.common import parallel
+from experiments.common import trainer
+from experiments.nanogpt import nanogpt_checkpoint
+from experiments.nanogpt import sampling
+from experiments.nanogpt import train
+from modules import gpt
 
 REFERENCE_MS = (35.0, 38.0)          # the issue's uncontended nanoGPT figure on this machine
 
@@ -43,22 +69,27 @@ def main(argv=None) -> None:
   ap.add_argument("--new_tokens", type=int, default=500)
   ap.add_argument("--xla_flags", default="", help="extra XLA_FLAGS (set before JAX starts)")
   ap.add_argument("--skip_sampling", action="store_true")
+  ap.add_argument("--sampling_only", action="store_true",
+                  help="only the sampling table (on the recipe's freshly initialised weights)")
+  ap.add_argument("--sample_repeats", type=int, default=3, help="timed generations per policy")
+  ap.add_argument("--sample_workdir", help="sample from this podlab run of the recipe")
+  ap.add_argument("--sample_ckpt", help="sample from this nanoGPT ckpt.pt")
+  ap.add_argument("--sample_scale", type=float, default=8.0,
+                  help="without a workdir/ckpt: scale the initial weight matrices by this")
   ap.add_argument("--no_keep_heap", action="store_true",
-                  help="do not apply the config's cpu_keep_heap (glibc's default mmap behaviour)")
+                  help="do not keep XLA's scratch in the heap (glibc's default mmap behaviour)")
   args = ap.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   if args.xla_flags:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
 
-  import importlib  # pylint: disable=g-import-not-at-top
   get_config = importlib.import_module(f"experiments.nanogpt.configs.{args.config}").get_config
-  from experiments.common import host_malloc  # pylint: disable=g-import-not-at-top
-  keep_heap = (get_config().cpu_keep_heap and not args.no_keep_heap
-               and host_malloc.keep_heap_for_cpu_backend())
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.common import mfu  # pylint: disable=g-import-not-at-top
+  keep_heap = (get_config().cpu_tuning and not args.no_keep_heap
+               and jax.devices()[0].platform == "cpu" and host_malloc.keep_heap())
 
+  if args.sampling_only:
+    _sampling(_sample_model(get_config(), args), args.new_tokens, args.sample_repeats)
+    return
   runs = [_jax_run(get_config(), spec, args.warmup) for spec in args.variants.split(",")]
   if args.torch:
     runs.append(_torch_run(get_config(), args.warmup))
@@ -75,7 +106,7 @@ def main(argv=None) -> None:
   peak = mfu.peak_flops_per_device(c.peak_flops) * n
   torch_ms = float(np.median(runs[-1]["ms"])) if args.torch else None
   print(f"recipe: {args.config}, {runs[0]['desc']}; {n} device(s); XLA_FLAGS="
-        f"{os.environ.get('XLA_FLAGS', '') or '(none)'}; cpu_keep_heap {'on' if keep_heap else 'off'}; "
+        f"{os.environ.get('XLA_FLAGS', '') or '(none)'}; glibc heap kept {'on' if keep_heap else 'off'}; "
         f"{args.iters} iterations per variant in blocks of {args.block}; CPU matmul peak "
         f"{peak / 1e9:.0f} GFLOP/s (measured)")
   head = (f"{'variant':<34} {'median ms':>9} {'p10-p90':>13} {'CPU ms':>7} {'tokens/s':>9} "
@@ -93,47 +124,63 @@ def main(argv=None) -> None:
       print(f"{run['name']}: step scratch {run['scratch'] / 2**20:.1f} MiB per execution, compile "
             f"{run['compile_s']:.2f} s")
   if not args.skip_sampling:
-    _sampling(runs[0], args.new_tokens)
+    _sampling(_sample_model(get_config(), args), args.new_tokens, args.sample_repeats)
+
+
+def _restore_workdir(config, workdir: str):
+  """(GPTConfig, params, step) of the latest checkpoint of a podlab nanoGPT run in `workdir`."""
+  data = train.TextData(config)
+  step, params = trainer.restore_params(train.NanoGPT(), config, workdir)
+  return train.model_config(config, data.vocab_size), params, int(step)
+
+
+def _sample_model(c, args) -> dict:
+  """The float32 GPT and weights the sampling table runs on (see the module doc)."""
+  if args.sample_workdir:
+    cfg, params, step = _restore_workdir(c, args.sample_workdir)
+    name = f"{args.sample_workdir} at step {step}"
+  elif args.sample_ckpt:
+    cfg, params, meta = nanogpt_checkpoint.load(args.sample_ckpt)
+    name = f"{args.sample_ckpt} (nanoGPT, iter {meta['iter_num']})"
+  else:
+    cfg = train.model_config(c, c.model.vocab_size if c.model.vocab_size > 0 else 65)
+    params = jax.tree.map(lambda x: x * args.sample_scale if x.ndim == 2 else x,
+                          gpt.GPTModel(cfg).init(jax.random.key(0)))
+    name = f"{args.config} initial weights, matrices x {args.sample_scale:g}"
+  cfg = dataclasses.replace(cfg, dtype="float32")
+  return {"name": name, "model": gpt.GPTModel(cfg), "params": params}
 
 
 def _jax_run(c, spec: str, warmup: int) -> dict:
   """One variant's compiled step and state; `step()` runs one iteration to completion."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.common import parallel  # pylint: disable=g-import-not-at-top
-  from experiments.nanogpt import train  # pylint: disable=g-import-not-at-top
-  from modules import gpt  # pylint: disable=g-import-not-at-top
 
   dtype, _, mode = spec.partition(":")
   if mode not in ("", "autodiff"):
     raise SystemExit(f"--variants: {spec!r}: the suffix must be ':autodiff' (e.g. float32:autodiff)")
   c.model.dtype = dtype
-  c.model.fast_grad = mode != "autodiff"
+  c.cpu_tuning = mode != "autodiff"          # the CPU matmul forms (fast_grad) on or off
   vocab = c.model.vocab_size if c.model.vocab_size > 0 else 65
-  cfg = train.model_config(c, vocab)
+  layout, built = trainer.build(train.NanoGPT(), c, abstract=True)   # the trainer's own step
+  cfg = built.model_config
   model = gpt.GPTModel(cfg)
-  tx = train.make_optimizer(c)
-  params = model.init(jax.random.key(0))
-  n_params = gpt.num_params(params)
-  n = jax.local_device_count()
-  step = parallel.pmap_step(train.make_train_step(model, tx, c), replicated_in=(0,),
-                            out_axes=(None, 0), donate_argnums=(0,))
-  box = {"state": parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params,
-                                                      tx.init(params)))}
+  state, _ = built.init()
+  n_params = gpt.num_params(state.params)
+  n = layout.devices_per_host
+  step = trainer.parallel_train_step(built.train_step, c.nonfinite)
+  box = {"state": parallel.replicate(state)}
   rng = np.random.default_rng(0)
-  T, b = cfg.block_size, c.global_batch_size // n
+  T, b = cfg.block_size, layout.per_device_batch
   idx = parallel.shard(parallel.device_indices())
 
   def batch():
     w = rng.integers(0, vocab, (n, c.grad_accum, b, T + 1)).astype(np.int32)
     return parallel.shard({"x": w[..., :-1], "y": w[..., 1:]})
 
-  memory = step.lower(box["state"], batch(), idx).compile().memory_analysis()
+  memory = step.lower(box["state"], None, batch(), idx).compile().memory_analysis()
 
   def one():
     bt = batch()
-    box["state"], sums = step(box["state"], bt, idx)
+    box["state"], _, sums = step(box["state"], None, bt, idx)
     jax.block_until_ready(sums)
 
   t0 = time.perf_counter()
@@ -155,10 +202,7 @@ def _torch_run(c, warmup: int) -> dict:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise SystemExit("--torch needs PyTorch: pip install '.[torch]'") from None
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.nanogpt.tools import torch_reference  # pylint: disable=g-import-not-at-top
-  from experiments.nanogpt import train  # pylint: disable=g-import-not-at-top
-  from modules import gpt  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt.tools import torch_reference  # pylint: disable=g-import-not-at-top  (torch is optional)
 
   m = c.model
   vocab = m.vocab_size if m.vocab_size > 0 else 65
@@ -194,30 +238,61 @@ def _torch_run(c, warmup: int) -> dict:
           "flops": gpt.flops_per_token(cfg, n_params) * B * c.grad_accum * T}
 
 
-def _sampling(run: dict, new_tokens: int) -> None:
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.common import parallel  # pylint: disable=g-import-not-at-top
-  from experiments.nanogpt import sampling  # pylint: disable=g-import-not-at-top
-  model = run["model"]
-  params = parallel.unreplicate(run["box"]["state"].params)
+def _torch_crop(model, params, prompt, new_tokens: int):
+  """nanoGPT's greedy `generate` (idx[:, -block_size:], last logits, argmax) in PyTorch on the same
+  weights; None without torch."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  from experiments.nanogpt.tools import torch_reference  # pylint: disable=g-import-not-at-top  (torch is optional)
+  cfg = model.config
+  ref = torch_reference.GPT(cfg.model_args())
+  sd = nanogpt_checkpoint.to_state_dict(params, cfg)
+  ref.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in sd.items()})
+  idx = torch.as_tensor(np.asarray(prompt, np.int64))
+  with torch.no_grad():
+    for _ in range(new_tokens):
+      logits = ref(idx[:, -cfg.block_size:])[:, -1, :]
+      idx = torch.cat((idx, logits.argmax(-1, keepdim=True)), dim=1)
+  return idx.numpy()
+
+
+def _sampling(run: dict, new_tokens: int, repeats: int) -> None:
+  model, params = run["model"], run["params"]
+  T = model.config.block_size
   prompt = np.zeros((1, 1), np.int32)
-  speeds = {}
-  for cache in (True, False):
-    kw = dict(temperature=0.8, top_k=200, seed=1337, kv_cache=cache)
+  crop = _torch_crop(model, params, prompt, new_tokens)
+  crop_src = "nanoGPT's generate loop in PyTorch"
+  if crop is None:
+    crop = sampling.generate(model, params, prompt, new_tokens, temperature=0.0, kv_cache=False)
+    crop_src = "podlab's exact loop without cache (torch not installed)"
+  policies = [("exact (default)", "exact", True), ("exact", "exact", False),
+              ("chunk (deviation)", "chunk", True), ("chunk (deviation)", "chunk", False)]
+  rows = []
+  for name, window, cache in policies:
+    kw = dict(temperature=0.8, top_k=200, seed=1337, kv_cache=cache, window=window)
     sampling.generate(model, params, prompt, new_tokens, **kw)        # compile
     times = []
-    for _ in range(3):
+    for _ in range(repeats):
       t = time.perf_counter()
       sampling.generate(model, params, prompt, new_tokens, **kw)
       times.append(time.perf_counter() - t)
-    speeds[cache] = float(np.median(times))
-  greedy = [sampling.generate(model, params, prompt, new_tokens, temperature=0.0,
-                              kv_cache=cache, context="chunk") for cache in (True, False)]
-  same = bool((greedy[0] == greedy[1]).all())
-  print(f"sampling ({run['name']}): {new_tokens} tokens with the KV cache "
-        f"{1000 * speeds[True]:.0f} ms ({new_tokens / speeds[True]:,.0f} tokens/s), without "
-        f"{1000 * speeds[False]:.0f} ms ({new_tokens / speeds[False]:,.0f} tokens/s): "
-        f"{speeds[False] / speeds[True]:.1f}x; greedy tokens identical: {same}", flush=True)
+    greedy = sampling.generate(model, params, prompt, new_tokens, temperature=0.0, kv_cache=cache,
+                               window=window)
+    differ = np.flatnonzero(greedy[0] != crop[0])
+    rows.append((name, cache, float(np.median(times)), bool(differ.size == 0),
+                 int(differ[0]) if differ.size else None))
+  base = rows[0][2]
+  print(f"sampling ({run['name']}): {new_tokens} tokens after a 1-token prompt, batch 1, "
+        f"temperature 0.8, top-k 200, block_size {T}; median of {repeats} after compilation; "
+        f"greedy tokens compared with {crop_src}")
+  head = (f"{'window':<18} {'KV cache':>8} {'ms':>8} {'tokens/s':>9} {'vs default':>10} "
+          f"{'= nanoGPT crop':>14} {'first differing position':>24}")
+  print(head + "\n" + "-" * len(head))
+  for name, cache, sec, same, first in rows:
+    print(f"{name:<18} {'yes' if cache else 'no':>8} {1000 * sec:8.0f} {new_tokens / sec:9,.0f} "
+          f"{sec / base:9.2f}x {str(same):>14} {'-' if first is None else first:>24}", flush=True)
 
 
 if __name__ == "__main__":
