@@ -57,10 +57,8 @@ TOKEN_SPLIT = re.compile(r"[\s=,;()\"'\[\]{}|]+")
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$")
 DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
 
-# (file, citation) pairs known to be stale: the code still cites the reference pages of the shared
-# folder (../shared/docs/*-reference.md, also as "docs/trm-reference.md") and bare "reference N"
-# section numbers, whose facts now live in docs/trm.md, docs/nanogpt.md and docs/diffucoder.md
-# (same section numbers for TRM). Empty this list after renaming them.
+# (file, citation) pairs known to be stale, while a rename is in progress (empty: every citation
+# resolves inside the repository).
 KNOWN_STALE: Set[Tuple[str, str]] = set()
 
 

@@ -1,6 +1,6 @@
 """The `python -m experiments.nanogpt.nanogpt_checkpoint` CLI: model args, parameter count and the
 val loss of a nanoGPT ckpt.pt, the loss checked against the PyTorch nanoGPT-layout model
-(experiments/nanogpt/torch_reference.py) on the same shakespeare_char windows."""
+(experiments/nanogpt/tools/torch_reference.py) on the same shakespeare_char windows."""
 import numpy as np
 import pytest
 
@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch", reason="ckpt.pt files need torch (pip insta
 
 
 def test_cli_prints_args_count_and_val_loss(shared_data_dir, tmp_path, capsys):
-  from experiments.nanogpt import torch_reference  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt.tools import torch_reference  # pylint: disable=g-import-not-at-top
   args = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65, bias=False,
               dropout=0.0)
   torch.manual_seed(0)

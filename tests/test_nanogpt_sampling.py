@@ -4,7 +4,7 @@ The model is context-sensitive on purpose: its weights are scaled x8 so that the
 depends on the exact window (the "chunk" deviation gives other tokens past the block, checked
 here). The reference is nanoGPT's `generate` loop written out: condition on the last block_size
 tokens, a full forward, the last position's logits; in NumPy on podlab's forward, and in PyTorch on
-the nanoGPT-layout model of experiments/nanogpt/torch_reference.py with the same weights.
+the nanoGPT-layout model of experiments/nanogpt/tools/torch_reference.py with the same weights.
 """
 import jax
 import jax.numpy as jnp
@@ -70,7 +70,7 @@ def test_prompt_longer_than_the_block(small_model):
 
 def test_default_equals_the_torch_nanogpt_loop(small_model):
   torch = pytest.importorskip("torch", reason="the PyTorch cross-check needs torch ('.[torch]')")
-  from experiments.nanogpt import torch_reference  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt.tools import torch_reference  # pylint: disable=g-import-not-at-top
   model, params = small_model
   cfg = model.config
   ref = torch_reference.GPT(dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
