@@ -21,7 +21,7 @@ from torch.nn import functional as F
 def _get(tensors, name, dtype):
   for prefix in ("", "transformer."):
     if prefix + name in tensors:
-      return torch.as_tensor(np.asarray(tensors[prefix + name]), dtype=dtype)
+      return torch.as_tensor(np.array(tensors[prefix + name]), dtype=dtype)
   raise KeyError(name)
 
 
