@@ -23,6 +23,7 @@ def test_recipe_is_nanogpts_finetune_shakespeare():
   assert (c.model.n_layer, c.model.n_head, c.model.n_embd, c.model.block_size) == (48, 25, 1600, 1024)
   assert (c.lr, c.decay_lr, c.max_iters, c.batch_size, c.grad_accum) == (3e-5, False, 20, 1, 32)
   assert (c.eval_interval, c.eval_iters, c.model.dropout, c.model.bias) == (5, 40, 0.0, True)
+  assert c.model.vocab_size == 50257 and finetune_shakespeare.get_config("tiny").model.vocab_size == -1
   assert (c.weight_decay, c.beta1, c.beta2, c.grad_clip) == (0.1, 0.9, 0.95, 1.0)
   assert c.dataset.name == "text_corpus" and c.dataset.builder_kwargs.level == "bpe"
   assert all(train.lr_at(i, c) == 3e-5 for i in (0, 7, 20))
@@ -106,10 +107,12 @@ def test_init_from_errors_name_the_field(tmp_path):
   with pytest.raises(config_utils.ConfigError, match=r"config.init_from=.*not a GPT-2 folder"):
     train.validate_config(c)
   c.init_from = ""
+  train.validate_config(c)                               # --dry_run needs no folder
   with pytest.raises(config_utils.ConfigError, match="tokenizer_dir.*Fix: set --config.init_from"):
-    train.validate_config(c)
+    train.check_tokenizer(c)
   c.init_from = folder
   train.validate_config(c)
+  train.check_tokenizer(c)
   model = train.model_config(c, 257)
   folder_cfg, run = train.init_from_model_config(c, model)
   assert (run.block_size, folder_cfg.block_size, run.vocab_size, run.n_embd) == (64, 128, 257, 64)

@@ -72,6 +72,7 @@ def main(argv):
     sys.exit("error: pass --config=RECIPE (with --workdir or --ckpt), or --init_from=GPT2_FOLDER")
   try:
     train.validate_config(config)
+    train.check_tokenizer(config)
     data = train.TextData(config)
     kwargs = config.dataset.builder_kwargs
     if kwargs.get("level", "") == "bpe":                          # GPT-2 BPE text (finetuning)

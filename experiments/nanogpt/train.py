@@ -98,11 +98,6 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if config.init_from and not os.path.isfile(os.path.join(config.init_from, "config.json")):
     raise E("init_from", config.init_from, "is not a GPT-2 folder (no config.json there)",
             "pass the folder holding config.json and model.safetensors (docs/gpt2.md)")
-  kwargs = config.dataset.builder_kwargs
-  if kwargs.get("level", "") == "bpe" and not kwargs.get("tokenizer_dir", ""):
-    raise E("dataset.builder_kwargs.tokenizer_dir", "", "BPE-level text needs the folder of "
-            "vocab.json + merges.txt", "set --config.init_from=FOLDER (the finetune recipes read "
-            "the tokenizer there) or --config.dataset.builder_kwargs.tokenizer_dir=FOLDER")
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> gpt.GPTConfig:
@@ -114,6 +109,16 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> gpt.GPTC
                          bias=m.bias, dtype=m.dtype, fast_grad=m.fast_grad)
   except ValueError as e:
     raise config_utils.ConfigError("model", "", str(e), "change the named model field") from None
+
+
+def check_tokenizer(config: ml_collections.ConfigDict) -> None:
+  """BPE-level text needs its tokenizer folder (before the data is read; --dry_run reads none)."""
+  kwargs = config.dataset.builder_kwargs
+  if kwargs.get("level", "") == "bpe" and not kwargs.get("tokenizer_dir", ""):
+    raise config_utils.ConfigError(
+        "dataset.builder_kwargs.tokenizer_dir", "", "BPE-level text needs the folder of "
+        "vocab.json + merges.txt", "set --config.init_from=FOLDER (the finetune recipes read the "
+        "tokenizer there) or --config.dataset.builder_kwargs.tokenizer_dir=FOLDER")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -324,12 +329,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
 
 def _train_and_evaluate(config, workdir, guard) -> Dict[str, Any]:
   validate_config(config)
+  check_tokenizer(config)
   config_utils.check_workdir(workdir)
   if config.cpu_keep_heap:
     host_malloc.keep_heap_for_cpu_backend()   # no page faults on the step's scratch (host_malloc)
   n_local, per_device = loop.check_devices(config, "batch_size")
   data = TextData(config)
   model, params, init_draws = initial_params(config, model_config(config, data.vocab_size))
+  if data.vocab_size > model.vocab_size:
+    raise config_utils.ConfigError("model.vocab_size", model.vocab_size, f"is below the dataset's "
+                                   f"{data.vocab_size} token ids", "use -1 (the dataset's)")
   gpt_model = gpt.GPTModel(model)
   tx = make_optimizer(config)
   total_steps = config.max_iters + 1

@@ -62,7 +62,8 @@ def get_config(arg=None):
   c.model.block_size = 1024 if size != "tiny" else 64
   c.model.bias = True
   c.model.dropout = 0.0
-  c.model.vocab_size = -1                        # the tokenizer's (50257), checked against the folder
+  # GPT-2's 50257 (checked against the folder and the data); tiny: -1, the dataset's.
+  c.model.vocab_size = 50257 if size != "tiny" else -1
   c.model.dtype = "bfloat16" if size != "tiny" else "float32"
   c.batch_size = 1
   c.grad_accum = 32
