@@ -41,6 +41,8 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 import ml_dtypes
 import numpy as np
 
+from experiments.common import errors
+
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 MAX_HEADER_BYTES = 100 * 1024 * 1024           # the safetensors library's own limit
@@ -55,7 +57,7 @@ DTYPES: Dict[str, np.dtype] = {
 DTYPE_NAMES: Dict[np.dtype, str] = {v: k for k, v in DTYPES.items()}
 
 
-class SafetensorsError(ValueError):
+class SafetensorsError(errors.FormatError):
   """A malformed, truncated or inconsistent safetensors file or index; the message says which."""
 
 

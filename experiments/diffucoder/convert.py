@@ -70,6 +70,7 @@ from absl import logging
 import jax
 import numpy as np
 
+from experiments.common import errors
 from experiments.common import safetensors_io as st
 from modules import dream
 
@@ -83,7 +84,7 @@ _HF_FIELDS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
               "rope_theta": "rope_theta", "rms_norm_eps": "rms_norm_eps"}
 
 
-class ConversionError(ValueError):
+class ConversionError(errors.FormatError):
   """The checkpoint does not match the config (names, shapes, dtypes) or cannot be read."""
 
 

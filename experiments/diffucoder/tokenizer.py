@@ -27,6 +27,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
+from experiments.common import errors
+
 QWEN2_SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                      r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 """The pre-tokenisation pattern of Qwen2's tokenizer (words, single digits, punctuation, spaces)."""
@@ -39,7 +41,7 @@ CHATML_TEMPLATE = ("<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{q
 PLACEHOLDER = "<|podlab_unused_{}|>"
 
 
-class TokenizerError(ValueError):
+class TokenizerError(errors.FormatError):
   """A tokenizer folder is missing files or has inconsistent added tokens (message says the fix)."""
 
 

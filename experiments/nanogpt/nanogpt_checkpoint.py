@@ -31,12 +31,13 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from experiments.common import errors
 from modules import gpt
 
 PREFIX = "_orig_mod."
 
 
-class CheckpointFormatError(ValueError):
+class CheckpointFormatError(errors.FormatError):
   """The file is not a nanoGPT checkpoint this importer understands; the message says why."""
 
 

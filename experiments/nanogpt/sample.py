@@ -1,16 +1,21 @@
-r"""Samples text from a trained GPT (nanoGPT's sample.py): a podlab workdir or a nanoGPT ckpt.pt.
+r"""Samples text from a GPT (nanoGPT's sample.py): a podlab workdir, a nanoGPT ckpt.pt or a GPT-2 folder.
 
   python -m experiments.nanogpt.sample --config=configs/shakespeare_char_cpu.py \
       --workdir=workdirs/shakespeare_char_cpu --start="ROMEO:" --num_samples=2 --max_new_tokens=500
   python -m experiments.nanogpt.sample --ckpt=out-shakespeare-char/ckpt.pt \
       --config=configs/shakespeare_char_cpu.py      # a model trained with the reference
+  python -m experiments.nanogpt.sample --init_from=/models/gpt2-xl --start="What is the answer?"
+        # nanoGPT's `sample.py --init_from=gpt2-xl`: a Hugging Face GPT-2 folder, offline
   ... --kv_cache=false       # no cache: a full forward per token (the same tokens, slower)
   ... --window=chunk         # a deviation: re-encode the last block/2 tokens past the block (faster)
 
 Defaults as nanoGPT: temperature 0.8, top-k 200, seed 1337, 10 samples of 500 tokens, start "\n",
 and nanoGPT's context (the last block_size tokens; `--window=exact`, see sampling.py).
-The vocabulary comes from the config's dataset (prepared on first use). `--start=FILE:path` reads
-the prompt from a file. Prints the wall time and tokens/s of each sample.
+The vocabulary comes from the config's dataset (prepared on first use; BPE-level text decodes with
+its tokenizer_dir's GPT-2 BPE), or with --init_from from the folder's vocab.json + merges.txt
+(experiments/nanogpt/hf_gpt2.py, input_pipeline/gpt2_bpe.py; "<|endoftext|>" in the prompt is the
+one token 50256, as nanoGPT's allowed_special). `--start=FILE:path` reads the prompt from a file.
+Prints the wall time and tokens/s of each sample.
 """
 
 from __future__ import annotations
@@ -19,18 +24,23 @@ import os
 import time
 
 from absl import flags
-import jax
 import numpy as np
 
 from experiments.common import entry
+from experiments.common import errors
 from experiments.common import trainer
+from experiments.nanogpt import hf_gpt2
 from experiments.nanogpt import nanogpt_checkpoint
 from experiments.nanogpt import sampling
 from experiments.nanogpt import train
+from input_pipeline import gpt2_bpe
 from input_pipeline import text
 from modules import gpt
 
 _CKPT = flags.DEFINE_string("ckpt", None, "A nanoGPT ckpt.pt to sample from instead of --workdir.")
+_INIT_FROM = flags.DEFINE_string(
+    "init_from", None, "A GPT-2 folder (config.json, model.safetensors, vocab.json, merges.txt) to "
+    "sample from; takes no --config.")
 _START = flags.DEFINE_string("start", "\n", "Prompt text, or FILE:path.")
 _NUM = flags.DEFINE_integer("num_samples", 10, "Samples to draw.")
 _NEW = flags.DEFINE_integer("max_new_tokens", 500, "Tokens per sample.")
@@ -45,33 +55,60 @@ _WINDOW = flags.DEFINE_enum("window", "exact", ["exact", "chunk"],
 
 def main() -> None:
   config = entry.config()
+  if _INIT_FROM.value:
+    if config is not None or _CKPT.value:
+      raise errors.ConfigError("init_from", _INIT_FROM.value, "samples from a GPT-2 folder alone",
+                               "drop --config and --ckpt (those sample from a podlab workdir or a "
+                               "nanoGPT ckpt.pt)")
+    try:
+      cfg, params = hf_gpt2.load_pretrained(_INIT_FROM.value)        # nanoGPT: dropout 0
+    except hf_gpt2.GPT2FormatError as e:
+      raise errors.FormatError(f"--init_from={_INIT_FROM.value}: {e}") from None
+    tok = gpt2_bpe.load(_INIT_FROM.value)
+    print(f"GPT-2 folder {_INIT_FROM.value}: {cfg.model_args()}")
+    _sample(gpt.GPTModel(cfg), params, lambda s: tok.encode(s, allowed_special=True), tok.decode)
+    return
+  if config is None:
+    raise errors.ConfigError("", None, "nothing to sample from",
+                             "pass --config=RECIPE (with --workdir or --ckpt), or --init_from=FOLDER")
   trainer.check_config(train.NanoGPT(), config)
   data = train.TextData(config)
+  kwargs = config.dataset.builder_kwargs
+  if kwargs.get("level", "") == "bpe":                             # GPT-2 BPE text (finetuning)
+    tok = gpt2_bpe.load(kwargs.tokenizer_dir)
+    encode, decode = (lambda s: tok.encode(s, allowed_special=True)), tok.decode
+  else:
+    encode, decode = (lambda s: text.encode(s, data.vocab)), (lambda i: text.decode(i, data.vocab))
   if _CKPT.value:
     cfg, params, meta = nanogpt_checkpoint.load(_CKPT.value)
     print(f"nanoGPT checkpoint {_CKPT.value}: {cfg.model_args()}, iter {meta['iter_num']}, best val "
           f"{meta['best_val_loss']}")
   else:
     workdir = entry.workdir()
-    cfg = train.model_config(config, data.vocab_size)
+    _, built = trainer.build(train.NanoGPT(), config, abstract=True)
     step, params = trainer.restore_params(train.NanoGPT(), config, workdir)
+    cfg = built.model_config
     print(f"podlab checkpoint {workdir} at step {step}")
-  model = gpt.GPTModel(cfg)
+  _sample(gpt.GPTModel(cfg), params, encode, decode)
+
+
+def _sample(model, params, encode, decode) -> None:
+  """nanoGPT's loop: num_samples samples of max_new_tokens from --start, printed."""
   start = _START.value
   if start.startswith("FILE:"):
     with open(start[5:], encoding="utf-8") as f:
       start = f.read()
-  prompt = np.asarray([text.encode(start, data.vocab)], np.int32)
+  prompt = np.asarray([encode(start)], np.int32)
   for i in range(_NUM.value):
     t = time.perf_counter()
     out = sampling.generate(model, params, prompt, _NEW.value, temperature=_TEMP.value,
                             top_k=_TOPK.value or None, seed=_SEED.value + i, kv_cache=_CACHE.value,
                             window=_WINDOW.value)
     took = time.perf_counter() - t
-    print(text.decode(out[0], data.vocab))
+    print(decode(out[0]))
     print(f"---------------  ({_NEW.value} tokens in {took:.2f} s, {_NEW.value / took:,.0f} "
           "tokens/s, first sample includes compilation)", flush=True)
 
 
 if __name__ == "__main__":
-  entry.run_program(os.path.dirname(os.path.abspath(__file__)), main)
+  entry.run_program(os.path.dirname(os.path.abspath(__file__)), main, required=())

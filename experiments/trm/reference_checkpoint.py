@@ -90,6 +90,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from experiments.common import errors
 from modules import layers
 from modules import trm
 from modules.trm import ACTCarry, TRMConfig, initial_carry
@@ -128,7 +129,7 @@ NOT_INFERABLE = ("H_cycles", "L_cycles", "halt_max_steps", "num_heads", "halt_ex
                  "forward_dtype", "rms_norm_eps", "rope_theta", "remat")
 
 
-class ReferenceCheckpointError(ValueError):
+class ReferenceCheckpointError(errors.FormatError):
   """A state_dict does not match a TRMConfig (or podlab trees do not); the message lists every
   missing/unexpected/mis-shaped key and the likely config fix."""
 

@@ -3,20 +3,29 @@
 `shakespeare_char` is nanoGPT's data/shakespeare_char/prepare.py: input.txt (Tiny Shakespeare) from
 the manual dir, the 65 sorted distinct characters as the vocabulary, the first 90% train
 (1,003,854 ids), the last 10% validation (111,540). `text_corpus` does the same for a user's own
-UTF-8 file, at character level (the vocabulary from the file) or byte level (256 ids).
+UTF-8 file, at character level (the vocabulary from the file) or byte level (256 ids), or at GPT-2
+BPE level: nanoGPT's data/shakespeare/prepare.py, the first 90% of the characters and the last 10%
+encoded separately with the byte-level BPE of `tokenizer_dir` (a GPT-2 folder's vocab.json +
+merges.txt, input_pipeline/gpt2_bpe.py; "<|endoftext|>" in the text is ordinary text, as tiktoken's
+encode_ordinary), stored as uint16 ids (GPT-2's vocabulary: 301,966 train and 36,059 val ids of
+Tiny Shakespeare, nanoGPT's numbers).
 
 Each split is stored as ordered chunks of at most 2^20 ids (`tokens` int32 [n], `index` = chunk
 number); `load_tokens` concatenates them. The vocabulary (char level) is in the dataset's metadata
 (`vocab`, a string: id i = vocab[i]), so sampling decodes without the text file.
 
-Knobs (`text_corpus`): file (name inside the manual dir, default input.txt), level ("char" | "byte"),
-val_fraction (0.1). Config names: `<level>_<file stem>_v<val %>`.
+Knobs (`text_corpus`): file (name inside the manual dir, default input.txt), level ("char" | "byte" |
+"bpe"), val_fraction (0.1), tokenizer_dir (level "bpe" only). Config names:
+`<level>_<file stem>_v<val %>`, plus `_<8 hex digits of the tokenizer files' sha256>` for "bpe".
 
 Synopsis:
   python -m input_pipeline.prepare --dataset=shakespeare_char --data_dir=data/tfds \
       --manual_dir=../shared/data/tinyshakespeare
   python -m input_pipeline.prepare --dataset=text_corpus --data_dir=data/tfds \
       --manual_dir=/my/texts --builder_kwargs='{"file": "corpus.txt", "level": "byte"}'
+  python -m input_pipeline.prepare --dataset=text_corpus --data_dir=data/tfds \
+      --manual_dir=../shared/data/tinyshakespeare \
+      --builder_kwargs='{"level": "bpe", "tokenizer_dir": "/models/gpt2"}'
 
   from input_pipeline.datasets import text_corpus
   builder = text_corpus.ShakespeareChar(data_dir="data/tfds")
@@ -33,6 +42,7 @@ from typing import Optional
 import numpy as np
 import tensorflow_datasets as tfds
 
+from input_pipeline import gpt2_bpe
 from input_pipeline import text
 from input_pipeline.datasets import base
 
@@ -45,16 +55,28 @@ METADATA: dict = {"kind": "text", "seq_len": 0, "vocab_size": 0, "num_puzzle_ide
 
 @dataclasses.dataclass(eq=False)
 class TextCorpusConfig(tfds.core.BuilderConfig):
-  """Which file of the manual dir, character or byte level, and the validation fraction."""
+  """Which file of the manual dir, character, byte or GPT-2 BPE level, the validation fraction and
+  (BPE) the folder with vocab.json + merges.txt."""
   file: str = "input.txt"
   level: str = "char"
   val_fraction: float = 0.1
+  tokenizer_dir: str = ""
 
 
-def make_config(file: str = "input.txt", level: str = "char",
-                val_fraction: float = 0.1) -> TextCorpusConfig:
-  if level not in ("char", "byte"):
-    raise ValueError(f"level={level!r}: must be 'char' or 'byte'")
+LEVELS = ("char", "byte", "bpe")
+UINT16_IDS = 1 << 16
+
+
+def make_config(file: str = "input.txt", level: str = "char", val_fraction: float = 0.1,
+                tokenizer_dir: str = "") -> TextCorpusConfig:
+  if level not in LEVELS:
+    raise ValueError(f"level={level!r}: must be 'char', 'byte' or 'bpe'")
+  if level == "bpe" and not tokenizer_dir:
+    raise ValueError("level='bpe' needs tokenizer_dir: the GPT-2 folder with vocab.json and "
+                     "merges.txt (the finetune recipes take it from --config.init_from)")
+  if level != "bpe" and tokenizer_dir:
+    raise ValueError(f"tokenizer_dir={tokenizer_dir!r} is only for level='bpe' (level={level!r}); "
+                     "drop it or use level='bpe'")
   if not 0.0 < float(val_fraction) < 1.0:
     raise ValueError(f"val_fraction={val_fraction}: must be in (0, 1); use 0.1")
   if os.path.basename(file) != file or not file:
@@ -63,9 +85,14 @@ def make_config(file: str = "input.txt", level: str = "char",
     if (c.file, c.level, c.val_fraction) == (file, level, float(val_fraction)):
       return c
   stem = "".join(ch if ch.isalnum() else "_" for ch in os.path.splitext(file)[0])
-  return TextCorpusConfig(name=f"{level}_{stem}_v{round(100 * float(val_fraction), 3):g}",
-                          version=_VERSION, file=file, level=level,
-                          val_fraction=float(val_fraction),
+  name = f"{level}_{stem}_v{round(100 * float(val_fraction), 3):g}"
+  if level == "bpe":
+    try:
+      name += "_" + gpt2_bpe.file_digest(tokenizer_dir)[:8]
+    except gpt2_bpe.TokenizerError as e:
+      raise FileNotFoundError(f"tokenizer_dir: {e}") from None
+  return TextCorpusConfig(name=name, version=_VERSION, file=file, level=level,
+                          val_fraction=float(val_fraction), tokenizer_dir=str(tokenizer_dir),
                           description=f"{file}, {level} level, last {val_fraction:.0%} validation")
 
 
@@ -73,9 +100,11 @@ _PRESETS = [TextCorpusConfig(name="char_input_v10", version=_VERSION, file="inpu
                              val_fraction=0.1, description="input.txt, char level, last 10% val")]
 
 
-def _features() -> tfds.features.FeaturesDict:
+def _features(level: str = "char") -> tfds.features.FeaturesDict:
+  """int32 ids; uint16 at BPE level (nanoGPT's train.bin / val.bin dtype)."""
   return tfds.features.FeaturesDict({
-      "tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "tokens": tfds.features.Tensor(shape=(None,),
+                                     dtype=np.uint16 if level == "bpe" else np.int32),
       "index": np.int64,
   })
 
@@ -90,7 +119,8 @@ class TextCorpus(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
-        description=__doc__.split("\n\n")[0], features=_features(), disable_shuffling=True,
+        description=__doc__.split("\n\n")[0], features=_features(self.builder_config.level),
+        disable_shuffling=True,
         metadata=tfds.core.MetadataDict())
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
@@ -101,18 +131,40 @@ class TextCorpus(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
                               f"{c.file}>")
     with open(path, "r", encoding="utf-8") as f:
       data = f.read()
-    vocab = text.char_vocab(data) if c.level == "char" else None
-    ids = text.encode(data, vocab)
-    train, val = text.split_ids(ids, c.val_fraction)
+    if c.level == "bpe":
+      train, val, vocab_size = _bpe_split(data, c)
+      vocab = None
+    else:
+      vocab = text.char_vocab(data) if c.level == "char" else None
+      ids = text.encode(data, vocab)
+      train, val = text.split_ids(ids, c.val_fraction)
+      vocab_size = len(vocab) if vocab is not None else 256
     self.info.metadata["vocab"] = vocab if vocab is not None else ""
-    self.info.metadata["vocab_size"] = len(vocab) if vocab is not None else 256
+    self.info.metadata["vocab_size"] = vocab_size
     self.info.metadata["level"] = c.level
     self.info.metadata["num_tokens"] = {"train": int(len(train)), "val": int(len(val))}
     return {"train": self._generate_examples(train), "val": self._generate_examples(val)}
 
   def _generate_examples(self, ids: np.ndarray):
+    dtype = np.uint16 if self.builder_config.level == "bpe" else np.int32
     for i, start in enumerate(range(0, max(len(ids), 1), CHUNK)):
-      yield i, {"tokens": ids[start:start + CHUNK].astype(np.int32), "index": i}
+      yield i, {"tokens": ids[start:start + CHUNK].astype(dtype), "index": i}
+
+
+def _bpe_split(data: str, c: TextCorpusConfig):
+  """nanoGPT's data/shakespeare/prepare.py: characters [0, int(n * 0.9)) train, the rest val, each
+  encoded on its own (encode_ordinary), uint16. Returns (train, val, vocab_size)."""
+  try:
+    tok = gpt2_bpe.load(c.tokenizer_dir)
+  except gpt2_bpe.TokenizerError as e:
+    raise FileNotFoundError(f"tokenizer_dir: {e}") from None
+  if tok.vocab_size > UINT16_IDS:
+    raise ValueError(f"tokenizer_dir={c.tokenizer_dir!r}: {tok.vocab_size} ids do not fit uint16 "
+                     "(nanoGPT's BPE data format); use a vocabulary of at most 65,536 ids")
+  cut = int(len(data) * (1.0 - c.val_fraction))
+  train = np.asarray(tok.encode(data[:cut]), np.uint16)
+  val = np.asarray(tok.encode(data[cut:]), np.uint16)
+  return train, val, tok.vocab_size
 
 
 class ShakespeareChar(TextCorpus):
