@@ -383,7 +383,13 @@ class NanoGPT(experiment.Experiment):
     if abstract:
       data = None
       vocab_size = (config.model.vocab_size if config.model.vocab_size > 0 else
-                    int(datasets.get_metadata(config.dataset.name)["vocab_size"]))
+                    int(datasets.get_metadata(config.dataset.name)["vocab_size"] or 0))
+      if vocab_size <= 0 and is_gpt2_folder(config.init_from):
+        vocab_size = int(hf_gpt2.read_hf_config(config.init_from)["vocab_size"])
+      if vocab_size <= 0:
+        raise errors.ConfigError("model.vocab_size", config.model.vocab_size,
+                                 f"the vocabulary of {config.dataset.name} is known only once it "
+                                 "is prepared", "set --config.model.vocab_size (or prepare it)")
     else:
       data = TextData(config)
       vocab_size = data.vocab_size
