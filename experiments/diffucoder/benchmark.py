@@ -56,6 +56,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 from absl import app
 from absl import flags
 
+from experiments.common import errors
+
 
 def _define_flags() -> None:
   """The CLI flags, defined only when this module runs as the program (`__main__`), so that
@@ -324,7 +326,7 @@ def dry_run_child(n: int) -> Dict[str, Any]:
   if jax.local_device_count() != n:
     raise RuntimeError(f"expected {n} devices, got {jax.local_device_count()}")
   if _GLOBAL_BATCH.value % n:
-    raise ValueError(f"--global_batch={_GLOBAL_BATCH.value} is not divisible by {n} devices. "
+    raise errors.BadInput(f"--global_batch={_GLOBAL_BATCH.value} is not divisible by {n} devices. "
                      f"Fix: use a multiple of {n}")
   config = dream.DIFFUCODER_7B
   b = _GLOBAL_BATCH.value // n

@@ -40,19 +40,25 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from absl import app
 from absl import flags
-from absl import logging
+import jax
+from jax.experimental import multihost_utils
 import ml_collections
-from ml_collections import config_flags
+import numpy as np
+from tqdm import tqdm
 
 from experiments.common import config_utils
-from experiments.common import distributed
+from experiments.common import entry
+from experiments.common import errors
+from experiments.common import parallel
+from experiments.diffucoder import convert
+from experiments.diffucoder import sampling
+from experiments.diffucoder import tokenizer as tokenizer_lib
+from experiments.diffucoder.configs import common
+from modules import dream
 
 EXPERIMENT_DIR = os.path.dirname(os.path.abspath(__file__))
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (path[:arg]).",
-                                          lock_config=True)
 _PROMPT = flags.DEFINE_multi_string("prompt", [], "A prompt (repeat the flag for several).")
 _PROMPTS_JSONL = flags.DEFINE_string("prompts_jsonl", None,
                                      'JSONL file of {"prompt": ..., "id": ...} objects.')
@@ -61,15 +67,10 @@ _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar (process 0)
 _WRITE_TINY_TOKENIZER = flags.DEFINE_bool(
     "write_tiny_tokenizer", False,
     "Write the tiny config's byte-level tokenizer into the tokenizer folder first (demos).")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
-                                   "host:port of process 0 for multi-process runs off TPU.")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (off TPU).")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (off TPU).")
 
 
 def sampler_options(config: ml_collections.ConfigDict):
   """config.generate -> sampling.SamplerOptions (validated; errors name the field)."""
-  from experiments.diffucoder import sampling  # pylint: disable=g-import-not-at-top
   g = config.generate
   opts = sampling.SamplerOptions(
       steps=int(g.steps), alg=str(g.alg), temperature=float(g.temperature),
@@ -85,7 +86,6 @@ def sampler_options(config: ml_collections.ConfigDict):
 def model_forward(model_config):
   """The sampler's forward(params, tokens, valid, positions, context=None, return_kv=False) for a
   modules.dream.DreamConfig."""
-  from modules import dream  # pylint: disable=g-import-not-at-top
   model = dream.dream_forward(model_config)
 
   def forward(params, tokens, valid, positions, context=None, return_kv=False):
@@ -104,13 +104,13 @@ def read_prompts(prompts: Sequence[str], jsonl: Optional[str]) -> List[Dict[str,
         try:
           obj = json.loads(line)
         except json.JSONDecodeError as e:
-          raise ValueError(f"{jsonl}:{n}: not JSON ({e}). Fix: one JSON object per line") from None
+          raise errors.BadInput(f"{jsonl}:{n}: not JSON ({e}). Fix: one JSON object per line") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-          raise ValueError(f'{jsonl}:{n}: needs a string "prompt" field, got {line.strip()[:80]!r}. '
+          raise errors.BadInput(f'{jsonl}:{n}: needs a string "prompt" field, got {line.strip()[:80]!r}. '
                            'Fix: write {"prompt": "..."} per line')
         out.append({"id": obj.get("id", len(out)), "prompt": obj["prompt"]})
   if not out:
-    raise ValueError("no prompts. Fix: pass --prompt=... (repeatable) or --prompts_jsonl=FILE")
+    raise errors.BadInput("no prompts. Fix: pass --prompt=... (repeatable) or --prompts_jsonl=FILE")
   return out
 
 
@@ -141,12 +141,6 @@ def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, par
   params / tok: already loaded parameters and tokenizer (tests); else from config.checkpoint and
   config.tokenizer_dir (or the checkpoint folder).
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.common import parallel  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder import sampling  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder.configs import common  # pylint: disable=g-import-not-at-top
 
   opts = sampler_options(config)
   g = config.generate
@@ -168,7 +162,6 @@ def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, par
     if not config.checkpoint:
       raise config_utils.ConfigError("checkpoint", config.checkpoint, "no checkpoint",
                                      "pass --config.checkpoint=<Hugging Face or converted folder>")
-    from experiments.diffucoder import convert  # pylint: disable=g-import-not-at-top
     params = convert.load_checkpoint(config.checkpoint, model_config)
 
   texts = [tokenizer_lib.chat_prompt(p["prompt"]) if config.chat_template else p["prompt"]
@@ -176,7 +169,7 @@ def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, par
   ids = [tok.encode(t) for t in texts]
   for p, i in zip(prompts, ids):
     if not i:
-      raise ValueError(f"prompt {p['id']!r} is empty after tokenisation. Fix: give some text")
+      raise errors.BadInput(f"prompt {p['id']!r} is empty after tokenisation. Fix: give some text")
   data_parallel = jax.device_count() > 1
   n_local = jax.local_device_count()
   per_device = int(g.get("batch_size", 1))
@@ -193,7 +186,6 @@ def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, par
   per_batch = opts.steps if opts.block_length == 0 else max_new // opts.block_length
   bar = None
   if progress and jax.process_index() == 0:
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     unit = "step" if opts.block_length == 0 else "block"
     bar = tqdm(total=per_batch * len(plan), unit=unit, desc=f"{len(prompts)} prompts",
                file=sys.stderr)
@@ -210,7 +202,6 @@ def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, par
                           progress=bar.update if bar is not None else None)
     tokens = out.tokens
     if jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       tokens = np.asarray(multihost_utils.process_allgather(tokens)).reshape(-1, tokens.shape[1])
     new_tokens = len(chunk) * max_new
     for row, i in enumerate(chunk):
@@ -231,9 +222,6 @@ def write_tiny_tokenizer(config: ml_collections.ConfigDict) -> str:
   """--write_tiny_tokenizer: the tiny config's byte-level tokenizer, written into config.tokenizer_dir
   (or the checkpoint folder) only after the checkpoint passes the size checks against config.model
   (no weight is read) and the tokenizer's ids fit config.model.vocab_size. Returns the folder."""
-  from experiments.diffucoder import convert  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder.configs import common  # pylint: disable=g-import-not-at-top
   model_config = common.dream_config(config)
   if not config.checkpoint:
     raise config_utils.ConfigError("checkpoint", config.checkpoint, "no checkpoint",
@@ -254,37 +242,24 @@ def write_tiny_tokenizer(config: ml_collections.ConfigDict) -> str:
   return folder
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  import jax  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder import convert  # pylint: disable=g-import-not-at-top
-  config = _CONFIG.value
-  with distributed.fail_fast():
-    try:
-      if _WRITE_TINY_TOKENIZER.value:
-        write_tiny_tokenizer(config)
-      prompts = read_prompts(_PROMPT.value, _PROMPTS_JSONL.value)
-      t0 = time.perf_counter()
-      records = run(config, prompts, progress=_PROGRESS.value)
-      seconds = time.perf_counter() - t0
-    except (config_utils.ConfigError, ValueError, FileNotFoundError, convert.ConversionError) as e:
-      logging.error("%s", e)
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(2)
-    if jax.process_index() == 0:
-      lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-      if _OUTPUT.value:
-        with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-          f.write(lines)
-        print(f"wrote {len(records)} completions to {_OUTPUT.value} in {seconds:.1f} s "
-              "(including compilation)", file=sys.stderr)
-      else:
-        sys.stdout.write(lines)
-  distributed.finalize()
+def main() -> None:
+  config = entry.config()
+  if _WRITE_TINY_TOKENIZER.value:
+    write_tiny_tokenizer(config)
+  prompts = read_prompts(_PROMPT.value, _PROMPTS_JSONL.value)
+  t0 = time.perf_counter()
+  records = run(config, prompts, progress=_PROGRESS.value)
+  seconds = time.perf_counter() - t0
+  if jax.process_index() == 0:
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if _OUTPUT.value:
+      with open(_OUTPUT.value, "w", encoding="utf-8") as f:
+        f.write(lines)
+      print(f"wrote {len(records)} completions to {_OUTPUT.value} in {seconds:.1f} s "
+            "(including compilation)", file=sys.stderr)
+    else:
+      sys.stdout.write(lines)
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config"])
-  app.run(main, argv=config_utils.resolve_config_argv(sys.argv, EXPERIMENT_DIR))
+  entry.run_program(EXPERIMENT_DIR, main)

@@ -71,6 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.common import config_utils
+from experiments.common import errors
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 CACHES = ("none", "prefix", "dual")
@@ -320,7 +321,7 @@ def sample_tokens(key: jax.Array, logits: jax.Array, *, temperature: float = 0.0
   elif alg == "entropy":
     confidence = jnp.sum(probs * jnp.log(probs + ENTROPY_EPS), axis=-1)
   else:
-    raise ValueError(f"alg={alg!r}: unknown. Fix: use one of {', '.join(ALGS)}")
+    raise errors.BadInput(f"alg={alg!r}: unknown. Fix: use one of {', '.join(ALGS)}")
   return confidence, tokens, p_chosen
 
 
@@ -398,7 +399,7 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
   longest = max(len(r) for r in rows)
   length = longest if length is None else length
   if length < longest:
-    raise ValueError(f"length={length} is shorter than the longest prompt ({longest} tokens). "
+    raise errors.BadInput(f"length={length} is shorter than the longest prompt ({longest} tokens). "
                      "Fix: pass length >= the longest prompt.")
   tokens = np.full((len(rows), length), pad_id, np.int32)
   valid = np.zeros((len(rows), length), bool)
@@ -668,7 +669,7 @@ class Runner:
       return jnp.asarray(x)
     n = jax.local_device_count()
     if x.shape[0] % n:
-      raise ValueError(f"batch of {x.shape[0]} rows is not a multiple of the {n} local devices. "
+      raise errors.BadInput(f"batch of {x.shape[0]} rows is not a multiple of the {n} local devices. "
                        f"Fix: pad the batch to a multiple of {n} (generate.py does).")
     return np.asarray(x).reshape((n, x.shape[0] // n) + x.shape[1:])
 
@@ -709,7 +710,7 @@ class Runner:
       ratios = jnp.asarray(transfer_ratios(spb, opts.eps))
       make_block = fast_dllm_block_fn if fast else block_fn
       if start < 1 and opts.cache != "none":
-        raise ValueError("block-wise KV caching needs a prompt of at least one token. "
+        raise errors.BadInput("block-wise KV caching needs a prompt of at least one token. "
                          "Fix: give a non-empty prompt or use cache='none'.")
       for blk in range(num_blocks):
         # Prefix windows shrink block by block (one compile per block); the others share one shape.
