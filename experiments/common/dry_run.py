@@ -11,15 +11,30 @@ guard, donation, replicated state) and the experiment's evaluation steps.
 Targets:
   cpu      this machine with the pod host's device count (config.devices_per_host) as fake CPU
            devices: one host's program, XLA:CPU's memory estimate (a TPU's differs).
+  v4-64 ...  a gcloud accelerator type (experiments/common/tpu.py: v2-8 ... v6e-256): the programs
+           compiled by the TPU compiler (libtpu, the `tpu` extra) for the whole slice, every host's
+           devices, on this CPU machine. One table (tpu.format_report): per-device HBM against
+           the chip's, compile time, the compiler's and the analytic FLOPs, the cost model's and
+           the roofline step time, predicted examples/s (tokens/s) and MFU, and the chip-hours of
+           the run's updates. COMPILER ESTIMATES, not measurements.
+
+A training step that does not fit exits with one line naming the chip, its HBM and the need, after
+trying the experiment's fixes (`Experiment.fit_variants`: remat, bfloat16, ...) and half the
+per-device batch, listing the ones that fit with the flags to copy. `--search_batch` finds the
+largest per-device batch that fits and its predicted speed (a deviation from the recipe's batch).
+
+The programs are built for the TARGET platform: CPU-only code paths (layout.cpu_tuning) are off
+for a TPU target whatever the host's backend is.
 
 Errors (a batch that does not divide, an unknown target) are one line naming the field and the fix.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +44,7 @@ from experiments.common import errors
 from experiments.common import experiment as experiment_lib
 from experiments.common import layout as layout_lib
 from experiments.common import parallel
+from experiments.common import tpu
 from experiments.common import trainer
 
 GIB = 2.0 ** 30
@@ -114,6 +130,134 @@ def _cpu_report(experiment: experiment_lib.Experiment, config: ml_collections.Co
   return f"Dry run of {name} (target cpu):\n" + "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
+# --------------------------------------------------------------------------------------------------
+# TPU targets.
+
+def tpu_layout(config: ml_collections.ConfigDict, target: tpu.Target) -> layout_lib.BatchLayout:
+  """The batch layout of `config` on a TPU slice (every figure checked against the slice)."""
+  if config.num_devices > 0 and config.num_devices != target.num_devices:
+    raise errors.ConfigError(
+        "num_devices", config.num_devices,
+        f"the config is written for {config.num_devices} devices but {target.name} has "
+        f"{target.num_devices} ({target.hosts} hosts x {target.devices_per_host})",
+        f"pass --config.num_devices={target.num_devices} (and a global_batch_size it divides), or "
+        f"the --target with {config.num_devices} devices")
+  if config.global_batch_size % target.num_devices:
+    n = target.num_devices
+    raise errors.ConfigError(
+        "global_batch_size", config.global_batch_size,
+        f"not divisible by the {n} devices of {target.name} ({target.hosts} hosts x "
+        f"{target.devices_per_host})",
+        f"use a multiple of {n}, e.g. --config.global_batch_size="
+        f"{max(n, config.global_batch_size // n * n)}")
+  return layout_lib.batch_layout(config, devices=target.num_devices,
+                                 devices_per_host=target.devices_per_host, process_index=0,
+                                 platform="tpu", check_num_devices=False)
+
+
+def _per_device(p: experiment_lib.Program) -> tuple:
+  """The program's arguments without their leading (local) device axis (tpu.lower_pmap adds the
+  slice's)."""
+  strip = lambda s: jax.ShapeDtypeStruct(tuple(s.shape[1:]), s.dtype)  # noqa: E731
+  return tuple(a if i in p.replicated_in else jax.tree.map(strip, a) for i, a in enumerate(p.args))
+
+
+def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict,
+                    target: tpu.Target, *, only: Optional[Sequence[str]] = None
+                    ) -> Tuple[List[tpu.Report], int]:
+  """(the reports of the config's programs (or `only` those) compiled for `target`, the run's
+  updates)."""
+  trainer.check_config(experiment, config)
+  layout = tpu_layout(config, target)
+  b = experiment.build(config, layout, abstract=True)
+  reports = []
+  for pname, p in programs(b, config, layout).items():
+    if only is not None and pname not in only:
+      continue
+    lowered = tpu.lower_pmap(p.fn, target, _per_device(p), replicated_in=p.replicated_in,
+                             out_axes=p.out_axes, donate_argnums=p.donate_argnums)
+    reports.append(tpu.compile_report(
+        lowered, target=target, name=pname,
+        analytic_flops_per_device=p.flops / target.num_devices if p.flops else None,
+        items_per_step=p.items or None, item_name=b.item_name))
+  return reports, int(b.total_steps)
+
+
+def _with(config: ml_collections.ConfigDict, apply) -> ml_collections.ConfigDict:
+  c = copy.deepcopy(config)
+  with c.unlocked():
+    apply(c)
+  return c
+
+
+def _fixes(experiment, config, target: tpu.Target):
+  """(label, flags, compile_fn) variants tried when the training step does not fit."""
+  out = []
+  for label, flags, apply in experiment.fit_variants(config):
+    c = _with(config, apply)
+    out.append((label, flags, lambda c=c: compile_for_tpu(experiment, c, target,
+                                                          only=("train_step",))[0][0]))
+  per_device = config.global_batch_size // target.num_devices
+  if per_device > 1:
+    half = per_device // 2 * target.num_devices
+    c = _with(config, lambda c: setattr(c, "global_batch_size", half))
+    out.append((f"half the per-device batch ({per_device // 2}; a deviation from the recipe)",
+                f"--config.global_batch_size={half}",
+                lambda c=c: compile_for_tpu(experiment, c, target, only=("train_step",))[0][0]))
+  return out
+
+
+def _chip_hours(report: tpu.Report, target: tpu.Target, steps: int) -> str:
+  if not steps or report.step_s is None:
+    return ""
+  hours = report.chip_hours(steps)
+  return (f"The run's {steps:,} updates at the predicted {report.step_s * 1e3:.1f} ms per step: "
+          f"{steps * report.step_s / 3600:.1f} h on {target.name}, {hours:,.0f} chip-hours "
+          f"({report.step_basis}; an estimate, not a measurement).")
+
+
+def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -> str:
+  target = tpu.parse_target(target_name)
+  tpu.load_libtpu()
+  reports, steps = compile_for_tpu(experiment, config, target)
+  text = [f"Dry run of {name} for {target.name}:", tpu.format_report(reports)]
+  hours = _chip_hours(reports[0], target, steps)
+  if hours:
+    text.append(hours)
+  if search:
+    per_device = config.global_batch_size // target.num_devices
+
+    def compile_at(b: int) -> tpu.Report:
+      c = _with(config, lambda c: setattr(c, "global_batch_size", b * target.num_devices))
+      return compile_for_tpu(experiment, c, target, only=("train_step",))[0][0]
+    found = tpu.search_batch(compile_at, 1, max(per_device * 64, 64))
+    if found.batch is None:
+      text.append("--search_batch: not even a per-device batch of 1 fits.")
+    else:
+      r = found.report
+      speed = (f", {r.items_per_s:,.0f} {r.item_name}/s" if r.items_per_s else "")
+      mfu = f", MFU {'<=' if r.step_basis == 'roofline' else ''}{100 * r.mfu:.0f}%" if r.mfu else ""
+      base = reports[0]
+      base_speed = (f" ({base.items_per_s:,.0f} {base.item_name}/s at the recipe's {per_device})"
+                    if base.items_per_s else "")
+      text.append(
+          f"--search_batch: the largest per-device batch that fits {target.name} is {found.batch} "
+          f"({r.need_bytes / tpu.GIB:.2f} of {target.usable_hbm_bytes_per_device / tpu.GIB:.2f} "
+          f"GiB){speed}{mfu}{base_speed}: --config.global_batch_size="
+          f"{found.batch * target.num_devices}. A batch other than the recipe's is a deviation: "
+          "its published results were measured at the recipe's batch. "
+          f"({len(found.tried)} compiles)")
+  train = reports[0]
+  if not train.fits:
+    fixed, tried = tpu.first_fitting(_fixes(experiment, config, target))
+    text.append("Tried to make train_step fit:\n" + tpu.format_variants(tried))
+    print("\n".join(text), flush=True)
+    fix = (f"{fixed.label}: {fixed.flags}" if fixed is not None else
+           "a larger slice (--target), or a smaller model; none of the tried variants fits")
+    raise errors.BadInput(f"{tpu.does_not_fit_message(train)}. Fix: {fix}")
+  return "\n".join(text)
+
+
 def run(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict, *,
         target: Optional[str] = None, search_batch: bool = False, name: str = "config") -> str:
   """Compiles the config's programs for the target; returns the report (see the module doc)."""
@@ -123,5 +267,4 @@ def run(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict
       raise errors.ConfigError("target", target, "--search_batch needs a TPU target",
                                "pass --target=v4-8 (or the pod's accelerator type)")
     return _cpu_report(experiment, config, name)
-  raise errors.ConfigError("target", target, "TPU targets need the TPU compiler tooling",
-                           "pass --target=cpu")
+  return _tpu_report(experiment, config, target, search_batch, name)

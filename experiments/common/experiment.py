@@ -164,6 +164,14 @@ class Experiment:
             abstract: bool = False) -> Build:
     raise NotImplementedError(f"{type(self).__name__} must define build()")
 
+  def fit_variants(self, config: ml_collections.ConfigDict
+                   ) -> Sequence[Tuple[str, str, Callable[[ml_collections.ConfigDict], None]]]:
+    """Ways to make the training step fit a TPU's HBM, tried by `--dry_run` in order when the
+    config does not fit: (label, the flags a user copies, a function applying them to a config).
+    The dry run adds halving the per-device batch after these."""
+    del config
+    return ()
+
   def load_init(self, path: str, build: Build, config: ml_collections.ConfigDict) -> Params:
     """The model weights in `path` when it is a checkpoint of another program's format.
 

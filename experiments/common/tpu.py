@@ -60,13 +60,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import jax
 from jax.experimental import topologies
 
+from experiments.common import errors
 from experiments.common import parallel
 
 GIB = 2 ** 30
 INSTALL_HINT = "pip install -e '.[tpu]'"
 
 
-class TpuError(ValueError):
+class TpuError(errors.BadInput):
   """A TPU-compile problem; the message is one line that names the fix (the CLI exits 2 on it)."""
 
 
