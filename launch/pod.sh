@@ -183,6 +183,8 @@ done
   || die "--max-relaunches '$max_relaunches' is not a count (flag --max-relaunches or PODLAB_MAX_RELAUNCHES)"
 [[ "$module" =~ ^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$ ]] \
   || die "--module '$module' is not a Python module name like experiments.trm.main"
+[[ -z "$python" || "$python" == /* ]] \
+  || die "--python '$python' is not an absolute path: it names an interpreter on the workers, e.g. /usr/bin/python3.11"
 
 have_gcloud() { command -v "$GCLOUD" >/dev/null 2>&1; }
 require_gcloud() {
@@ -400,6 +402,7 @@ print_status() {  # the table of query_status' answers
       continue
     fi
     case "${st_state[w]}" in running) alive=yes ;; none) alive=- ;; *) alive=no ;; esac
+    [[ "${st_state[w]}" == none ]] && st_last[w]="(no podlab run recorded on this worker)"
     rc="${st_rc[w]}"
     [[ "${st_state[w]}" == lost ]] && rc="lost"
     [[ "${st_stopped[w]}" == 1 ]] && rc+=" (stop)"
@@ -667,7 +670,7 @@ gs://B/podlab/... workdir and data dir, or give both --workdir and --data_dir"
   if (( dry_run )); then
     echo "# launch/pod.sh --dry-run: the commands it would run (TensorBoard: tensorboard --logdir $workdir)"
     show "$GCLOUD" compute tpus tpu-vm describe "$name" "${tpu_args[@]}" --format="$FORMAT"
-    echo "(cd $(q "$REPO") && git ls-files -z -co --exclude-standard | <files that exist> | tar --null -T - -czf $(q "$log_dir/podlab-code.tgz"))"
+    echo "# packs the files of \`cd $(q "$REPO") && git ls-files -z -co --exclude-standard\` that exist into $(q "$log_dir/podlab-code.tgz") (tar --null -T - -czf)"
     show "$GCLOUD" compute tpus tpu-vm scp "$log_dir/podlab-code.tgz" "$name:podlab-code.tgz" \
       --worker=all "${conn_args[@]}" "${scp_args[@]}"
     show "$GCLOUD" compute tpus tpu-vm ssh "$name" --worker=all "${conn_args[@]}" "${ssh_args[@]}" --command="$prepare_cmd"

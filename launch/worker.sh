@@ -6,7 +6,7 @@
 #
 #   launch/worker.sh setup [--python PATH] [--venv DIR] [--jax tpu|cpu]
 #       Idempotent. Without --python: create DIR (default ~/podlab-venv) with Python 3.11 and install
-#       the pinned stack (constraints.txt; on TPU also libtpu at the version jax[tpu] pins) unless
+#       the pinned stack (constraints.txt; on TPU jax[tpu], so libtpu at the version jax pins) unless
 #       DIR's stamp says it is current. Python 3.11 missing (Ubuntu 22.04 TPU images ship 3.10):
 #       `apt-get install python3.11 python3.11-venv` from Ubuntu's own archive, after waiting for the
 #       dpkg lock. With --python: use that interpreter as is, only check the pinned versions.
@@ -276,19 +276,20 @@ has it (e.g. tpu-ubuntu2204-base plus python3.11), or pass --python with a 3.11 
   [[ -x "$venv/bin/python" ]] || "$base" -m venv "$venv" || die "could not create the venv $venv"
   local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
   "${pip[@]}" -U pip || die "pip upgrade failed in $venv"
-  local project="$REPO"
-  # A `tpu` extra in pyproject.toml (jax[tpu] and its libtpu), when the project declares one.
-  if [[ "$jax" == tpu ]] && grep -qE '^[[:space:]]*tpu[[:space:]]*=' "$REPO/pyproject.toml"; then
-    project="$REPO[tpu]"
-  fi
-  "${pip[@]}" -c "$REPO/constraints.txt" -e "$project" || die "installing the pinned stack failed"
   if [[ "$jax" == tpu ]]; then
-    # libtpu exactly as the installed jax pins it for jax[tpu] (read from jax's own metadata).
-    local spec
-    spec="$(tpu_pin "$venv/bin/python")" || die "could not read the libtpu pin of jax in $venv"
-    echo "installing $spec (the libtpu that jax[tpu] pins)"
-    "${pip[@]}" -c "$REPO/constraints.txt" "$spec" -f "$LIBTPU_FIND_LINKS" \
-      || die "installing $spec failed (see pip's output above)"
+    # jax[tpu] at the pinned jax: its extra brings libtpu at exactly the version that jax release
+    # pins (jax 0.10.2: libtpu==0.0.42.*), which check_pins then verifies from jax's metadata.
+    # A `tpu` extra in pyproject.toml, when the project declares one, is installed as well.
+    local jax_pin project="$REPO"
+    jax_pin="$(sed -n 's/^jax==\([^[:space:];#]*\).*/\1/p' "$REPO/constraints.txt")"
+    [[ -n "$jax_pin" ]] || die "constraints.txt pins no jax version (a line jax==X)"
+    grep -qE '^[[:space:]]*tpu[[:space:]]*=' "$REPO/pyproject.toml" && project="$REPO[tpu]"
+    "${pip[@]}" -c "$REPO/constraints.txt" -e "$project" "jax[tpu]==$jax_pin" -f "$LIBTPU_FIND_LINKS" \
+      || die "installing the pinned stack with jax[tpu]==$jax_pin failed (see pip's output above)"
+    echo "installed $("$venv/bin/python" -c 'from importlib import metadata as m; print("jax", m.version("jax"), "libtpu", m.version("libtpu"))')" \
+         "(jax[tpu] pins $(tpu_pin "$venv/bin/python"))"
+  else
+    "${pip[@]}" -c "$REPO/constraints.txt" -e "$REPO" || die "installing the pinned stack failed"
   fi
   check_pins "$venv/bin/python" "$tpu_flag" || exit 2
   echo "$stamp_want" > "$stamp_file"
@@ -591,7 +592,9 @@ status_line() {
   fi
   log="$(state_get "$f" log)"
   text="$(tail -c 2000000 "$log" 2>/dev/null)"        # one snapshot for the step and the last line
-  last="$(grep -av '^[[:space:]]*$' <<<"$text" | tail -n 1 | cut -c1-200)"
+  # The last line, without absl's `I1123 22:18:42.514158 140312454085504 file.py:49] ` prefix.
+  last="$(grep -av '^[[:space:]]*$' <<<"$text" | tail -n 1 \
+          | sed -E 's/^[IWEF][0-9]{4} [0-9:.]+ +[0-9]+ [^]]+\] //' | cut -c1-200)"
   echo "PODLAB_STATUS worker=$i state=$st run=$(state_get "$f" run_id) attempt=$(state_get "$f" attempt)" \
        "pid=$(state_get "$f" pid) rc=$(state_get "$f" rc || echo -) step=$(last_step "$text")" \
        "stopped=$(state_get "$f" stopped_by_user || echo 0) log=$log last=$last"

@@ -683,6 +683,8 @@ def test_pod_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
     (["fake-pod", "status", "-f"], {}, "option -f does not apply to `status`"),
     (["fake-pod", "stop", "--", "--config.lr=1"], {}, "experiment args (--config.lr=1) only apply when starting a run"),
     (["fake-pod", "--bucket", "bkt", "--max-relaunches", "x"], {}, "--max-relaunches 'x' is not a count"),
+    (["fake-pod", "--bucket", "bkt", "--python", ".venv/bin/python"], {},
+     "--python '.venv/bin/python' is not an absolute path: it names an interpreter on the workers"),
     (["fake-pod", "--bucket", "bkt"], {"GCLOUD": "/nonexistent/gcloud", "PODLAB_ZONE": "us-central2-b"},
      "'/nonexistent/gcloud' not found: install the Google Cloud SDK"),
     (["fake-pod", "--bucket", "bkt"], {"FAKE_GCLOUD_CONFIG": "compute/zone="},

@@ -8,6 +8,7 @@ folder (tf.io.gfile reads and writes local paths the same way; there is no netwo
 """
 import json
 import multiprocessing
+import textwrap
 import os
 import re
 import signal
@@ -261,3 +262,23 @@ def test_ignored_fields_change_freely():
       ConfigChange("dataset.data_dir", "/data/a", "/data/b"),
       ConfigChange("model.hidden_size", 32, 64)]
   assert str(ConfigChange("x", ABSENT, "a")) == "x: (absent) -> 'a'"
+
+
+def test_flatten_gives_the_dotted_fields_of_a_config():
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict({"lr": 0.1, "model": {"dims": (1, 2), "act": "gelu"},
+                                      "data": {"kwargs": {"n": 3}}, "none": None})
+  assert workdir_lock.flatten(config) == {"lr": 0.1, "model.dims": [1, 2], "model.act": "gelu",
+                                          "data.kwargs.n": 3, "none": None}
+  assert workdir_lock.flatten(ml_collections.FrozenConfigDict(config)) == workdir_lock.flatten(config)
+
+
+def test_the_module_synopsis_runs(capsys):
+  doc = workdir_lock.__doc__.partition("Synopsis:")[2]
+  lines = []
+  for line in doc.splitlines()[1:]:
+    if line and not line.startswith("  "):
+      break
+    lines.append(line)
+  exec(compile(textwrap.dedent("\n".join(lines)), "<synopsis>", "exec"), {})  # pylint: disable=exec-used
+  assert capsys.readouterr().out == "None\n"

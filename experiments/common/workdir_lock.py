@@ -23,8 +23,9 @@ Synopsis:
   from experiments.common import workdir_lock
 
   workdir = tempfile.mkdtemp()
+  config = {"lr": 1e-3, "model": {"depth": 2}}           # a ConfigDict in a trainer
   with workdir_lock.WorkdirLock(workdir, run_id="run-1", heartbeat_s=60):
-    workdir_lock.check_config(workdir, {"lr": 1e-3, "model.depth": 2}, allow_change=False)
+    workdir_lock.check_config(workdir, workdir_lock.flatten(config), allow_change=False)
     ...                                           # train; the heartbeat thread renews the lock
   print(workdir_lock.read_lock(workdir))          # None: released
 
@@ -391,6 +392,19 @@ class ConfigChange:
   def __str__(self) -> str:
     show = lambda v: "(absent)" if v is ABSENT else repr(v)  # noqa: E731
     return f"{self.field}: {show(self.old)} -> {show(self.new)}"
+
+
+def flatten(config: Any, prefix: str = "") -> Dict[str, Any]:
+  """A nested config (ConfigDict, FrozenConfigDict or dict) as {"a.b": value}, the form
+  `check_config` stores; tuples become lists, other leaves stay as they are."""
+  out: Dict[str, Any] = {}
+  for key, value in config.items():
+    field = f"{prefix}{key}"
+    if hasattr(value, "items") and callable(value.items):
+      out.update(flatten(value, field + "."))
+    else:
+      out[field] = list(value) if isinstance(value, tuple) else value
+  return out
 
 
 def _normalize(value: Any) -> Any:
