@@ -686,10 +686,6 @@ gs://B/podlab/... workdir and data dir, or give both --workdir and --data_dir"
   fi
 
   require_gcloud
-  mkdir -p "$log_dir" || die "cannot create the log dir $log_dir"
-  log_dir="$(cd "$log_dir" && pwd)"
-  exits="$log_dir/exits"
-  : > "$exits"
 
   # 1. The slice.
   phase_now=describe
@@ -698,6 +694,10 @@ gs://B/podlab/... workdir and data dir, or give both --workdir and --data_dir"
     (( watch )) || die "TPU '$name' is $state, not READY; wait for it or recreate it (--watch waits)"
     wait_ready
   fi
+  mkdir -p "$log_dir" || die "cannot create the log dir $log_dir"
+  log_dir="$(cd "$log_dir" && pwd)"
+  exits="$log_dir/exits"
+  : > "$exits"
   echo "pod.sh: $name: $accel, $num_workers workers, zone $zone; run $run_id; logs in $log_dir"
   echo "pod.sh: workdir $workdir, TFDS data $data_dir"
   echo "pod.sh: TensorBoard: tensorboard --logdir $workdir"
