@@ -15,10 +15,13 @@
 #   EXTRA ARGS   appended to every process' command, e.g. -- --config.total_steps=20
 #
 # Every process runs `python -m M --config=C --workdir=W EXTRA...` (python: $PYTHON, default
-# .venv/bin/python, created with `make venv` when missing) through launch/worker.sh, which writes its
-# log; process 0's output is also shown here. Fail-fast: when one process exits non-zero the others
-# are stopped (SIGTERM, SIGKILL after $PODLAB_STOP_GRACE_S, default 10 s) and this script exits 1
-# naming the process and its log. Exit 0 when every process exits 0.
+# .venv/bin/python, created with `make venv` when missing) through launch/worker.sh run, which
+# appends its output to its log and records its pid and exit code in L/state (PODLAB_RUN_ID: one
+# run id for all); process 0's output is also shown here. Fail-fast: when one process exits non-zero
+# the others are stopped (`launch/worker.sh stop`: SIGTERM, SIGKILL after $PODLAB_STOP_GRACE_S,
+# default 10 s) and this script exits 1 naming the process and its log. Exit 0 when every process
+# exits 0. Unlike launch/pod.sh the processes stay in this terminal's process group: Ctrl-C or
+# killing this script's group ends them too.
 #
 # Examples:
 #   launch/local.sh                                  # the cpu_demo run as 2 processes x 2 devices
@@ -49,7 +52,7 @@ while [[ $# -gt 0 ]]; do
     --workdir=*) workdir="${1#*=}"; shift ;;
     --log-dir=*) log_dir="${1#*=}"; shift ;;
     --port=*) port="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     --) shift; break ;;
     *) die "unknown option '$1' (see launch/local.sh --help; experiment args go after --)" ;;
   esac
@@ -90,34 +93,41 @@ xla_flags+="--xla_force_host_platform_device_count=$devices"
 echo "local.sh: $num processes x $devices CPU devices, coordinator localhost:$port, logs in $log_dir"
 printf 'local.sh: command:'; printf ' %q' "${cmd[@]}"; echo
 
+# One run id for the N processes (PODLAB_RUN_ID in their environment); each process' record (pid,
+# exit code) is in $log_dir/state, where `launch/worker.sh stop` finds it.
+run_id="local-$(date -u +%Y%m%d-%H%M%S)-$$"
+grace="${PODLAB_STOP_GRACE_S:-10}"
 pids=()
 for ((i = 0; i < num; i++)); do
   stream=()
   (( i == 0 )) && stream=(--stream)
   PODLAB_COORDINATOR="localhost:$port" PODLAB_NUM_PROCESSES="$num" PODLAB_PROCESS_ID="$i" \
     PODLAB_STATE_DIR="$log_dir/state" XLA_FLAGS="$xla_flags" JAX_PLATFORMS=cpu \
-    "$HERE/worker.sh" run --log-dir "$log_dir" "${stream[@]}" -- "${cmd[@]}" &
+    "$HERE/worker.sh" run --run-id "$run_id" --log-dir "$log_dir" "${stream[@]}" -- "${cmd[@]}" &
   pids+=($!)
 done
 
+# SIGTERM to every process still running (JAX turns it into a preemption notice), SIGKILL after the
+# grace period (a process blocked in a collective never sees it); each worker.sh then reports.
 stop_all() {
-  local pid
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  local grace=$(( ${PODLAB_STOP_GRACE_S:-10} * 10 )) t=0
-  while (( t < grace )); do
-    local any=0
+  PODLAB_STATE_DIR="$log_dir/state" "$HERE/worker.sh" stop --grace "$grace" >> "$log_dir/stop.log" 2>&1
+}
+
+# Ctrl-C reaches every process (one process group): they save and exit by themselves; those still
+# running after the grace period are stopped.
+interrupted() {
+  echo "local.sh: interrupted; the processes save a checkpoint and stop" >&2
+  local t=0 pid any
+  while (( t < grace * 10 )); do
+    any=0
     for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && any=1; done
-    (( any )) || return 0
+    (( any )) || exit 130
     sleep 0.1; t=$((t + 1))
   done
-  # Still running (JAX turns SIGTERM into a preemption notice; a process blocked in a collective
-  # never sees it): SIGKILL the commands, and their worker.sh then reports the exit.
-  for pid in "${pids[@]}"; do pkill -KILL -P "$pid" 2>/dev/null; done
-  sleep 1
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-  return 0
+  stop_all
+  exit 130
 }
-trap 'echo "local.sh: interrupted; stopping all processes" >&2; stop_all; exit 130' INT TERM
+trap interrupted INT TERM
 
 # Poll (portable to old bash): the first non-zero exit stops the others.
 done_rc=()

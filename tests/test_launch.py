@@ -1,24 +1,29 @@
 """launch/pod.sh, launch/local.sh and launch/worker.sh, run for real on this machine.
 
 launch/pod.sh runs unchanged against tests/fake_gcloud/gcloud (first on PATH), which emulates a TPU
-slice whose workers are local folders: `ssh --worker=all` starts the command once per worker with
-the environment a TPU VM gives JAX (coordinator, process count and index, fake CPU devices). So the
-script's real path is covered: describe, pack + scp, unpack + stop + setup, run with per-worker logs,
-fail-fast. The experiment processes are the real `python -m experiments.trm.main` (2 workers x 2
-devices), and the run is then resumed as 2 processes by launch/local.sh from the same workdir.
+slice whose workers are local folders: `ssh --worker=all` starts the command once per worker, each in
+its own session, with the environment a TPU VM gives JAX (coordinator, process count and index,
+fake CPU devices), and models what real gcloud does to a long run: its retry of an ssh command that
+failed with 255 (the command runs again), a dropped connection, its own death, and a maintenance
+event (PREEMPTED, then READY). The experiment processes are the real `python -m experiments.trm.main`
+(2 workers x 2 devices, the smoke config) where final parameters matter; where only the launcher's
+behaviour matters, tests/fake_gcloud/steps_worker.py stands in for the trainer (seconds, not a
+minute).
 
   .venv/bin/python -m pytest tests/test_launch.py -q
 """
 import glob
+import hashlib
 import json
 import os
 import pathlib
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -27,7 +32,9 @@ LOCAL = REPO_ROOT / "launch" / "local.sh"
 WORKER = REPO_ROOT / "launch" / "worker.sh"
 FAKE_GCLOUD_DIR = REPO_ROOT / "tests" / "fake_gcloud"
 PYTHON = sys.executable
-RUN_TIMEOUT_S = 400          # a 2-process training run on 2 cores takes ~75 s
+SMOKE = "configs/cpu_demo.py:smoke"
+STEPS = "tests.fake_gcloud.steps_worker"
+RUN_TIMEOUT_S = 600          # a 2-process smoke run takes ~80 s on a busy 2-core machine
 FAIL_BOUND_S = 60            # a dead worker must end the run within this (the issue's bound)
 
 
@@ -35,7 +42,9 @@ def _env(tmp_path, **extra):
   env = {k: v for k, v in os.environ.items()
          if not k.startswith(("PODLAB_", "FAKE_")) and k != "XLA_FLAGS"}
   env.update(PATH=f"{FAKE_GCLOUD_DIR}:{env['PATH']}", FAKE_GCLOUD_ROOT=str(tmp_path / "cloud"),
-             FAKE_TPUS="fake-pod:v4-16:2:2", TF_CPP_MIN_LOG_LEVEL="2", PYTHON=PYTHON)
+             FAKE_TPUS="fake-pod:v4-16:2:2", TF_CPP_MIN_LOG_LEVEL="2", PYTHON=PYTHON,
+             FAKE_GCLOUD_RETRY_DELAY_S="0.2", PODLAB_WATCH_POLL_S="0.5",
+             PODLAB_RECONNECT_DELAY_S="1")
   env.update(extra)
   return env
 
@@ -52,13 +61,49 @@ def _pod(tmp_path, *args, env=None, timeout=RUN_TIMEOUT_S):
               env or _env(tmp_path), timeout=timeout)
 
 
+def _pod_cmd(tmp_path, *args):
+  return [str(c) for c in [POD, "fake-pod", *args]]
+
+
+def _steps_args(tmp_path, *args):
+  """pod.sh arguments running the stand-in trainer with its progress in tmp_path/wd."""
+  return ["--module", STEPS, "--workdir", tmp_path / "wd", "--data_dir", tmp_path / "tfds", "--",
+          f"--workdir={tmp_path / 'wd'}", *args]
+
+
 def _calls(tmp_path):
   path = tmp_path / "cloud" / "calls.jsonl"
   return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def _tpu_calls(tmp_path):
+  """The `gcloud compute tpus tpu-vm ...` calls (not `gcloud config get`)."""
+  return [c for c in _calls(tmp_path) if c[:3] == ["compute", "tpus", "tpu-vm"]]
+
+
+def _ssh_commands(tmp_path):
+  return [c[-1] for c in _tpu_calls(tmp_path) if c[3] == "ssh"]
+
+
 def _explain(proc):
-  return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+  return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-5000:]}\n--- stderr ---\n{proc.stderr[-5000:]}"
+
+
+def _home(tmp_path, i):
+  return tmp_path / "cloud" / "fake-pod" / f"worker-{i}"
+
+
+def _remote_log(tmp_path, i, attempt=0):
+  pattern = f"podlab-logs/*/worker-{i}.log" if attempt == 0 else f"podlab-logs/*/relaunch-{attempt}/worker-{i}.log"
+  logs = glob.glob(str(_home(tmp_path, i) / pattern))
+  assert len(logs) == 1, logs
+  return pathlib.Path(logs[0]).read_text()
+
+
+def _starts(tmp_path, i):
+  """The stand-in trainer's processes on worker i: [(pid, run id, attempt)]."""
+  path = _home(tmp_path, i) / "steps-starts.txt"
+  return [tuple(line.split()) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _scalars(event_file):
@@ -75,59 +120,82 @@ def _scalars(event_file):
   return out
 
 
-# --------------------------------------------------------------------------------------------------
-# The real training run: pod.sh on a fake 2 x 2 slice, then resumed as 2 processes by local.sh.
+def _same_result(workdir, reference):
+  """The run in `workdir` ended with bitwise the parameters, optimizer state and final evaluation
+  of the undisturbed reference run."""
+  from experiments.trm.tools import faults  # pylint: disable=g-import-not-at-top
+  assert json.loads((workdir / "final_eval.json").read_text()) == reference["final"]
+  assert faults.same_arrays(faults.replicated_state(str(workdir), 6), reference["state"])
 
-def test_pod_trains_on_every_worker_then_local_pod_resumes(tmp_path):
-  workdir, data_dir = tmp_path / "workdir", tmp_path / "tfds"
-  proc, took = _pod(tmp_path, "--workdir", workdir, "--data_dir", data_dir,
-                    "--config", "configs/cpu_demo.py:smoke")
+
+# --------------------------------------------------------------------------------------------------
+# The undisturbed reference: pod.sh on a fake 2 x 2 slice trains the smoke config to step 6.
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  root = tmp_path_factory.mktemp("reference")
+  workdir, data_dir = root / "workdir", root / "tfds"
+  proc, took = _pod(root, "--workdir", workdir, "--data_dir", data_dir, "--config", SMOKE)
+  out = {"root": root, "proc": proc, "took": took, "workdir": workdir, "data_dir": data_dir}
+  if proc.returncode == 0:
+    from experiments.trm.tools import faults  # pylint: disable=g-import-not-at-top
+    out["final"] = json.loads((workdir / "final_eval.json").read_text())
+    out["state"] = faults.replicated_state(str(workdir), 6)
+    out["scalars"] = _scalars(glob.glob(str(workdir / "events.out.tfevents.*"))[0])
+  return out
+
+
+def test_pod_trains_on_every_worker_then_local_pod_resumes(reference, tmp_path):
+  root, proc = reference["root"], reference["proc"]
   assert proc.returncode == 0, _explain(proc)
   out = proc.stdout
-  print(f"\npod.sh 2 workers x 2 devices, cpu_demo:smoke: {took:.1f} s")
+  print(f"\npod.sh 2 workers x 2 devices, cpu_demo:smoke: {reference['took']:.1f} s")
 
-  # The gcloud commands, in order, with the zone default and --worker=all.
-  calls = _calls(tmp_path)
-  verbs = [c[3] for c in calls]
-  assert verbs == ["describe", "scp", "ssh", "ssh"], calls
+  # The gcloud commands, in order, with the zone from gcloud's config and --worker=all.
+  calls = _tpu_calls(root)
+  assert [c[3] for c in calls] == ["describe", "scp", "ssh", "ssh"], calls
+  assert ["config", "get", "compute/zone"] in _calls(root)
   for c in calls:
-    assert c[:3] == ["compute", "tpus", "tpu-vm"], c
     assert "fake-pod" in c or "fake-pod:podlab-code.tgz" in c, c
     assert "--zone=us-central2-b" in c, c
   assert all("--worker=all" in c for c in calls[1:]), calls
+  assert "--ssh-flag=-oServerAliveInterval=30" in calls[2] and "--scp-flag=-oConnectTimeout=30" in calls[1]
   assert "worker.sh prepare --python" in calls[2][-1] and "worker.sh run" in calls[3][-1], calls
+  run_id = re.search(r"run (\d{8}-\d{6}-[0-9a-f]{4})", out).group(1)
 
   # Every worker got the code (tests included: git's files), prepared, and ran from its copy.
   for i in range(2):
-    home = tmp_path / "cloud" / "fake-pod" / f"worker-{i}"
+    home = _home(root, i)
     assert (home / "podlab" / "launch" / "worker.sh").is_file()
     assert (home / "podlab" / "experiments" / "trm" / "main.py").is_file()
     assert not (home / "podlab" / ".venv").exists() and not (home / "podlab.new").exists()
-    remote_logs = glob.glob(str(home / "podlab-logs" / "*" / f"worker-{i}.log"))
-    assert len(remote_logs) == 1, remote_logs
-    remote = pathlib.Path(remote_logs[0]).read_text()
+    remote = _remote_log(root, i)
+    assert remote.startswith(f"podlab: run {run_id} attempt 0 on ")
     assert f"distributed: process {i}/2, 2 local / 4 global devices" in remote, remote[-3000:]
-    local = (tmp_path / "podlogs" / f"worker-{i}.log").read_text()
-    assert f"distributed: process {i}/2" in local and "pinned stack present" in local
+    # The local copy of the log is the worker's log, line for line.
+    assert (root / "podlogs" / f"worker-{i}.log").read_text() == remote
+    assert "pinned stack present" in (root / "podlogs" / f"prepare-worker-{i}.log").read_text()
     assert f"PODLAB_WORKER_EXIT worker={i} rc=0 phase=prepare" in out
-    assert re.search(rf"PODLAB_WORKER_EXIT worker={i} rc=0 log=\S+worker-{i}.log", out), out[-3000:]
-  assert "TensorBoard: tensorboard --logdir " + str(workdir) in out
+    assert re.search(rf"PODLAB_WORKER_EXIT worker={i} rc=0 run={run_id} attempt=0 log=\S+worker-{i}.log",
+                     out), out[-3000:]
+    record = (home / ".podlab" / f"worker-{i}.run").read_text()
+    assert f"run_id={run_id}\n" in record and "rc=0\n" in record and "detached=1\n" in record
+  assert "TensorBoard: tensorboard --logdir " + str(reference["workdir"]) in out
   assert "all 2 workers finished" in out
 
   # One TensorBoard event file (process 0 only), one result file, checkpoints of the 2-process run.
-  events = glob.glob(str(workdir / "events.out.tfevents.*"))
-  assert len(events) == 1, events
-  scalars = _scalars(events[0])
-  assert sorted(scalars["train/lm_loss"]) == [2, 4, 6], scalars.get("train/lm_loss")
-  final = json.loads((workdir / "final_eval.json").read_text())
-  assert final["step"] == 6 and final["test"]["count"] == 40.0, final   # padding excluded
+  workdir = reference["workdir"]
+  assert sorted(reference["scalars"]["train/lm_loss"]) == [2, 4, 6]
+  assert reference["final"]["step"] == 6 and reference["final"]["test"]["count"] == 40.0
   assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6"]
 
-  # Resume as a local 2-process pod (launch/local.sh) with more steps: both processes restore the
-  # 2-process checkpoint of step 6 and continue to step 9.
-  proc, took = _run([LOCAL, "-n", "2", "-d", "2", "--config", "configs/cpu_demo.py:smoke",
-                     "--workdir", workdir, "--log-dir", tmp_path / "locallogs", "--",
-                     f"--config.dataset.data_dir={data_dir}", "--config.total_steps=9"],
+  # Resume (a copy) as a local 2-process pod (launch/local.sh) with more steps: both processes
+  # restore the 2-process checkpoint of step 6 and continue to step 9.
+  resumed = tmp_path / "workdir"
+  shutil.copytree(workdir, resumed)
+  proc, took = _run([LOCAL, "-n", "2", "-d", "2", "--config", SMOKE, "--workdir", resumed,
+                     "--log-dir", tmp_path / "locallogs", "--",
+                     f"--config.dataset.data_dir={reference['data_dir']}", "--config.total_steps=9"],
                     _env(tmp_path))
   assert proc.returncode == 0, _explain(proc)
   print(f"local.sh resume 2 x 2 to step 9: {took:.1f} s")
@@ -135,9 +203,311 @@ def test_pod_trains_on_every_worker_then_local_pod_resumes(tmp_path):
     log = (tmp_path / "locallogs" / f"worker-{i}.log").read_text()
     assert "Resumed from" in log and "at step 6" in log, log[-3000:]
     assert "Training from step 6 to 9" in log, log[-3000:]
-  assert json.loads((workdir / "final_eval.json").read_text())["step"] == 9
-  assert len(glob.glob(str(workdir / "events.out.tfevents.*"))) == 2   # process 0's second run
-  assert sorted(os.listdir(workdir / "checkpoints")) == ["6", "9"]
+    assert re.search(r"^podlab: run local-\d{8}-\d{6}-\d+ attempt 0 on ", log)
+  assert json.loads((resumed / "final_eval.json").read_text())["step"] == 9
+  assert len(glob.glob(str(resumed / "events.out.tfevents.*"))) == 2   # process 0's second run
+  assert sorted(os.listdir(resumed / "checkpoints")) == ["6", "9"]
+
+
+# --------------------------------------------------------------------------------------------------
+# A run that outlives its launcher (issue 16, items 1 and 2), with the real trainer.
+
+def test_a_run_survives_a_gcloud_retry_and_its_launcher_dying(reference, tmp_path):
+  """gcloud re-runs `worker.sh run` after a dropped connection (exit 255): it attaches to the live
+  run (one process per worker, the log intact). Then the laptop dies (pod.sh's whole process group
+  SIGKILLed): the run goes on; `pod.sh NAME attach` follows it to the end. The final parameters and
+  evaluation are bitwise those of the undisturbed run."""
+  assert reference["proc"].returncode == 0, "the reference run failed"
+  workdir = tmp_path / "workdir"
+  env = _env(tmp_path, FAKE_SSH_DROP_ON=r"\[2\] train/")
+  pod = subprocess.Popen(_pod_cmd(tmp_path, "--python", PYTHON, "--log-dir", tmp_path / "podlogs",
+                                  "--workdir", workdir, "--data_dir", reference["data_dir"],
+                                  "--config", SMOKE),
+                         env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+  seen = []
+  try:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    for line in pod.stdout:
+      seen.append(line)
+      if "attaching to it instead of starting it again" in line:
+        os.killpg(pod.pid, signal.SIGKILL)        # the laptop goes to sleep
+        break
+      assert time.monotonic() < deadline
+  finally:
+    if pod.poll() is None:
+      os.killpg(pod.pid, signal.SIGKILL)
+    pod.wait()
+  out = "".join(seen)
+  assert "Retrying: SSH command error" in out, out[-5000:]
+  assert "attaching to it instead of starting it again" in out, out[-5000:]
+  run_id = re.search(r"run (\d{8}-\d{6}-[0-9a-f]{4})", out).group(1)
+
+  status, _ = _run([POD, "fake-pod", "status"], env, timeout=120)
+  assert status.returncode == 0, _explain(status)
+  assert re.search(rf"^0 +{run_id} +0 +\d+ +(yes|no) ", status.stdout, re.M), status.stdout
+  attach, took = _run([POD, "fake-pod", "attach", "--log-dir", tmp_path / "podlogs"], env)
+  assert attach.returncode == 0, _explain(attach)
+  print(f"\nre-attached after the launcher died; the run ended {took:.1f} s later")
+  assert f"run {run_id} attempt 0 finished on all 2 workers" in attach.stdout
+  assert sum("worker.sh run" in c for c in _ssh_commands(tmp_path)) == 1   # started once
+  assert not any("worker.sh stop" in c for c in _ssh_commands(tmp_path))   # never stopped
+
+  for i in range(2):
+    remote = _remote_log(tmp_path, i)
+    # One process per worker, never a second one next to it; the log never truncated.
+    assert remote.count(f"podlab: run {run_id} attempt 0 on") == 1, remote[:2000]
+    assert remote.startswith(f"podlab: run {run_id} attempt 0 on ")
+    assert remote.count(f"distributed: process {i}/2") == 1
+    assert "incarnation" not in remote and "Terminating process" not in remote
+    # The local copy, written by the dead pod.sh and then by attach, is the worker's log exactly.
+    assert (tmp_path / "podlogs" / f"worker-{i}.log").read_text() == remote
+  _same_result(workdir, reference)
+
+
+def test_watch_relaunches_after_a_preemption_and_the_run_resumes_exactly(reference, tmp_path):
+  """A maintenance event at step 2 (SIGTERM to everything on the workers; the slice PREEMPTED,
+  then READY): the trainer saves and exits, pod.sh --watch waits for READY, relaunches, the run
+  resumes from its checkpoint and ends bitwise equal to the undisturbed run."""
+  assert reference["proc"].returncode == 0, "the reference run failed"
+  workdir = tmp_path / "workdir"
+  env = _env(tmp_path, FAKE_PREEMPT_ON=r"\[2\] train/", FAKE_PREEMPT_GRACE_S="120")
+  proc, took = _pod(tmp_path, "--watch", "--workdir", workdir, "--data_dir", reference["data_dir"],
+                    "--config", SMOKE, env=env)
+  print(f"\npreempted at step 2, relaunched by --watch, finished: {took:.1f} s")
+  assert proc.returncode == 0, _explain(proc)
+  out = proc.stdout + proc.stderr
+  assert "Simulated a maintenance event on fake-pod" in out
+  assert "the slice fake-pod is PREEMPTED" in out
+  assert "relaunch 1 of at most 5" in out
+  assert "all 2 workers finished run" in out and "(attempt 1)" in out
+  calls = _tpu_calls(tmp_path)
+  assert [c[3] for c in calls].count("scp") == 2            # the code copied again
+  assert sum("worker.sh run" in c and "--attempt 1 " in c for c in _ssh_commands(tmp_path)) == 1
+  for i in range(2):
+    first, second = _remote_log(tmp_path, i), _remote_log(tmp_path, i, attempt=1)
+    stop = int(re.search(r"preempted by SIGTERM after step (\d+)", first).group(1))
+    resumed = int(re.search(r"Resumed from \S+ at step (\d+)", second).group(1))
+    assert resumed == stop and 2 <= stop < 6, (stop, resumed)
+    assert f"Training from step {stop} to 6" in second
+    assert re.search(r"^podlab: run \S+ attempt 1 on ", second)
+    assert (tmp_path / "podlogs" / "relaunch-1" / f"worker-{i}.log").read_text() == second
+  _same_result(workdir, reference)
+
+
+# --------------------------------------------------------------------------------------------------
+# The launcher's behaviour with the stand-in trainer (seconds each).
+
+def test_ctrl_c_detaches_and_attach_follows_the_run_to_its_end(tmp_path):
+  env = _env(tmp_path)
+  pod = subprocess.Popen(_pod_cmd(tmp_path, "--python", PYTHON, "--log-dir", tmp_path / "podlogs",
+                                  *_steps_args(tmp_path, "--steps=40", "--interval=0.2")),
+                         env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+  seen = []
+  for line in pod.stdout:
+    seen.append(line)
+    if line.startswith("[worker 0] step 3"):
+      os.killpg(pod.pid, signal.SIGINT)             # Ctrl-C in pod.sh's terminal
+      break
+  seen.append(pod.communicate(timeout=60)[0])
+  out = "".join(seen)
+  assert pod.returncode == 130, out
+  assert re.search(r"detached: run \S+ goes on on the workers \(Ctrl-C does not stop it\)", out), out
+  assert "follow it again: launch/pod.sh fake-pod attach" in out
+  assert "stop it:         launch/pod.sh fake-pod stop" in out
+
+  status, _ = _run([POD, "fake-pod", "status"], env, timeout=120)
+  assert status.returncode == 0, _explain(status)
+  rows = re.findall(r"^([01]) +(\S+) +0 +(\d+) +(yes|no) +(\S+) +(\S+) +(.*)$", status.stdout, re.M)
+  assert [r[0] for r in rows] == ["0", "1"] and all(r[3] == "yes" and r[4] == "-" for r in rows), status.stdout
+  assert all(int(r[5]) >= 3 and r[6] == f"step {r[5]}" for r in rows), status.stdout
+  # A second start while the run lives is refused, naming it; the live run is untouched.
+  again, _ = _pod(tmp_path, *_steps_args(tmp_path, "--steps=2"), env=env, timeout=120)
+  assert again.returncode == 1, _explain(again)
+  assert re.search(rf"FAILED \(prepare\): worker [01] still runs run {rows[0][1]} attempt 0",
+                   again.stderr), _explain(again)
+
+  attach, _ = _run([POD, "fake-pod", "attach", "--log-dir", tmp_path / "podlogs"], env)
+  assert attach.returncode == 0, _explain(attach)
+  assert "[worker 1] done at step 40" in attach.stdout
+  for i in range(2):
+    assert len(_starts(tmp_path, i)) == 1                      # one process, never restarted
+    remote = _remote_log(tmp_path, i)
+    assert remote.count("\nstep 40\n") == 1
+    assert (tmp_path / "podlogs" / f"worker-{i}.log").read_text() == remote   # no gap, no repeat
+
+
+def test_a_dead_gcloud_is_followed_by_a_status_check_and_a_reattach_never_a_stop(tmp_path):
+  """The launcher's own ssh (gcloud) dies mid-run, pod.sh lives on: it checks the workers, finds
+  the run alive and re-attaches (before issue 16 it declared the run failed and stopped it)."""
+  proc, _ = _pod(tmp_path, *_steps_args(tmp_path, "--steps=12", "--interval=0.2"),
+                 env=_env(tmp_path, FAKE_GCLOUD_DIE_ON=r"\] step 3$"), timeout=120)
+  assert proc.returncode == 0, _explain(proc)
+  assert re.search(r"no exit report from worker\(s\) 0 1 \(gcloud exit code 137\): the connection "
+                   r"was lost; checking the run's status", proc.stderr), _explain(proc)
+  assert re.search(r"run \S+ attempt 0 is still running on worker\(s\) 0 1; re-attaching", proc.stdout)
+  assert not any("worker.sh stop" in c for c in _ssh_commands(tmp_path))
+  for i in range(2):
+    assert len(_starts(tmp_path, i)) == 1
+    assert (tmp_path / "podlogs" / f"worker-{i}.log").read_text() == _remote_log(tmp_path, i)
+    assert "done at step 12" in _remote_log(tmp_path, i)
+
+
+def test_gcloud_giving_up_after_ten_ssh_attempts_leads_to_a_reattach(tmp_path):
+  """Every connection drops until gcloud has tried each worker 10 times (exit 255), as when the
+  network is gone for a minute; the run itself never notices."""
+  proc, _ = _pod(tmp_path, *_steps_args(tmp_path, "--steps=40", "--interval=0.2"),
+                 env=_env(tmp_path, FAKE_SSH_DROP_ON=r"\] step \d+$", FAKE_SSH_DROPS="20"),
+                 timeout=120)
+  assert proc.returncode == 0, _explain(proc)
+  assert proc.stdout.count("Retrying: SSH command error") == 18      # 9 retries per worker
+  assert "gcloud exit code 255" in proc.stderr
+  assert "re-attaching" in proc.stdout
+  for i in range(2):
+    assert len(_starts(tmp_path, i)) == 1
+    assert (tmp_path / "podlogs" / f"worker-{i}.log").read_text() == _remote_log(tmp_path, i)
+
+
+def test_status_logs_and_stop_and_watch_respects_a_stop(tmp_path):
+  env = _env(tmp_path)
+  pod = subprocess.Popen(_pod_cmd(tmp_path, "--watch", "--python", PYTHON, "--log-dir",
+                                  tmp_path / "podlogs",
+                                  *_steps_args(tmp_path, "--steps=100", "--interval=0.2")),
+                         env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+  try:
+    for line in pod.stdout:
+      if line.startswith("[worker 1] step 2"):
+        break
+    logs, _ = _run([POD, "fake-pod", "logs", "--worker=1", "-n", "2"], env, timeout=60)
+    assert logs.returncode == 0, _explain(logs)
+    lines = logs.stdout.splitlines()
+    assert len(lines) == 2 and all(re.fullmatch(r"step \d+", l) for l in lines), logs.stdout
+    logs, _ = _run([POD, "fake-pod", "logs"], env, timeout=60)
+    assert logs.stdout.startswith("[worker ") and "[worker 0] worker 0: run " in logs.stdout
+    assert "[worker 1] worker 1: run " in logs.stdout
+    stop, _ = _run([POD, "fake-pod", "stop", "--grace", "20"], env, timeout=120)
+    assert stop.returncode == 0, _explain(stop)
+    assert re.search(r"worker 0: stopping run \S+ attempt 0 .*SIGTERM, SIGKILL after 20 s", stop.stdout)
+    rows = re.findall(r"^([01]) +\S+ +0 +\d+ +no +143 \(stop\) +(\d+) +preempted by SIGTERM after "
+                      r"step (\d+); saved$", stop.stdout, re.M)
+    assert len(rows) == 2 and all(r[1] == r[2] for r in rows), stop.stdout
+    out = pod.communicate(timeout=60)[0]
+  finally:
+    if pod.poll() is None:
+      os.killpg(pod.pid, signal.SIGKILL)
+  assert pod.returncode == 1, out
+  assert "was stopped by its user" in out and "--watch does not relaunch it" in out
+  assert not any("--attempt 1 " in c for c in _ssh_commands(tmp_path))
+  for i in range(2):
+    assert len(_starts(tmp_path, i)) == 1
+
+
+@pytest.mark.parametrize("code", [2, 3])
+def test_watch_does_not_relaunch_bad_input_or_a_nonfinite_run(tmp_path, code):
+  proc, _ = _pod(tmp_path, "--watch", *_steps_args(tmp_path, "--steps=1", "--interval=0.01",
+                                                   f"--exit-code={code}"), timeout=120)
+  assert proc.returncode == 1, _explain(proc)
+  assert re.search(rf"FAILED \(run\): worker [01] exited with code {code}", proc.stderr), _explain(proc)
+  assert f"exit {code} is not a preemption" in proc.stderr and "does not relaunch it" in proc.stderr
+  assert sum("worker.sh run" in c for c in _ssh_commands(tmp_path)) == 1
+
+
+def test_watch_relaunches_another_failure_a_bounded_number_of_times(tmp_path):
+  proc, _ = _pod(tmp_path, "--watch", "--max-relaunches", "2",
+                 *_steps_args(tmp_path, "--steps=1", "--interval=0.01", "--exit-code=1"),
+                 timeout=120)
+  assert proc.returncode == 1, _explain(proc)
+  assert "relaunch 2 of at most 2" in proc.stdout
+  assert "--watch gave up after 2 relaunches (--max-relaunches 2)" in proc.stderr
+  for i in range(2):
+    assert [s[2] for s in _starts(tmp_path, i)] == ["0", "1", "2"]   # attempts 0, 1, 2
+    assert len({s[1] for s in _starts(tmp_path, i)}) == 1           # one run id (PODLAB_RUN_ID)
+
+
+# --------------------------------------------------------------------------------------------------
+# launch/worker.sh run: idempotent, detached, never truncating a log.
+
+def _worker_env(tmp_path, **extra):
+  return _env(tmp_path, PODLAB_STATE_DIR=str(tmp_path / "state"), PODLAB_PROCESS_ID="0", **extra)
+
+
+def test_worker_run_is_idempotent_and_never_starts_a_second_process(tmp_path):
+  env = _worker_env(tmp_path)
+  job = ["bash", "-c", 'echo "pid $$"; for i in $(seq 1 15); do echo "step $i"; sleep 0.1; done; exit 5']
+  logs = tmp_path / "logs"
+  start, _ = _run([WORKER, "run", "--run-id", "r1", "--log-dir", logs, "--detach", "--", *job], env, 60)
+  assert start.returncode == 0, _explain(start)
+  assert re.fullmatch(r"PODLAB_RUN_STARTED worker=0 run=r1 attempt=0 pid=\d+ log=\S+/worker-0.log\n",
+                      start.stdout), start.stdout
+  # gcloud's retry: the same command again while the run lives attaches to it.
+  again, _ = _run([WORKER, "run", "--run-id", "r1", "--log-dir", logs, "--detach", "--follow",
+                   "--numbered", "--", *job], env, 60)
+  assert again.returncode == 5, _explain(again)
+  assert "run r1 attempt 0 (pid" in again.stderr and "is already running; attaching" in again.stderr
+  numbered = [l for l in again.stdout.splitlines() if l.startswith("[worker 0 ")]
+  assert [int(l.split()[2].rstrip("]")) for l in numbered] == list(range(1, 18))   # header + 16
+  assert again.stdout.splitlines()[-1].startswith("PODLAB_WORKER_EXIT worker=0 rc=5 run=r1 attempt=0 ")
+  log = (logs / "worker-0.log").read_text()
+  assert log.count("\npid ") == 1 and log.count("step 15") == 1          # one process
+  # After the end: the same run id reports, never reruns.
+  done, _ = _run([WORKER, "run", "--run-id", "r1", "--log-dir", logs, "--detach", "--follow",
+                  "--from-line", "17", "--", *job], env, 60)
+  assert done.returncode == 5 and "already ended (exit code 5); not starting it again" in done.stderr
+  assert (logs / "worker-0.log").read_text() == log
+  # A different run while one lives: refused, naming the live run.
+  live, _ = _run([WORKER, "run", "--run-id", "r2", "--log-dir", logs, "--detach", "--",
+                  "sleep", "30"], env, 60)
+  refused, _ = _run([WORKER, "run", "--run-id", "r3", "--log-dir", logs, "--detach", "--",
+                     "true"], env, 60)
+  assert refused.returncode == 2, _explain(refused)
+  assert refused.stdout.startswith("PODLAB_WORKER_REFUSED worker=0 running=r2 attempt=0 pid=")
+  assert re.search(r"worker 0 already runs run r2 attempt 0 \(pid \d+, started .*\); not starting "
+                   r"run r3 attempt 0 next to it. Fix: ", refused.stderr), refused.stderr
+  stop, _ = _run([WORKER, "stop", "--grace", "5"], env, 60)
+  assert "worker 0: stopping run r2 attempt 0" in stop.stdout and "ended with exit code 143" in stop.stdout
+  # r2 appended to the same log: r1's lines are all still there.
+  final = (logs / "worker-0.log").read_text()
+  assert final.startswith(log) and "podlab: run r2 attempt 0" in final
+
+
+def test_a_detached_run_outlives_the_shell_that_started_it(tmp_path):
+  env = _worker_env(tmp_path)
+  script = 'for i in $(seq 1 20); do echo "step $i"; sleep 0.1; done'
+  follower = subprocess.Popen([str(WORKER), "run", "--run-id", "r1", "--log-dir",
+                               str(tmp_path / "logs"), "--detach", "--follow", "--", "bash", "-c",
+                               script], env=env, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+  assert follower.stdout.readline().startswith("[worker 0] podlab: run r1 attempt 0")
+  os.killpg(follower.pid, signal.SIGKILL)          # the ssh session and everything in it
+  follower.wait()
+  attach, _ = _run([WORKER, "attach"], env, 60)
+  assert attach.returncode == 0 and "rc=0 run=r1" in attach.stdout, _explain(attach)
+  assert "step 20" in (tmp_path / "logs" / "worker-0.log").read_text()
+
+
+def test_worker_stop_ends_a_recorded_run(tmp_path):
+  """Without --detach (launch/local.sh), stop signals the command itself, which reports 143."""
+  env = _worker_env(tmp_path, PODLAB_STOP_GRACE_S="5")
+  run = subprocess.Popen([str(WORKER), "run", "--log-dir", str(tmp_path / "logs"), "--", "sleep",
+                          "300"], env=env, stdout=subprocess.PIPE, text=True)
+  pid_file = tmp_path / "state" / "worker-0.pid"
+  for _ in range(200):
+    if pid_file.exists() and pid_file.read_text().strip():
+      break
+    time.sleep(0.05)
+  pid = int(pid_file.read_text())
+  proc, _ = _run([WORKER, "stop"], env, timeout=60)
+  assert proc.returncode == 0 and "worker 0: stopping run " in proc.stdout, _explain(proc)
+  out, _ = run.communicate(timeout=30)
+  assert re.search(r"PODLAB_WORKER_EXIT worker=0 rc=143 ", out), out
+  assert run.returncode == 143
+  assert not pid_file.exists()
+  with pytest.raises(ProcessLookupError):
+    os.kill(pid, 0)
+  proc, _ = _run([WORKER, "stop"], env, timeout=30)
+  assert proc.returncode == 0 and "no podlab run to stop" in proc.stdout
 
 
 # --------------------------------------------------------------------------------------------------
@@ -166,12 +536,12 @@ def test_pod_fails_fast_and_stops_every_worker(tmp_path):
   assert "FAILED (run): worker 1 exited with code 3" in proc.stderr, _explain(proc)
   assert "DYING" in proc.stderr                         # the tail of the failed worker's log
   assert took < FAIL_BOUND_S + 30, took                 # includes setup; the stop grace is 10 s
-  calls = _calls(tmp_path)
+  calls = _tpu_calls(tmp_path)
   assert [c[3] for c in calls] == ["describe", "scp", "ssh", "ssh", "ssh"], calls
   assert "worker.sh stop" in calls[-1][-1] and "--worker=all" in calls[-1], calls[-1]
   # Worker 0 was stopped (killed out of its blocked collective), not left running.
   assert re.search(r"PODLAB_WORKER_EXIT worker=0 rc=(137|143)", proc.stdout), _explain(proc)
-  home0 = tmp_path / "cloud" / "fake-pod" / "worker-0"
+  home0 = _home(tmp_path, 0)
   assert not glob.glob(str(home0 / ".podlab" / "worker-*.pid"))
 
 
@@ -209,7 +579,7 @@ def test_a_dead_process_ends_the_others_without_a_launcher(tmp_path, mode, code)
 
 
 # --------------------------------------------------------------------------------------------------
-# Quoting, dry run, validation, setup.
+# Quoting, packing, dry run, validation.
 
 NASTY = ["--config.note=a b", "it's $(touch PWNED); echo `touch PWNED2` > PWNED3", "*", "",
          "--flag=\"x\" ; rm -rf ~", "new\nline"]
@@ -221,7 +591,7 @@ def test_pod_passes_arguments_literally(tmp_path):
                  "--workdir", tmp_path / "w d", "--data_dir", data_dir, "--", *NASTY, timeout=120)
   assert proc.returncode == 0, _explain(proc)
   for i in range(2):
-    home = tmp_path / "cloud" / "fake-pod" / f"worker-{i}"
+    home = _home(tmp_path, i)
     got = json.loads((home / f"argv-{i}.json").read_text())
     assert got["argv"] == ["--config=configs/x y.py", f"--workdir={tmp_path / 'w d'}", *NASTY], got
     assert got["TFDS_DATA_DIR"] == str(data_dir)
@@ -231,10 +601,43 @@ def test_pod_passes_arguments_literally(tmp_path):
     assert not glob.glob(str(REPO_ROOT / "PWNED*"))
 
 
+def test_packing_takes_the_work_tree_as_git_sees_it(tmp_path):
+  """A tracked file deleted in the work tree is left out (before: `tar: ...: Cannot stat`), an
+  untracked file goes, an ignored one does not."""
+  repo = tmp_path / "repo"
+  (repo / "tests").mkdir(parents=True)
+  shutil.copytree(REPO_ROOT / "launch", repo / "launch")
+  for f in ("pyproject.toml", "constraints.txt"):
+    shutil.copy(REPO_ROOT / f, repo / f)
+  shutil.copy(REPO_ROOT / "tests" / "_argv_worker.py", repo / "tests" / "_argv_worker.py")
+  (repo / "notes.txt").write_text("tracked, then deleted\n")
+  (repo / "kept.txt").write_text("tracked, edited: old\n")
+  (repo / ".gitignore").write_text("*.secret\n")
+  git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+  subprocess.run(git + ["init", "-q"], check=True)
+  subprocess.run(git + ["add", "-A"], check=True)
+  subprocess.run(git + ["commit", "-qm", "x"], check=True)
+  (repo / "notes.txt").unlink()
+  (repo / "kept.txt").write_text("tracked, edited: new\n")
+  (repo / "untracked.txt").write_text("new file\n")
+  (repo / "token.secret").write_text("never copied\n")
+  proc, _ = _run([repo / "launch" / "pod.sh", "fake-pod", "--python", PYTHON, "--log-dir",
+                  tmp_path / "podlogs", "--module", "tests._argv_worker", "--workdir", tmp_path / "wd",
+                  "--data_dir", tmp_path / "d"], _env(tmp_path), timeout=120, cwd=repo)
+  assert proc.returncode == 0, _explain(proc)
+  for i in range(2):
+    code = _home(tmp_path, i) / "podlab"
+    assert (code / "kept.txt").read_text() == "tracked, edited: new\n"
+    assert (code / "untracked.txt").is_file() and (code / "launch" / "worker.sh").is_file()
+    assert not (code / "notes.txt").exists() and not (code / "token.secret").exists()
+    assert json.loads((_home(tmp_path, i) / f"argv-{i}.json").read_text())["cwd"] == str(code)
+
+
 def test_pod_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
   env = _env(tmp_path, PODLAB_BUCKET="my-bucket", PODLAB_ZONE="europe-west4-a",
              PODLAB_PROJECT="my-project")
-  proc, _ = _run([POD, "stable-1", "--dry-run", "--", "--config.lr=3e-4"], env, timeout=30)
+  proc, _ = _run([POD, "stable-1", "--dry-run", "--internal-ip", "--gcloud-flag=--tunnel-through-iap",
+                  "--ssh-flag=-oLogLevel=ERROR", "--", "--config.lr=3e-4"], env, timeout=30)
   assert proc.returncode == 0, _explain(proc)
   lines = proc.stdout.splitlines()
   assert any(l.startswith("gcloud compute tpus tpu-vm describe stable-1 --zone=europe-west4-a "
@@ -242,28 +645,58 @@ def test_pod_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
   run = [l for l in lines if "worker.sh run" in l]
   assert len(run) == 1 and "--worker=all" in run[0], proc.stdout
   assert "-m experiments.trm.main" in run[0] and "--config=configs/v4_64.py" in run[0]
-  assert "--workdir=gs://my-bucket/podlab/stable-1/v4_64" in run[0]
+  # The default workdir carries a hash of the experiment args: other args, another workdir.
+  h = hashlib.sha256(b"--config.lr=3e-4\0").hexdigest()[:8]
+  assert f"--workdir=gs://my-bucket/podlab/stable-1/v4_64-{h}" in run[0]
+  assert f"tensorboard --logdir gs://my-bucket/podlab/stable-1/v4_64-{h}" in proc.stdout
   assert "TFDS_DATA_DIR=" in run[0] and "gs://my-bucket/podlab/tfds" in run[0]
-  assert "--config.lr=3e-4" in run[0]
-  assert "tensorboard --logdir gs://my-bucket/podlab/stable-1/v4_64" in proc.stdout
-  assert _calls(tmp_path) == []                       # nothing ran
+  assert "--config.lr=3e-4" in run[0] and "--detach" in run[0]
+  for flag in ("--internal-ip", "--tunnel-through-iap", "--ssh-flag=-oLogLevel=ERROR",
+               "--ssh-flag=-oServerAliveInterval=30", "--ssh-flag=-oServerAliveCountMax=4",
+               "--ssh-flag=-oConnectTimeout=30"):
+    assert flag in run[0], flag
+  scp = [l for l in lines if " scp " in l]
+  assert len(scp) == 1 and "--internal-ip" in scp[0] and "--scp-flag=-oConnectTimeout=30" in scp[0]
+  assert _calls(tmp_path) == []                       # nothing ran, not even `gcloud config get`
+  # Without args the workdir is the config name alone; zone and project from gcloud's config.
+  env = _env(tmp_path, PODLAB_BUCKET="my-bucket",
+             FAKE_GCLOUD_CONFIG="compute/zone=asia-east1-c,core/project=proj-from-config")
+  proc, _ = _run([POD, "stable-1", "--dry-run"], env, timeout=30)
+  assert proc.returncode == 0, _explain(proc)
+  assert "--workdir=gs://my-bucket/podlab/stable-1/v4_64'" in proc.stdout
+  assert "describe stable-1 --zone=asia-east1-c --project=proj-from-config" in proc.stdout
+  assert ["config", "get", "compute/zone"] in _calls(tmp_path)
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "missing the TPU name"),
-    (["Bad_Name"], "TPU name 'Bad_Name' is not a valid Cloud TPU name"),
-    (["x;touch PWNED"], "is not a valid Cloud TPU name"),
-    (["stable-1"], "no bucket: pass --bucket"),
-    (["stable-1", "--bucket", "bkt", "--zone", "mars"], "--zone 'mars' is not a zone name"),
-    (["stable-1", "--bucket", "bkt", "--module", "os;id"], "--module 'os;id' is not a Python module"),
-    (["stable-1", "--bucket", "bkt", "--frobnicate"], "unknown option '--frobnicate'"),
-    (["nope", "--bucket", "bkt"], "cannot describe TPU 'nope' in zone us-central2-b"),
+@pytest.mark.parametrize("args, env, message", [
+    ([], {}, "missing the TPU name"),
+    (["Bad_Name"], {}, "TPU name 'Bad_Name' is not a valid Cloud TPU name"),
+    (["x;touch PWNED"], {}, "is not a valid Cloud TPU name"),
+    (["stable-1"], {}, "no bucket: pass --bucket"),
+    (["stable-1", "--bucket", "bkt", "--zone", "mars"], {}, "--zone 'mars' is not a zone name"),
+    (["stable-1", "--bucket", "bkt", "--module", "os;id"], {}, "--module 'os;id' is not a Python module"),
+    (["stable-1", "--bucket", "bkt", "--frobnicate"], {}, "unknown option '--frobnicate'"),
+    (["nope", "--bucket", "bkt"], {}, "cannot describe TPU 'nope' in zone us-central2-b"),
+    (["fake-pod", "statuss"], {}, "unknown subcommand 'statuss' after the TPU name 'fake-pod': expected status, logs, attach or stop"),
+    (["fake-pod", "logs", "--worker=abc"], {}, "--worker 'abc' is not a worker index: pass --worker=K"),
+    (["fake-pod", "logs", "--worker=5"], {}, "--worker '5': TPU 'fake-pod' has workers 0..1; pass --worker=K with K in 0..1"),
+    (["fake-pod", "status", "-f"], {}, "option -f does not apply to `status`"),
+    (["fake-pod", "stop", "--", "--config.lr=1"], {}, "experiment args (--config.lr=1) only apply when starting a run"),
+    (["fake-pod", "--bucket", "bkt", "--max-relaunches", "x"], {}, "--max-relaunches 'x' is not a count"),
+    (["fake-pod", "--bucket", "bkt", "--python", ".venv/bin/python"], {},
+     "--python '.venv/bin/python' is not an absolute path: it names an interpreter on the workers"),
+    (["fake-pod", "--bucket", "bkt"], {"GCLOUD": "/nonexistent/gcloud", "PODLAB_ZONE": "us-central2-b"},
+     "'/nonexistent/gcloud' not found: install the Google Cloud SDK"),
+    (["fake-pod", "--bucket", "bkt"], {"FAKE_GCLOUD_CONFIG": "compute/zone="},
+     "no zone: pass --zone Z, set PODLAB_ZONE, or set gcloud's default zone"),
 ])
-def test_pod_rejects_bad_input_with_a_clear_error(tmp_path, args, message):
-  proc, _ = _run([POD, *args], _env(tmp_path), timeout=30)
+def test_pod_rejects_bad_input_with_a_clear_error(tmp_path, args, env, message):
+  proc, _ = _run([POD, *args], _env(tmp_path, **env), timeout=30)
   assert proc.returncode == 2, _explain(proc)
   assert message in proc.stderr, _explain(proc)
-  assert [c[3] for c in _calls(tmp_path)] in ([], ["describe"])   # never got as far as copying
+  if args:
+    assert len(proc.stderr.strip().splitlines()) <= 2, proc.stderr   # one line (+ gcloud's)
+  assert [c[3] for c in _tpu_calls(tmp_path)] in ([], ["describe"])   # never got as far as copying
   assert not glob.glob(str(tmp_path / "**" / "PWNED*"), recursive=True)
 
 
@@ -271,10 +704,113 @@ def test_pod_refuses_a_slice_that_is_not_ready(tmp_path):
   proc, _ = _run([POD, "fake-pod", "--bucket", "bkt"], _env(tmp_path, FAKE_TPU_STATE="CREATING"),
                  timeout=30)
   assert proc.returncode == 2 and "is CREATING, not READY" in proc.stderr, _explain(proc)
+  assert "(--watch waits)" in proc.stderr
+
+
+def test_pod_stops_before_the_run_when_a_worker_cannot_be_set_up(tmp_path):
+  proc, _ = _run([POD, "fake-pod", "--python", "/nonexistent/python", "--log-dir",
+                  tmp_path / "podlogs", "--workdir", tmp_path / "wd", "--data_dir", tmp_path / "d"],
+                 _env(tmp_path), timeout=120)
+  assert proc.returncode == 1, _explain(proc)
+  assert re.search(r"FAILED \(prepare\): worker [01] exited with code 2; the run was not started",
+                   proc.stderr), _explain(proc)
+  assert "is not an executable interpreter" in proc.stdout + proc.stderr
+  assert [c[3] for c in _tpu_calls(tmp_path)] == ["describe", "scp", "ssh"]     # no run
+
+
+# --------------------------------------------------------------------------------------------------
+# Worker setup for a real TPU VM: sudo, lsof, the dpkg lock, libtpu.
+
+def _fake_bin(tmp_path, name, body):
+  path = tmp_path / "bin" / name
+  path.parent.mkdir(exist_ok=True)
+  path.write_text("#!/usr/bin/env bash\n" + body)
+  path.chmod(0o755)
+  return path
+
+
+@pytest.fixture
+def tpu_vm(tmp_path):
+  """A fake TPU VM for `worker.sh clean`: a device file, a libtpu lockfile, a sudo that logs."""
+  (tmp_path / "dev").mkdir()
+  device = tmp_path / "dev" / "accel0"
+  device.write_text("")
+  (tmp_path / "libtpu_lockfile").write_text("")
+  sudo = _fake_bin(tmp_path, "sudo", f'[[ "$1" == -n ]] && shift\necho "$*" >> {tmp_path}/sudo.log\nexec "$@"\n')
+  return _worker_env(tmp_path, PODLAB_ACCEL_GLOB=str(tmp_path / "dev" / "accel*"),
+                     PODLAB_LIBTPU_LOCKFILE=str(tmp_path / "libtpu_lockfile"),
+                     PODLAB_SUDO=f"{sudo} -n", PODLAB_STOP_GRACE_S="5", PODLAB_DPKG_LOCK_POLL_S="0.1")
+
+
+@pytest.mark.skipif(shutil.which("lsof") is None, reason="needs lsof")
+def test_clean_stops_processes_holding_the_tpu_through_sudo(tmp_path, tpu_vm):
+  holder = subprocess.Popen(["bash", "-c", f"exec 3<{tmp_path}/dev/accel0; sleep 300"])
+  try:
+    for _ in range(100):               # wait until it holds the device
+      if str(holder.pid) in subprocess.run(["lsof", "-t", str(tmp_path / "dev" / "accel0")],
+                                            capture_output=True, text=True).stdout.split():
+        break
+      time.sleep(0.05)
+    proc, _ = _run([WORKER, "clean"], tpu_vm, timeout=60)
+    assert proc.returncode == 0, _explain(proc)
+    assert f"stopping stale processes holding the TPU on" in proc.stdout and str(holder.pid) in proc.stdout
+    assert holder.wait(timeout=10) == -signal.SIGTERM
+  finally:
+    holder.kill()
+  assert not (tmp_path / "libtpu_lockfile").exists()
+  sudo_log = (tmp_path / "sudo.log").read_text().splitlines()
+  assert f"lsof -t {tmp_path}/dev/accel0" in sudo_log
+  assert re.search(rf"^kill -TERM (\d+ )*{holder.pid}\b", "\n".join(sudo_log), re.M), sudo_log
+  assert f"rm -f {tmp_path}/libtpu_lockfile" in sudo_log
+
+
+def test_clean_installs_a_missing_lsof_after_waiting_for_the_dpkg_lock(tmp_path, tpu_vm):
+  lsof = tmp_path / "bin" / "lsof-installed"
+  _fake_bin(tmp_path, "apt-get", f"""n=$(cat {tmp_path}/apt.count 2>/dev/null || echo 0)
+echo $((n + 1)) > {tmp_path}/apt.count
+if (( n < 2 )); then
+  echo "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242 (unattended-upgr)" >&2
+  exit 100
+fi
+printf '#!/bin/sh\\nexit 1\\n' > {lsof}; chmod +x {lsof}
+""")
+  env = dict(tpu_vm, PATH=f"{tmp_path / 'bin'}:{tpu_vm['PATH']}", PODLAB_LSOF=str(lsof))
+  proc, _ = _run([WORKER, "clean"], env, timeout=60)
+  assert proc.returncode == 0, _explain(proc)
+  assert (proc.stdout + proc.stderr).count("waiting for the dpkg lock") == 1, _explain(proc)
+  assert "unattended-upgrades" in proc.stderr and "no process holds the TPU" in proc.stdout
+  assert (tmp_path / "apt.count").read_text().strip() == "3"
+  assert "env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lsof" in (tmp_path / "sudo.log").read_text()
+
+
+@pytest.mark.parametrize("apt, message", [
+    ('echo "E: Unable to locate package lsof" >&2; exit 100\n',
+     "lsof is missing on {host} and could not be installed (apt-get install lsof failed)"),
+    ('echo "E: Could not get lock /var/lib/dpkg/lock-frontend" >&2; exit 100\n',
+     "the dpkg lock was still held after 1 s (PODLAB_DPKG_LOCK_TIMEOUT_S)"),
+])
+def test_clean_fails_clearly_without_lsof(tmp_path, tpu_vm, apt, message):
+  _fake_bin(tmp_path, "apt-get", apt)
+  env = dict(tpu_vm, PATH=f"{tmp_path / 'bin'}:{tpu_vm['PATH']}", PODLAB_LSOF="/nonexistent/lsof",
+             PODLAB_DPKG_LOCK_TIMEOUT_S="1")
+  proc, _ = _run([WORKER, "clean"], env, timeout=60)
+  assert proc.returncode == 2, _explain(proc)
+  assert message.format(host=os.uname().nodename) in proc.stdout + proc.stderr, _explain(proc)
+  assert "Fix: sudo apt-get install -y lsof" in proc.stderr
+
+
+def test_clean_refuses_while_a_run_is_alive(tmp_path, tpu_vm):
+  start, _ = _run([WORKER, "run", "--run-id", "live", "--log-dir", tmp_path / "logs", "--detach",
+                   "--", "sleep", "30"], tpu_vm, timeout=60)
+  assert start.returncode == 0, _explain(start)
+  proc, _ = _run([WORKER, "clean"], tpu_vm, timeout=60)
+  assert proc.returncode == 2 and "still runs run live attempt 0" in proc.stderr, _explain(proc)
+  _run([WORKER, "stop", "--grace", "2"], tpu_vm, timeout=60)
+  assert (tmp_path / "libtpu_lockfile").exists()        # nothing was cleaned
 
 
 def test_worker_setup_checks_the_pins_of_a_given_interpreter(tmp_path):
-  env = _env(tmp_path, PODLAB_STATE_DIR=str(tmp_path / "state"))
+  env = _worker_env(tmp_path)
   proc, _ = _run([WORKER, "setup", "--python", PYTHON], env, timeout=60)
   assert proc.returncode == 0, _explain(proc)
   assert proc.stdout.strip().splitlines()[-1] == f"PODLAB_PYTHON={PYTHON}"
@@ -288,35 +824,28 @@ def test_worker_setup_checks_the_pins_of_a_given_interpreter(tmp_path):
   assert re.search(r"jax: installed nothing, pinned \d", proc.stderr), proc.stderr
 
 
-def test_worker_stop_ends_a_recorded_run(tmp_path):
-  env = _env(tmp_path, PODLAB_STATE_DIR=str(tmp_path / "state"), PODLAB_PROCESS_ID="0",
-             PODLAB_STOP_GRACE_S="5")
-  run = subprocess.Popen([str(WORKER), "run", "--log-dir", str(tmp_path / "logs"), "--", "sleep",
-                          "300"], env=env, stdout=subprocess.PIPE, text=True)
-  pid_file = tmp_path / "state" / "worker-0.pid"
-  for _ in range(100):
-    if pid_file.exists() and pid_file.read_text().strip():
-      break
-    time.sleep(0.05)
-  pid = int(pid_file.read_text())
-  proc, _ = _run([WORKER, "stop"], env, timeout=60)
-  assert proc.returncode == 0 and f"stopping stale processes on" in proc.stdout, _explain(proc)
-  out, _ = run.communicate(timeout=30)
-  assert re.search(r"PODLAB_WORKER_EXIT worker=0 rc=143 ", out), out
-  assert run.returncode == 143
-  assert not pid_file.exists()
-  with pytest.raises(ProcessLookupError):
-    os.kill(pid, 0)
-  proc, _ = _run([WORKER, "stop"], env, timeout=30)
-  assert proc.returncode == 0 and "no stale podlab processes" in proc.stdout
-
-
-def test_pod_stops_before_the_run_when_a_worker_cannot_be_set_up(tmp_path):
-  proc, _ = _run([POD, "fake-pod", "--python", "/nonexistent/python", "--log-dir",
-                  tmp_path / "podlogs", "--workdir", tmp_path / "wd", "--data_dir", tmp_path / "d"],
-                 _env(tmp_path), timeout=120)
-  assert proc.returncode == 1, _explain(proc)
-  assert re.search(r"FAILED \(prepare\): worker [01] exited with code 2; the run was not started",
-                   proc.stderr), _explain(proc)
-  assert "is not an executable interpreter" in proc.stdout + proc.stderr
-  assert [c[3] for c in _calls(tmp_path)] == ["describe", "scp", "ssh"]     # no run
+def test_libtpu_is_pinned_to_what_jax_tpu_requires(tmp_path):
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+  want = [r.split(";")[0].replace(" ", "") for r in metadata.requires("jax")
+          if r.replace(" ", "").startswith("libtpu") and "tpu" in r.split(";")[1]]
+  assert len(want) == 1 and want[0].startswith("libtpu==")
+  proc, _ = _run([WORKER, "tpu-pin", "--python", PYTHON], _worker_env(tmp_path), timeout=60)
+  assert proc.returncode == 0 and proc.stdout.strip() == want[0], _explain(proc)
+  # On a TPU VM, setup checks libtpu too: the version jax pins passes, another one is named.
+  proc, _ = _run([WORKER, "setup", "--python", PYTHON, "--jax", "tpu"], _worker_env(tmp_path), 60)
+  try:
+    installed = metadata.version("libtpu")
+  except metadata.PackageNotFoundError:
+    installed = None
+  if installed is not None and installed.startswith(want[0][len("libtpu=="):].rstrip("*")):
+    assert proc.returncode == 0 and f"libtpu {installed})" in proc.stdout, _explain(proc)
+  else:
+    assert proc.returncode == 2 and "libtpu: installed" in proc.stderr, _explain(proc)
+  site = tmp_path / "site" / "libtpu-0.0.41.dist-info"       # another libtpu, first on sys.path
+  site.mkdir(parents=True)
+  (site / "METADATA").write_text("Metadata-Version: 2.1\nName: libtpu\nVersion: 0.0.41\n")
+  proc, _ = _run([WORKER, "setup", "--python", PYTHON, "--jax", "tpu"],
+                 _worker_env(tmp_path, PYTHONPATH=str(tmp_path / "site")), 60)
+  assert proc.returncode == 2, _explain(proc)
+  assert (f"libtpu: installed 0.0.41, jax {metadata.version('jax')} pins {want[0]}"
+          in proc.stderr), proc.stderr
