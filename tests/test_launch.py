@@ -195,7 +195,8 @@ def test_pod_trains_on_every_worker_then_local_pod_resumes(reference, tmp_path):
   shutil.copytree(workdir, resumed)
   proc, took = _run([LOCAL, "-n", "2", "-d", "2", "--config", SMOKE, "--workdir", resumed,
                      "--log-dir", tmp_path / "locallogs", "--",
-                     f"--config.dataset.data_dir={reference['data_dir']}", "--config.total_steps=9"],
+                     f"--config.dataset.data_dir={reference['data_dir']}", "--config.total_steps=9",
+                     "--config.allow_config_change=True"],
                     _env(tmp_path))
   assert proc.returncode == 0, _explain(proc)
   print(f"local.sh resume 2 x 2 to step 9: {took:.1f} s")
@@ -219,7 +220,7 @@ def test_a_run_survives_a_gcloud_retry_and_its_launcher_dying(reference, tmp_pat
   evaluation are bitwise those of the undisturbed run."""
   assert reference["proc"].returncode == 0, "the reference run failed"
   workdir = tmp_path / "workdir"
-  env = _env(tmp_path, FAKE_SSH_DROP_ON=r"\[2\] train/")
+  env = _env(tmp_path, FAKE_SSH_DROP_ON=r"\] step 2/6 ")
   pod = subprocess.Popen(_pod_cmd(tmp_path, "--python", PYTHON, "--log-dir", tmp_path / "podlogs",
                                   "--workdir", workdir, "--data_dir", reference["data_dir"],
                                   "--config", SMOKE),
@@ -271,7 +272,7 @@ def test_watch_relaunches_after_a_preemption_and_the_run_resumes_exactly(referen
   resumes from its checkpoint and ends bitwise equal to the undisturbed run."""
   assert reference["proc"].returncode == 0, "the reference run failed"
   workdir = tmp_path / "workdir"
-  env = _env(tmp_path, FAKE_PREEMPT_ON=r"\[2\] train/", FAKE_PREEMPT_GRACE_S="120")
+  env = _env(tmp_path, FAKE_PREEMPT_ON=r"\] step 2/6 ", FAKE_PREEMPT_GRACE_S="120")
   proc, took = _pod(tmp_path, "--watch", "--workdir", workdir, "--data_dir", reference["data_dir"],
                     "--config", SMOKE, env=env)
   print(f"\npreempted at step 2, relaunched by --watch, finished: {took:.1f} s")

@@ -205,6 +205,7 @@ def test_torch_rng_run_is_nanogpt_run_in_torch(shared_data_dir, tmp_path):
   assert c.rng == "torch"
   train.train_and_evaluate(c, str(tmp_path / "work"))        # 4 updates, then resumed to 7:
   c.max_iters = 6                                            # the stream replays to iteration 4
+  c.allow_config_change = True
   ours = train.train_and_evaluate(c, str(tmp_path / "work"))["val_curve"]
 
   data = train.TextData(c)

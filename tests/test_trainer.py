@@ -19,6 +19,7 @@ from experiments.common import errors
 from experiments.common import layout
 from experiments.common import parallel
 from experiments.common import trainer
+from experiments.common import workdir_lock
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs/adding-an-experiment.md"
 
@@ -124,3 +125,48 @@ def test_the_nonfinite_guard(example, tmp_path, policy):
   initial = parallel.unreplicate(mlp.build(config, layout.batch_layout(config)).state.params)
   for k in params:
     np.testing.assert_array_equal(params[k], initial[k])
+
+
+def test_a_second_run_on_a_held_workdir_stops_before_any_compute(example, tmp_path):
+  """Another live run holds the workdir's lock: the trainer names it and writes nothing."""
+  scope, _ = example
+  mlp = scope["MLP"]()
+  workdir = str(tmp_path / "held")
+  with workdir_lock.WorkdirLock(workdir, run_id="the-other-run"):       # alive: this very process
+    with pytest.raises(errors.WorkdirError, match="the-other-run"):
+      trainer.train_and_evaluate(mlp, mlp.base_config(), workdir)
+    assert not os.path.exists(os.path.join(workdir, "checkpoints"))
+  trainer.train_and_evaluate(mlp, mlp.base_config(), workdir)           # free again: it trains
+  assert workdir_lock.read_lock(workdir) is None                         # and releases the lock
+
+
+def test_a_resume_with_another_config_names_the_changes(example, tmp_path):
+  scope, _ = example
+  mlp = scope["MLP"]()
+  workdir = str(tmp_path / "w")
+  config = mlp.base_config()
+  config.total_steps = 30
+  trainer.train_and_evaluate(mlp, config, workdir)
+  changed = mlp.base_config()
+  changed.total_steps, changed.lr = 40, 0.5
+  changed.log_every_steps = 10                                  # a free field: not reported
+  with pytest.raises(errors.ConfigError, match=r"allow_config_change.*lr: 0\.05 -> 0\.5.*"
+                     r"total_steps: 30 -> 40") as e:
+    trainer.train_and_evaluate(mlp, changed, workdir)
+  assert "log_every_steps" not in str(e.value)
+  changed.allow_config_change = True
+  trainer.train_and_evaluate(mlp, changed, workdir)             # resumes at 30, runs to 40
+  assert checkpointing.find_checkpoint(workdir)[1] == 40
+
+
+def test_a_checkpoint_of_another_model_advises_a_new_workdir(example, tmp_path):
+  scope, _ = example
+  mlp = scope["MLP"]()
+  workdir = str(tmp_path / "w")
+  config = mlp.base_config()
+  config.total_steps = 30
+  trainer.train_and_evaluate(mlp, config, workdir)
+  bigger = mlp.base_config()
+  bigger.hidden, bigger.allow_config_change = 64, True
+  with pytest.raises(errors.CheckpointError, match="another model or config.*new --workdir"):
+    trainer.train_and_evaluate(mlp, bigger, workdir)

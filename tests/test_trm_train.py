@@ -75,6 +75,7 @@ def test_train_writes_metrics_checkpoints_table_and_resumes(tmp_path):
 
   # A second run on the same workdir with more steps resumes at step 6 and only runs 7..9.
   config.total_steps = 9
+  config.allow_config_change = True          # a longer run: a config change, said explicitly
   train.train_and_evaluate(config, workdir)
   steps_logged = sorted(_event_scalars(workdir)["train/lm_loss"])
   assert steps_logged == [2, 4, 6, 8, 9]

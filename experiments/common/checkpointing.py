@@ -76,6 +76,15 @@ _FORMAT_VERSION = 1
 CheckpointError = errors.CheckpointError
 
 
+class CheckpointMismatch(errors.CheckpointError):
+  """A complete checkpoint whose arrays do not match this run's (another model, batch or config)."""
+
+
+MISMATCH_FIX = ("this workdir holds a run of another model or config. Fix: pass a new --workdir for "
+                "this config, or go back to the config the workdir was written with (its "
+                "run_config.json)")
+
+
 def _is_url(directory: str) -> bool:
   return "://" in directory
 
@@ -394,10 +403,15 @@ class CheckpointManager:
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**args)) if args else {}
     except Exception as e:  # pylint: disable=broad-except
+      text = str(e)
+      if re.search(r"shape|[Ss]tructure|tree|key", text) and "corrupt" not in text.lower():
+        raise CheckpointMismatch(
+            f"checkpoint {path} does not match this run's arrays ({type(e).__name__}: "
+            f"{text.splitlines()[0][:200] if text else ''}): {MISMATCH_FIX}") from e
       raise CheckpointError(
-          f"checkpoint {path} is corrupt, truncated or does not match the templates "
-          f"({type(e).__name__}: {e}). Fix: pass templates of the run that saved it, or restore "
-          f"an older step from {sorted(steps)}.") from e
+          f"checkpoint {path} is corrupt or truncated ({type(e).__name__}: "
+          f"{text.splitlines()[0][:200] if text else ''}). Fix: restore an older step from "
+          f"{sorted(steps)}.") from e
 
     # Leafless templates ({}, None, ...) come back as given.
     replicated = replicated_like
@@ -443,6 +457,8 @@ class CheckpointManager:
               f"process(es) {np.flatnonzero(ok == 0).tolist()} (see their logs).")
       if error is None:
         return result
+      if isinstance(error, CheckpointMismatch):
+        raise error          # every checkpoint of the workdir is another run's: no fallback helps
       if not fallback:
         raise CheckpointError(
             f"{error} To resume from the previous checkpoint instead, enable the fallback "
@@ -489,14 +505,14 @@ class CheckpointManager:
     def check(p, value, spec):
       got, want = (np.shape(value), np.asarray(value).dtype), (tuple(spec.shape), spec.dtype)
       if got != want:
-        raise CheckpointError(
-            f"checkpoint {path}: {_keystr(item, p)} has shape/dtype {got} but the template says "
-            f"{want}. Fix: use the template of the run that saved it.")
+        raise CheckpointMismatch(
+            f"checkpoint {path}: {_keystr(item, p)} has shape/dtype {got} but this run's is "
+            f"{want}: {MISMATCH_FIX}")
     try:
       jax.tree_util.tree_map_with_path(check, restored, specs)
     except ValueError as e:  # Structure mismatch.
-      raise CheckpointError(f"checkpoint {path}: {item} structure differs from the template "
-                            f"({e}).") from e
+      raise CheckpointMismatch(f"checkpoint {path}: its {item} structure differs from this "
+                               f"run's ({str(e).splitlines()[0][:200]}): {MISMATCH_FIX}") from e
 
   def latest_step(self) -> Optional[int]:
     """Newest saved step (None if none); a save still in flight counts once `save` returned."""

@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, T
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -61,6 +62,7 @@ from experiments.common import mfu
 from experiments.common import parallel
 from experiments.common import preemption
 from experiments.common import workdir as workdir_lib
+from experiments.common import workdir_lock
 
 Experiment = experiment_lib.Experiment
 Build = experiment_lib.Build
@@ -246,6 +248,50 @@ def _host_first(x: Any) -> float:
   return float(np.asarray(parallel.first_local(x)).reshape(-1)[0])
 
 
+RESUME_FREE_FIELDS = ("dataset.data_dir", "dataset.manual_dir", "dataset.prepare_if_missing",
+                      "log_every_steps", "profile_steps", "async_checkpoints", "keep_checkpoints",
+                      "restore_fallback", "peak_flops", "target", "final_eval", "init_from")
+"""Config fields a resume may change without --config.allow_config_change: where the data lives,
+what is logged or kept, how checkpoints are written, and init_from (a resume starts from the
+workdir's own checkpoint). Everything else (learning rate, steps, model, batch...) changes the run."""
+
+
+def _agree(ok: bool, error: Optional[BaseException], what: str) -> None:
+  """Process 0 decided (`ok`, its `error`); every process raises alike (multi-process runs)."""
+  if jax.process_count() > 1:
+    ok = bool(multihost_utils.broadcast_one_to_all(np.int32(ok)))
+  if not ok:
+    raise error if error is not None else errors.WorkdirError(
+        f"{what} (process 0 reports why, see its log)")
+
+
+@contextlib.contextmanager
+def _owned_workdir(wd: workdir_lib.Workdir, config: ml_collections.ConfigDict):
+  """The workdir's lock (process 0 holds it, with a heartbeat) and the config fingerprint check,
+  before any compute; released when the run ends, whatever way."""
+  lock, error = None, None
+  if jax.process_index() == 0:
+    try:
+      lock = workdir_lock.WorkdirLock(wd.root, run_id=os.environ.get("PODLAB_RUN_ID") or None)
+      lock.acquire()
+      changes = workdir_lock.check_config(wd.root, workdir_lock.flatten(config.to_dict()),
+                                          allow_change=bool(config.allow_config_change),
+                                          ignore=RESUME_FREE_FIELDS)
+      for change in changes:
+        console.say(f"config change on resume (allow_config_change): {change}")
+    except errors.USER_ERRORS as e:
+      error = e
+      if lock is not None:
+        lock.release()
+        lock = None
+  _agree(error is None, error, f"the workdir {wd.root} cannot be used")
+  try:
+    yield lock
+  finally:
+    if lock is not None:
+      lock.release()
+
+
 @contextlib.contextmanager
 def _cleanup_on_bad_input(root: str, existed: bool):
   """A run that fails on bad input before it starts leaves no empty workdir behind."""
@@ -268,10 +314,11 @@ def train_and_evaluate(experiment: Experiment, config: ml_collections.ConfigDict
   check_config(experiment, config)
   layout = layout_lib.batch_layout(config)
   existed = workdir_lib.exists(workdir)
+  wd = workdir_lib.Workdir(workdir)
   with _cleanup_on_bad_input(workdir, existed):
     workdir_lib.check_writable(workdir)
-    with preemption.PreemptionGuard() as guard:
-      return _Run(experiment, config, layout, workdir_lib.Workdir(workdir), guard).train()
+    with _owned_workdir(wd, config) as lock, preemption.PreemptionGuard() as guard:
+      return _Run(experiment, config, layout, wd, guard, lock=lock).train()
 
 
 def evaluate(experiment: Experiment, config: ml_collections.ConfigDict,
@@ -331,9 +378,10 @@ class _Run:
 
   def __init__(self, experiment: Experiment, config: ml_collections.ConfigDict,
                layout: layout_lib.BatchLayout, wd: workdir_lib.Workdir,
-               guard: preemption.PreemptionGuard):
+               guard: preemption.PreemptionGuard, lock: Optional[Any] = None):
     self.experiment, self.config, self.layout, self.wd, self.guard = (experiment, config, layout,
                                                                       wd, guard)
+    self.lock = lock
     if layout.cpu_tuning:
       host_malloc.keep_heap()     # CPU only: no page faults on XLA's per-step scratch
     self.b = experiment.build(config, layout)
@@ -422,6 +470,8 @@ class _Run:
                if config.profile_steps > 0 and jax.process_index() == 0 else None)
 
     def save(step: int, force: bool) -> bool:
+      if self.lock is not None:
+        self.lock.check()            # another run took the workdir: never write into its checkpoints
       return self.ckpt.save(step, replicated=_checkpoint_items(state, self.acc, self.metric_keys),
                             per_device=device_state if device_state is not None else {},
                             force=force)
@@ -495,10 +545,12 @@ class _Run:
           final[ev.name] = {k: float(v) for k, v in
                             evals.run(ev, state, device_state, total, final=True).items()}
     results = b.results(final, self.history) if b.results is not None else dict(final)
-    if step_ms:
-      results.setdefault("median_ms_per_step", float(np.median(step_ms)))
     self._final_table(final, f"Final evaluation at step {total}:")
+    # final_eval.json holds results only (a resumed run writes the same file as an unbroken one);
+    # the step time goes to TensorBoard (perf/) and into the returned dict.
     workdir_lib.write_json(self.wd.final_eval, {"step": total, **_jsonable(results)})
+    if step_ms:
+      results["median_ms_per_step"] = float(np.median(step_ms))
     writer.flush()
     self.ckpt.wait_until_finished()
     self.ckpt.close()
