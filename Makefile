@@ -47,6 +47,14 @@ FAULT_ARGS ?=
 faults: $(STAMP)
 	$(PY) -m experiments.trm.tools.faults $(FAULT_ARGS)
 
+.PHONY: tpu-check
+TPU_CHECK_ARGS ?=
+# Every pod config compiled for its TPU target by the TPU compiler (libtpu), on this CPU: one table of
+# per-chip HBM, FLOPs, predicted speed and MFU (compiler estimates). Tens of minutes on 2 cores;
+# TPU_CHECK_ARGS=--only=trm narrows it.
+tpu-check: $(STAMP)
+	$(PY) -m experiments.tools.tpu_check $(TPU_CHECK_ARGS)
+
 .PHONY: diffucoder-bench
 DIFFUCODER_BENCH_ARGS ?=
 # DiffuCoder/Dream sampling: tokens/s and ms per diffusion step for batch 1..32 x canvas 256/512 on a

@@ -62,6 +62,8 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Optional
 
+import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -548,7 +550,6 @@ class DataSource:
     if dataset_config.get("builder_config", ""):
       kwargs["config"] = dataset_config.get("builder_config")
     if process_index is None or process_count is None:
-      import jax  # pylint: disable=g-import-not-at-top
       process_index, process_count = jax.process_index(), jax.process_count()
     source = cls(name=dataset_config.get("name"), data_dir=dataset_config.get("data_dir"),
                  builder_kwargs=kwargs, seed=seed, process_index=process_index,
@@ -557,11 +558,9 @@ class DataSource:
     datasets.make_config(source.name, kwargs)  # validate the knobs before anything is read
     if dataset_config.get("prepare_if_missing", False):
       manual_dir = dataset_config.get("manual_dir", "") or None
-      import jax  # pylint: disable=g-import-not-at-top
       if jax.process_count() > 1:
         # Process 0 prepares first and the others wait: with a shared data_dir (gs://) they then
         # find it prepared; with per-host local dirs each prepares its own copy after the barrier.
-        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
         if jax.process_index() == 0:
           prepare.prepare(source.name, source.data_dir, kwargs, manual_dir)
         multihost_utils.sync_global_devices(f"podlab_prepare_{source.name}")

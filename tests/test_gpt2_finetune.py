@@ -106,8 +106,9 @@ def test_init_from_errors_name_the_field(tmp_path):
   hf_gpt2.make_random(folder, "tiny")                    # 257 ids, n_positions 128
   c = finetune_shakespeare.get_config("tiny")
   c.init_from = ""
+  train.validate_config(c)                               # --dry_run needs no folder
   with pytest.raises(config_utils.ConfigError, match="tokenizer_dir.*Fix: set --config.init_from"):
-    train.validate_config(c)                             # BPE text needs the folder's tokenizer
+    train.check_tokenizer(c)                             # reading BPE text needs its tokenizer
   c.init_from = folder
   train.validate_config(c)
   model = train.model_config(c, 257)

@@ -48,7 +48,9 @@ from ml_collections import config_flags  # noqa: E402
 
 from experiments.common import config_utils  # noqa: E402
 from experiments.common import distributed  # noqa: E402
+from experiments.common import dry_run  # noqa: E402
 from experiments.common import errors  # noqa: E402
+from experiments.common import trainer  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (path[:arg]).",
                                           lock_config=True)
@@ -215,12 +217,10 @@ def run_program(experiment_dir: str, fn: Callable[[], Any], *,
 
 def run(experiment_dir: str, make_experiment: Callable[[], Any]) -> None:
   """A training program: --mode=train (default), --mode=eval, or --dry_run (see the module doc)."""
-  from experiments.common import trainer  # pylint: disable=g-import-not-at-top  (jax: after flags)
 
   def program():
     experiment = make_experiment()
     if _DRY_RUN.value:
-      from experiments.common import dry_run  # pylint: disable=g-import-not-at-top
       print(dry_run.run(experiment, config(), target=_TARGET.value,
                         search_batch=_SEARCH_BATCH.value, name=config_filename()), flush=True)
       return
@@ -235,7 +235,6 @@ def run(experiment_dir: str, make_experiment: Callable[[], Any]) -> None:
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _DRY_RUN.value:
-      from experiments.common import dry_run  # pylint: disable=g-import-not-at-top
       dry_run.prepare(config(), _TARGET.value)     # fake CPU devices before JAX starts a backend
     _run_guarded(program)
 

@@ -29,9 +29,16 @@ import re
 import sys
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from absl import flags
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
 import numpy as np
 
+from experiments.common import config_utils
 from experiments.common import errors
+from input_pipeline import pipeline
+from input_pipeline.datasets import text_corpus
 from modules import gpt
 
 PREFIX = "_orig_mod."
@@ -129,7 +136,6 @@ def from_state_dict(state_dict: Dict[str, Any], config: gpt.GPTConfig) -> Dict[s
     raise CheckpointFormatError(f"unexpected state_dict keys {extra[:5]} (n_layer={config.n_layer}, "
                                 f"bias={config.bias}); do model_args match the weights?")
   expected = gpt.GPTModel(config)
-  import jax  # pylint: disable=g-import-not-at-top
   shapes = jax.eval_shape(expected.init, jax.random.key(0))
   for mod, leaves in shapes.items():
     for name, s in leaves.items():
@@ -175,17 +181,10 @@ def load(path: str, dtype: str = "float32") -> Tuple[gpt.GPTConfig, Dict[str, An
 def split_tokens(config, split: str = "") -> Tuple[np.ndarray, int, str]:
   """(token ids of a split, vocab_size, split name) of a nanoGPT config's dataset (prepared on first
   use when config.dataset.prepare_if_missing). `split` "" = config.dataset.val_split."""
-  from input_pipeline import datasets  # pylint: disable=g-import-not-at-top
-  from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
-  from input_pipeline.datasets import text_corpus  # pylint: disable=g-import-not-at-top
   ds = config.dataset
   split = split or ds.val_split
   source = pipeline.DataSource.from_config(ds, seed=config.seed)
-  builder = datasets.get_builder(source.name, source.data_dir, source.builder_kwargs)
-  if not builder.is_prepared():
-    raise FileNotFoundError(
-        f"{builder.info.full_name} is not prepared in {source.data_dir}: pass "
-        "--config.dataset.prepare_if_missing=True --config.dataset.manual_dir=<folder with the text>")
+  builder = pipeline.prepared_builder(source.data_dir, source.name, source.builder_kwargs)
   return (text_corpus.load_tokens(builder, split), int(builder.info.metadata["vocab_size"]),
           split)
 
@@ -195,8 +194,6 @@ def split_loss(model: gpt.GPTModel, params, tokens: np.ndarray, *, batch_size: i
   """(mean next-token cross-entropy, tokens scored) over every non-overlapping block_size window
   of `tokens` (x = tokens[i:i+T], y = tokens[i+1:i+T+1], i = 0, T, 2T, ...); `max_windows` > 0
   keeps the first that many. Deterministic: the whole split, not nanoGPT's random batches."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   T = model.config.block_size
   tokens = np.asarray(tokens)
   n = (len(tokens) - 1) // T
@@ -226,9 +223,6 @@ def split_loss(model: gpt.GPTModel, params, tokens: np.ndarray, *, batch_size: i
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """The CLI (see the module synopsis). Returns the exit status: 0, or 1 with one error line."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  from experiments.common import config_utils  # pylint: disable=g-import-not-at-top
   here = os.path.dirname(os.path.abspath(__file__))
   argv = list(sys.argv if argv is None else argv)
   if not any(a.split("=")[0] in ("--config", "-config") for a in argv[1:]):

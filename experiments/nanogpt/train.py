@@ -84,7 +84,6 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise E("min_lr", config.min_lr, f"is above lr={config.lr}", "use e.g. lr / 10")
   if config.rng not in ("torch", "stateless"):
     raise E("rng", config.rng, "must be 'torch' (nanoGPT's draws) or 'stateless'", "use 'torch'")
-  check_tokenizer(config)
   if config.init_from and not os.path.isfile(os.path.join(config.init_from, "config.json")):
     raise E("init_from", config.init_from, "is not a GPT-2 folder (no config.json there)",
             "pass the folder holding config.json and model.safetensors (docs/gpt2.md)")
@@ -255,6 +254,7 @@ class TextData:
   """This host's train/val token arrays and its random-window streams."""
 
   def __init__(self, config: ml_collections.ConfigDict):
+    check_tokenizer(config)            # before anything is read (dry runs read no data: no check)
     ds = config.dataset
     self.source = pipeline.DataSource.from_config(ds, seed=config.seed)
     builder = pipeline.prepared_builder(self.source.data_dir, self.source.name,
@@ -487,6 +487,13 @@ class NanoGPT(experiment.Experiment):
         "eval", estimate_loss, every=config.eval_interval, at_start=True, at_end=False,
         size=2 * config.eval_iters * layout.global_batch)
     return experiment.Build(batches=batches, evaluators=[evaluation], on_start=on_start, **common)
+
+  def fit_variants(self, config: ml_collections.ConfigDict):
+    """--dry_run's fixes for a step too big for the chip: bfloat16 matmuls (a podlab option)."""
+    if config.model.dtype == "bfloat16":
+      return ()
+    return (("bfloat16 matmul operands (podlab option; nanoGPT's GPU runs autocast to bf16)",
+             "--config.model.dtype=bfloat16", lambda c: setattr(c.model, "dtype", "bfloat16")),)
 
   def load_init(self, path: str, build: experiment.Build,
                 config: ml_collections.ConfigDict) -> Any:

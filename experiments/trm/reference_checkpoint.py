@@ -90,6 +90,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from experiments.common import checkpointing
 from experiments.common import errors
 from modules import layers
 from modules import trm
@@ -712,7 +713,6 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   sd = load_state_dict(args.checkpoint)
   config = infer_config(sd, **_overrides(args))
   params, state, table = import_reference(
@@ -722,25 +722,18 @@ def _import(args: argparse.Namespace) -> int:
   if os.path.exists(out) and not args.force:
     raise FileExistsError(f"--out {out} exists: choose a new directory or pass --force")
   tree = {"params": params, "state": state, "puzzle_table": table}
-  ocp.PyTreeCheckpointer().save(
-      out, tree, force=args.force,
-      custom_metadata={"trm_config": dataclasses.asdict(config),
-                       "source": os.path.abspath(args.checkpoint)})
+  checkpointing.write_tree(out, tree, force=args.force,
+                           metadata={"trm_config": dataclasses.asdict(config),
+                                     "source": os.path.abspath(args.checkpoint)})
   print(f"wrote podlab params/state/puzzle_table to {out} ({adam_param_count(sd):,} Adam "
         f"parameters)\nconfig: {config}")
   return 0
 
 
 def _restore_podlab(directory: str) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(directory):
     raise FileNotFoundError(f"podlab checkpoint directory {directory!r} does not exist")
-  ckpt = ocp.PyTreeCheckpointer()
-  meta = ckpt.metadata(directory)
-  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                              meta.item_metadata.tree)
-  tree = ckpt.restore(directory, args=ocp.args.PyTreeRestore(restore_args=restore_args))
-  custom = meta.custom_metadata or {}
+  tree, custom = checkpointing.read_tree(directory, with_metadata=True)
   return tree, custom.get("trm_config")
 
 

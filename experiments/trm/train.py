@@ -45,6 +45,7 @@ from experiments.trm.configs import base as base_config
 from input_pipeline import datasets
 from input_pipeline import pipeline
 from input_pipeline.datasets import arc_agi
+from input_pipeline.puzzles import arc
 from modules import trm
 
 RATIO_METRICS = ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")
@@ -373,7 +374,6 @@ def _puzzle_ids_bound(config: ml_collections.ConfigDict) -> int:
         "dataset.manual_dir", ds.manual_dir,
         f"{ds.name} is not prepared in {ds.data_dir} and its puzzle-id count comes from the data",
         "prepare it first, or pass --config.dataset.manual_dir=<folder with the ARC JSON files>")
-  from input_pipeline.puzzles import arc  # pylint: disable=g-import-not-at-top  (ARC dry runs only)
   kwargs = ds.builder_kwargs
   tasks = len(arc.load_variant(ds.manual_dir, kwargs.get("variant", "arc1")))
   return tasks * (int(kwargs.get("num_aug", 1000)) + 1) + 1
@@ -521,6 +521,13 @@ class TRM(experiment.Experiment):
         size=num_test if config.eval_subset == 0 else min(config.eval_subset, num_test),
         size_final=num_test)
     return experiment.Build(batches=batches, evaluators=[test], parameters=logging_text, **common)
+
+  def fit_variants(self, config: ml_collections.ConfigDict):
+    """--dry_run's fixes for a step too big for the chip: recompute activations (same numbers)."""
+    if config.model.remat:
+      return ()
+    return (("remat (recompute activations in the backward pass; the same numbers)",
+             "--config.model.remat=True", lambda c: setattr(c.model, "remat", True)),)
 
   def load_init(self, path: str, build: experiment.Build,
                 config: ml_collections.ConfigDict) -> Dict[str, Any]:

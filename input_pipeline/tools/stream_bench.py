@@ -46,6 +46,7 @@ def _peak_gb() -> float:
 
 def measure() -> list[tuple[str, str]]:
   """Rows (name, value) of the report."""
+  # Imported here so that "RSS before loading" is measured before TensorFlow and the dataset load.
   from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
   kwargs = json.loads(_KWARGS.value)
   rows = [("dataset", f"{_DATASET.value} {kwargs}"),

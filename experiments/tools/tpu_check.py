@@ -1,0 +1,103 @@
+r"""`make tpu-check`: every pod config compiled for its TPU target by the TPU compiler, one table.
+
+  python -m experiments.tools.tpu_check                 # all rows (tens of minutes on 2 cores)
+  python -m experiments.tools.tpu_check --only=trm      # rows whose label contains "trm"
+
+Rows: TRM's v4_64 pod config for each of the five recipes (v4-64), nanoGPT's v4_32 (GPT-2 124M on a
+v4-32), GPT-2 XL finetuning (configs/finetune_shakespeare.py:gpt2-xl) on a v4-8 and a v5e-8, and
+Dream 7B sampling (experiments/diffucoder) on a v4-8 and a v5e-8 when that experiment provides its
+rows. Each config is built abstractly (no data, no weights) and its training and evaluation steps
+are compiled as the pod runs them (experiments/common/dry_run.py). Every figure is a COMPILER
+ESTIMATE, not a measurement. The TRM Sudoku-MLP row also gives the chip-hours of the published run
+(65,104 steps at global batch 768) at the predicted step time.
+
+Needs libtpu (`pip install -e '.[tpu]'`, which `make` installs). ARC recipes count their puzzle ids
+from the ARC JSON files: --arc_dir (default ../shared/data/arc).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import sys
+import time
+from typing import Any, Callable, List, Optional, Sequence
+
+from experiments.common import console
+
+console.quiet_native_logs()     # before TensorFlow (imported by the trainers' modules) loads
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from experiments.common import distributed  # noqa: E402
+from experiments.common import dry_run  # noqa: E402
+from experiments.common import tpu  # noqa: E402
+from experiments.nanogpt import train as nanogpt_train  # noqa: E402
+from experiments.trm import train as trm_train  # noqa: E402
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ONLY = flags.DEFINE_string("only", "", "Run only the rows whose label contains this text.")
+_ARC_DIR = flags.DEFINE_string("arc_dir", os.path.join(os.path.dirname(REPO_ROOT), "shared", "data",
+                                                       "arc"),
+                               "The ARC-AGI JSON files (puzzle-id counts of the ARC recipes).")
+
+
+@dataclasses.dataclass
+class Check:
+  """One row group: an experiment's config compiled for a target."""
+  label: str
+  experiment: Callable[[], Any]
+  config_module: str
+  arg: Optional[str]
+  target: Optional[str] = None                 # default: the config's own target
+  overrides: Callable[[Any], None] = lambda c: None
+
+
+def _arc(c) -> None:
+  c.dataset.manual_dir = _ARC_DIR.value
+
+
+CHECKS = [
+    *[Check(f"trm v4_64 {r}", trm_train.TRM, "experiments.trm.configs.v4_64", f"recipe={r}",
+            overrides=_arc if r.startswith("arc") else (lambda c: None))
+      for r in ("sudoku_mlp", "sudoku_att", "maze_att", "arc1_att", "arc2_att")],
+    Check("nanogpt v4_32 gpt2_124m", nanogpt_train.NanoGPT, "experiments.nanogpt.configs.v4_32",
+          None),
+    Check("nanogpt finetune gpt2-xl", nanogpt_train.NanoGPT,
+          "experiments.nanogpt.configs.finetune_shakespeare", "gpt2-xl,devices=4", "v4-8"),
+    Check("nanogpt finetune gpt2-xl", nanogpt_train.NanoGPT,
+          "experiments.nanogpt.configs.finetune_shakespeare", "gpt2-xl,devices=8", "v5litepod-8"),
+]
+
+
+def run_checks(checks: Sequence[Check], log=print) -> List[tpu.Report]:
+  """Compiles every check; returns the reports (names prefixed with the check's label)."""
+  reports = []
+  for check in checks:
+    config = importlib.import_module(check.config_module).get_config(check.arg)
+    check.overrides(config)
+    target = tpu.parse_target(check.target or config.target)
+    t0 = time.perf_counter()
+    rows, steps = dry_run.compile_for_tpu(check.experiment(), config, target)
+    for r in rows:
+      r.name = f"{check.label}: {r.name}"
+    reports.extend(rows)
+    hours = dry_run._chip_hours(rows[0], target, steps)  # pylint: disable=protected-access
+    log(f"{check.label} on {target.name}: compiled in {time.perf_counter() - t0:.0f} s. {hours}")
+  return reports
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  console.quiet_libraries()
+  distributed.choose_platforms()          # the host backend is the CPU; libtpu only compiles
+  tpu.load_libtpu()
+  checks = [c for c in CHECKS if _ONLY.value in c.label]
+  reports = run_checks(checks, log=lambda line: print(line, file=sys.stderr, flush=True))
+  print(tpu.format_report(reports), flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)
