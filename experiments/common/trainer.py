@@ -334,43 +334,33 @@ def evaluate(experiment: Experiment, config: ml_collections.ConfigDict,
       return _Run(experiment, config, layout, workdir_lib.Workdir(workdir), guard).evaluate()
 
 
-def restore_params(experiment: Experiment, config: ml_collections.ConfigDict,
-                   workdir: str) -> Tuple[int, Any]:
-  """(step, params) of the newest checkpoint in `workdir` (samplers, exports)."""
-  _, b = build(experiment, config, abstract=True)
-  found = checkpointing.find_checkpoint(workdir)
-  if found is None:
-    raise errors.CheckpointError(f"no checkpoint in {workdir}. Fix: train first, or pass the "
-                                 "workdir of a run that saved one")
-  directory, step = found
-  manager = checkpointing.CheckpointManager(directory, save_interval_steps=1)
-  try:
-    step, saved, _ = manager.restore(step, replicated_like={STATE: b.state}, per_device_like={},
-                                     partial=True)
-  finally:
-    manager.close()
-  return step, b.get_params(saved[STATE])
-
-
-def restore_state(experiment: Experiment, config: ml_collections.ConfigDict,
-                  workdir: str) -> Tuple[int, Any, Any, Build]:
+def restore_state(experiment: Experiment, config: ml_collections.ConfigDict, workdir: str, *,
+                  per_device: bool = True) -> Tuple[int, Any, Any, Build]:
   """(step, state, per-device state, build) of the newest checkpoint in `workdir`, restored with the
-  run's full templates (this machine must have the saving run's device count for per-device state);
-  for exports that need more than the weights (e.g. TRM's sharded puzzle table)."""
+  run's templates (the per-device state needs the saving run's device count; `per_device=False`
+  skips it: None); for samplers and exports (e.g. TRM's sharded puzzle table)."""
   _, b = build(experiment, config, abstract=True)
   found = checkpointing.find_checkpoint(workdir)
   if found is None:
     raise errors.CheckpointError(f"no checkpoint in {workdir}. Fix: train first, or pass the "
                                  "workdir of a run that saved one")
   directory, step = found
+  with_device = per_device and b.device_state is not None
   manager = checkpointing.CheckpointManager(directory, save_interval_steps=1)
   try:
     step, saved, device_state = manager.restore(
         step, replicated_like={STATE: b.state}, partial=True,
-        per_device_like=b.device_state if b.device_state is not None else {})
+        per_device_like=b.device_state if with_device else {})
   finally:
     manager.close()
-  return step, saved[STATE], device_state if b.device_state is not None else None, b
+  return step, saved[STATE], device_state if with_device else None, b
+
+
+def restore_params(experiment: Experiment, config: ml_collections.ConfigDict,
+                   workdir: str) -> Tuple[int, Any]:
+  """(step, params) of the newest checkpoint in `workdir` (samplers, exports)."""
+  step, state, _, b = restore_state(experiment, config, workdir, per_device=False)
+  return step, b.get_params(state)
 
 
 class _Run:

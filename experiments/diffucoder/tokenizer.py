@@ -28,6 +28,7 @@ import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from experiments.common import errors
+from input_pipeline import gpt2_bpe
 
 QWEN2_SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                      r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -50,18 +51,7 @@ def chat_prompt(query: str, system: str = SYSTEM_PROMPT) -> str:
   return CHATML_TEMPLATE.format(system=system, query=query)
 
 
-def bytes_to_unicode() -> Dict[int, str]:
-  """GPT-2's byte -> printable character table used by byte-level BPE (256 entries)."""
-  bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1))
-        + list(range(ord("\u00ae"), ord("\u00ff") + 1)))
-  cs = bs[:]
-  n = 0
-  for b in range(256):
-    if b not in bs:
-      bs.append(b)
-      cs.append(256 + n)
-      n += 1
-  return dict(zip(bs, map(chr, cs)))
+bytes_to_unicode = gpt2_bpe.bytes_to_unicode   # GPT-2's byte -> printable character table
 
 
 def _added_tokens(path: str) -> List[Tuple[int, str, bool]]:

@@ -84,9 +84,6 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise E("min_lr", config.min_lr, f"is above lr={config.lr}", "use e.g. lr / 10")
   if config.rng not in ("torch", "stateless"):
     raise E("rng", config.rng, "must be 'torch' (nanoGPT's draws) or 'stateless'", "use 'torch'")
-  if config.init_from and not os.path.isfile(os.path.join(config.init_from, "config.json")):
-    raise E("init_from", config.init_from, "is not a GPT-2 folder (no config.json there)",
-            "pass the folder holding config.json and model.safetensors (docs/gpt2.md)")
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int,
@@ -100,80 +97,6 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int,
                          bias=m.bias, dtype=m.dtype, fast_grad=fast_grad)
   except ValueError as e:
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
-
-
-def check_tokenizer(config: ml_collections.ConfigDict) -> None:
-  """BPE-level text needs its tokenizer folder (before the data is read; --dry_run reads none)."""
-  kwargs = config.dataset.builder_kwargs
-  if kwargs.get("level", "") == "bpe" and not kwargs.get("tokenizer_dir", ""):
-    raise config_utils.ConfigError(
-        "dataset.builder_kwargs.tokenizer_dir", "", "BPE-level text needs the folder of "
-        "vocab.json + merges.txt", "set --config.init_from=FOLDER (the finetune recipes read the "
-        "tokenizer there) or --config.dataset.builder_kwargs.tokenizer_dir=FOLDER")
-
-
-# --------------------------------------------------------------------------------------------------
-# Initial parameters (config.init_from: a GPT-2 folder). Kept apart so that the shared trainer can
-# take it over as is.
-
-def init_from_model_config(config: ml_collections.ConfigDict, model: gpt.GPTConfig
-                           ) -> Tuple[gpt.GPTConfig, gpt.GPTConfig]:
-  """(the GPT-2 folder's GPTConfig, the model to run) for config.init_from, from config.json only.
-
-  nanoGPT's from_pretrained + crop: the folder's n_layer, n_head, n_embd, vocab_size, bias;
-  config.model's dropout, dtype, fast_grad; block_size = config.model.block_size (<= the folder's
-  n_positions). `model` is `model_config(config, dataset vocab)`: its vocab must fit the folder's.
-  """
-  path = config.init_from
-  try:
-    folder = hf_gpt2.config_from_hf(hf_gpt2.read_hf_config(path), dropout=config.model.dropout,
-                                    where=os.path.join(path, "config.json"))
-  except hf_gpt2.GPT2FormatError as e:
-    raise checkpointing.CheckpointError(f"--config.init_from={path!r}: {e}") from None
-  if config.model.block_size > folder.block_size:
-    raise config_utils.ConfigError(
-        "model.block_size", config.model.block_size,
-        f"exceeds the GPT-2 folder's n_positions={folder.block_size}",
-        f"use model.block_size <= {folder.block_size} (smaller crops the positions, as nanoGPT)")
-  if model.vocab_size > folder.vocab_size:
-    raise config_utils.ConfigError(
-        "init_from", path, f"the model needs {model.vocab_size} token ids (the dataset's or "
-        f"model.vocab_size) but the folder's vocab_size is {folder.vocab_size}",
-        "prepare the text with this folder's tokenizer (dataset.builder_kwargs.tokenizer_dir) and "
-        "leave model.vocab_size at -1")
-  run = dataclasses.replace(folder, block_size=config.model.block_size, dtype=model.dtype,
-                            fast_grad=model.fast_grad)
-  shape = ("n_layer", "n_head", "n_embd")
-  if any(getattr(model, k) != getattr(run, k) for k in shape):
-    logging.info("init_from %s: the folder's model args %s replace config.model's %s", path,
-                 {k: getattr(run, k) for k in shape}, {k: getattr(model, k) for k in shape})
-  return folder, run
-
-
-def initial_params(config: ml_collections.ConfigDict, model: gpt.GPTConfig
-                   ) -> Tuple[gpt.GPTConfig, Any, int]:
-  """(model config, initial params, torch-generator draws the init used) of a run.
-
-  config.init_from set: the GPT-2 folder's weights (experiments/nanogpt/hf_gpt2.py) in the model of
-  `init_from_model_config`, positions cropped to block_size; with rng="torch" the batch stream
-  starts after the draws nanoGPT's from_pretrained spends on GPT(config)'s init
-  (`hf_gpt2.nanogpt_init_draws` of the folder's shape; transformers' own loader is taken to draw
-  nothing, as recent versions that build the model without initialising it). Otherwise nanoGPT's
-  initial weights for the seed (rng="torch", torch_rng) or Haiku's (rng="stateless").
-  """
-  if config.init_from:
-    folder, run = init_from_model_config(config, model)
-    try:
-      loaded, params = hf_gpt2.load_pretrained(config.init_from, dropout=config.model.dropout)
-      _, params = hf_gpt2.crop_block_size(loaded, params, run.block_size)
-    except (hf_gpt2.GPT2FormatError, safetensors_io.SafetensorsError) as e:
-      raise checkpointing.CheckpointError(f"--config.init_from={config.init_from!r}: {e}") from None
-    draws = hf_gpt2.nanogpt_init_draws(folder) if config.rng == "torch" else 0
-    return run, jax.tree.map(jnp.asarray, params), draws
-  if config.rng == "torch":      # nanoGPT's initial weights for this seed (torch_rng)
-    params, draws = torch_rng.init_params(model, config.seed)
-    return model, jax.tree.map(jnp.asarray, params), draws
-  return model, gpt.GPTModel(model).init(jax.random.key(config.seed)), 0
 
 
 def check_tokenizer(config: ml_collections.ConfigDict) -> None:

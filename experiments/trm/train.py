@@ -339,8 +339,8 @@ def parameter_table(state: TrainState, model: Optional[trm.TRMModel] = None,
   return text
 
 
-def _summary(state: Any, model: trm.TRMModel, layout: layout_lib.BatchLayout, num_train: int,
-             total_steps: int) -> str:
+def _summary(state: Any, model: trm.TRMModel, layout: layout_lib.BatchLayout,
+             num_train: Optional[int], total_steps: int) -> str:
   n_adam = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
   rows, width = model.config.num_puzzle_identifiers, model.config.emb_ndim
   if model.config.prefix_len == 0:
@@ -350,9 +350,13 @@ def _summary(state: Any, model: trm.TRMModel, layout: layout_lib.BatchLayout, nu
              f"{sharded_table.rows_per_device(rows, layout.devices):,} rows per device")
   else:
     table = f"puzzle table ({rows:,}, {width}) replicated"
-  per_epoch = max(1, num_train // layout.global_batch)
-  return (f"{num_train:,} train examples per epoch, {total_steps:,} updates ({per_epoch:,} per "
-          f"epoch); {n_adam:,} Adam parameters, {model.config.forward_dtype}, "
+  if num_train is None:
+    steps = ("train examples unknown here (the dataset is not prepared here; prepare it, or set "
+             "total_steps, for the run's length)")
+  else:
+    steps = (f"{num_train:,} train examples per epoch, {total_steps:,} updates "
+             f"({max(1, num_train // layout.global_batch):,} per epoch)")
+  return (f"{steps}; {n_adam:,} Adam parameters, {model.config.forward_dtype}, "
           f"remat {'on' if model.config.remat else 'off'}; {table}")
 
 
@@ -387,8 +391,8 @@ def _abstract_metadata(config: ml_collections.ConfigDict) -> Dict[str, Any]:
   return meta
 
 
-def _abstract_num_train(config: ml_collections.ConfigDict, meta: Dict[str, Any]) -> int:
-  """From the prepared dataset, else from the builder's size knobs, else 1 (steps from the config)."""
+def _abstract_num_train(config: ml_collections.ConfigDict, meta: Dict[str, Any]) -> Optional[int]:
+  """From the prepared dataset, else from the builder's size knobs; None when unknown here."""
   splits = meta.get("splits") or {}
   if config.dataset.train_split in splits:
     return epoch_examples(meta, int(splits[config.dataset.train_split]))
@@ -396,7 +400,7 @@ def _abstract_num_train(config: ml_collections.ConfigDict, meta: Dict[str, Any])
   for knob in ("subsample_size", "train_size"):
     if knob in kwargs and kwargs[knob]:
       return int(kwargs[knob])
-  return max(int(config.global_batch_size), 1)
+  return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -427,9 +431,12 @@ class TRM(experiment.Experiment):
       meta = data.metadata()
       num_train = epoch_examples(meta, data.num_examples(ds.train_split))
     model = trm.TRMModel(model_config(config, meta))
-    total_steps = num_train_steps(config, num_train)
-    eval_every = eval_every_steps(config, num_train)
-    adam, sign = make_optimizers(config, total_steps)
+    if num_train is None:      # a dry run of an unprepared dataset without size knobs
+      total_steps, eval_every = max(int(config.total_steps), 0), 1
+    else:
+      total_steps = num_train_steps(config, num_train)
+      eval_every = eval_every_steps(config, num_train)
+    adam, sign = make_optimizers(config, max(total_steps, 1))
     shard = bool(config.shard_puzzle_table)
     has_table = model.config.prefix_len > 0
     n_ids, width = model.config.num_puzzle_identifiers, model.config.emb_ndim
