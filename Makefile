@@ -15,7 +15,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -U pip
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,torch,tpu]'
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,torch,tpu]'
 	@touch $@
 
 test: $(STAMP)

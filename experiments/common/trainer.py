@@ -527,6 +527,8 @@ class _Run:
         raise errors.Preempted(step, self.guard.signal_name, self.ckpt.directory)
       window_paused += time.perf_counter() - paused_from
     check(pending)
+    if hasattr(batches, "close"):
+      batches.close()          # the input pipeline's threads and buffers go now, not at exit
 
     final: Dict[str, Dict[str, float]] = {}
     if config.final_eval and total > 0:
