@@ -109,7 +109,7 @@ def _cpu_report(experiment: experiment_lib.Experiment, config: ml_collections.Co
       ("devices", f"{layout.devices} = {layout.hosts} host(s) x {layout.devices_per_host} "
                   f"(compiled for one host on {n_local} fake CPU devices)"),
       ("batch", layout.describe()),
-      ("updates", f"{b.total_steps:,}"),
+      ("updates", f"{b.total_steps:,}" if b.total_steps else "unknown here (see model)"),
   ]
   if b.summary:
     rows += [("model", line) for line in b.summary.splitlines()]
