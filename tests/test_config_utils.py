@@ -65,10 +65,11 @@ def test_resolved_argv_parses_with_config_flags(layout):
   assert (holder.value.name, holder.value.arg, holder.value.lr) == ("experiment", "tiny", 0.5)
 
 
-def test_missing_config_names_both_places_tried(layout):
+def test_missing_config_names_both_places_tried(layout, capsys):
   with pytest.raises(SystemExit) as exc:
     config_utils.resolve_config_argv(["main.py", "--config=configs/nope.py:a"], "experiments/trm")
-  message = str(exc.value)
+  assert exc.value.code == 2                                  # bad input
+  message = capsys.readouterr().err.strip()
   assert "configs/nope.py" in message
   assert str(layout / "configs" / "nope.py") in message
   assert str(layout / "experiments" / "trm" / "configs" / "nope.py") in message
