@@ -457,10 +457,10 @@ def fix_build_files() -> List[str]:
       kind = block.split("(", 1)[0]
       srcs = [t for t in read_build_text(package, block) for t in t.srcs]
       missing = [s for s in srcs if not (directory / s).is_file() and not s.startswith(("//", ":"))]
-      if kind in ("podlab_py_library", "podlab_py_test"):
+      if kind in ("podlab_py_library", "podlab_py_test") and not any("/" in x for x in srcs):
         old[name] = block
       elif not missing:
-        keep.append(block)
+        keep.append(block)          # binaries, data, and targets of files in sub-folders
     files = sorted(p.name for p in directory.glob("*.py") if p.is_file())
     files.sort(key=lambda f: (f != "__init__.py", f.startswith("test_"), f))
     stanzas = []
