@@ -276,7 +276,9 @@ def compare_decodings(config, params, prompt, valid, *, mask_id: int, new_tokens
                       variants=None, steps: Any = None) -> List[Dict[str, Any]]:
   """Mode 2 on any Dream: `config` a modules.dream.DreamConfig, `params` its Haiku parameters
   (random, converted or trained), prompt / valid [B, P] (left-padded). Each variant (default
-  `compare_variants`) decodes greedily: compiled once, then `repeats` timed generations (median).
+  `compare_variants`) decodes greedily: each is compiled (its tokens kept: greedy decoding is
+  deterministic), then `repeats` rounds time one generation of every variant in turn (so a change
+  of the machine's load over the minutes affects all variants alike); seconds is the median.
   Returns one row per variant: decoding, forwards, seconds, tokens_per_s, speedup (vs the first
   row), agreement (identical generated tokens vs the first row), vs / agreement_vs (vs the row the
   variant approximates) and tokens (the generated [B, new_tokens] ids, for further scoring).
@@ -284,22 +286,27 @@ def compare_decodings(config, params, prompt, valid, *, mask_id: int, new_tokens
   forward = sampler_forward(config)
   variants = variants or compare_variants(new_tokens, block_length, threshold)
   start = prompt.shape[1]
-  rows, outs = [], []
-  for name, kw, base in variants:
+  key = jax.random.key(0)
+  runners, firsts = [], []
+  for name, kw, _ in variants:                        # compile each (and keep its greedy tokens)
     opts = sampling.SamplerOptions(**{"steps": steps or new_tokens, "alg": alg, **kw})
     runner = sampling.Runner(forward, opts, mask_id=mask_id)
-    runner.generate(params, prompt, valid, jax.random.key(0), max_new_tokens=new_tokens)  # compile
-    runs = [runner.generate(params, prompt, valid, jax.random.key(0), max_new_tokens=new_tokens)
-            for _ in range(repeats)]
-    seconds = statistics.median(r.seconds for r in runs)
-    gen = runs[0].tokens[:, start:]
-    outs.append((gen, seconds))
-    rows.append(dict(decoding=name, forwards=runs[0].forwards, seconds=seconds,
-                     tokens_per_s=gen.size / seconds, speedup=outs[0][1] / seconds,
-                     agreement=float(np.mean(gen == outs[0][0])), vs=variants[base][0],
-                     agreement_vs=float(np.mean(gen == outs[base][0])), tokens=gen))
-    print(format_rows([rows[-1]], [c for c in rows[-1] if c != "tokens"]).splitlines()[-1],
-          file=sys.stderr, flush=True)
+    firsts.append(runner.generate(params, prompt, valid, key, max_new_tokens=new_tokens))
+    runners.append(runner)
+    print(f"compiled {name}: {firsts[-1].forwards} forwards", file=sys.stderr, flush=True)
+  times = [[] for _ in variants]
+  for _ in range(repeats):                  # rounds over all variants: load drift hits them alike
+    for i, runner in enumerate(runners):
+      times[i].append(runner.generate(params, prompt, valid, key,
+                                      max_new_tokens=new_tokens).seconds)
+  gens = [f.tokens[:, start:] for f in firsts]
+  seconds = [statistics.median(t) for t in times]
+  rows = []
+  for i, (name, _, base) in enumerate(variants):
+    rows.append(dict(decoding=name, forwards=firsts[i].forwards, seconds=seconds[i],
+                     tokens_per_s=gens[i].size / seconds[i], speedup=seconds[0] / seconds[i],
+                     agreement=float(np.mean(gens[i] == gens[0])), vs=variants[base][0],
+                     agreement_vs=float(np.mean(gens[i] == gens[base])), tokens=gens[i]))
   return rows
 
 
