@@ -55,14 +55,24 @@ TPU_CHECK_ARGS ?=
 tpu-check: $(STAMP)
 	$(PY) -m experiments.tools.tpu_check $(TPU_CHECK_ARGS)
 
-.PHONY: diffucoder-bench
+.PHONY: diffucoder-bench diffucoder-train
 DIFFUCODER_BENCH_ARGS ?=
-# DiffuCoder/Dream sampling: tokens/s and ms per diffusion step for batch 1..32 x canvas 256/512 on a
-# small random Dream (minutes on a CPU). DIFFUCODER_BENCH_ARGS=--compare: prefix/dual KV cache and
-# threshold parallel decoding vs plain (tokens/s, agreement); '--dry_run --devices=1,4,8': the 7.6B
-# model's compiled memory and FLOPs per device on fake CPU devices.
+MDM_WORKDIR ?= workdirs/shakespeare_mdm
+# The masked-diffusion Dream of configs/shakespeare_mdm.py on shakespeare_char (~11 min on 2 CPU
+# cores; prepares the data from ../shared/data/tinyshakespeare on first use; resumes from
+# $(MDM_WORKDIR)).
+MDM_TRAIN = $(PY) -m experiments.diffucoder.main --config=configs/shakespeare_mdm.py \
+    --workdir=$(MDM_WORKDIR)
+diffucoder-train: $(STAMP)
+	$(MDM_TRAIN)
+# The diffusion speed-ups on that TRAINED model (trained first when $(MDM_WORKDIR) has no finished
+# run; MDM_WORKDIR=DIR points at another): forwards per token, tokens/s, agreement with the plain
+# sampler and the completions' likelihood under the plain model, for plain, blocks, prefix / dual
+# cache, threshold 0.9 and Fast-dLLM's exact loop (a few minutes). The random-model tables and the
+# 7.6B dry run: python -m experiments.diffucoder.benchmark [--compare | --dry_run] (its docstring).
 diffucoder-bench: $(STAMP)
-	$(PY) -m experiments.diffucoder.benchmark $(DIFFUCODER_BENCH_ARGS)
+	@test -f $(MDM_WORKDIR)/final_eval.json || $(MDM_TRAIN)
+	$(PY) -m experiments.diffucoder.benchmark --trained=$(MDM_WORKDIR) $(DIFFUCODER_BENCH_ARGS)
 
 .PHONY: gpt-run gpt-bench
 GPT_WORKDIR ?= workdirs/shakespeare_char_cpu

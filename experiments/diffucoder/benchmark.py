@@ -1,7 +1,7 @@
-r"""Speed of Dream / DiffuCoder diffusion sampling, the cache / parallel-decoding options, and a dry run
-of the real 7.6B model's step for a device count.
+r"""Speed of Dream / DiffuCoder diffusion sampling, the cache / parallel-decoding options (on a random or
+a trained model), and a dry run of the real 7.6B model's step for a device count.
 
-Three modes:
+Four modes:
 
   # 1. tokens/s and ms per diffusion step for batch 1..32 and canvas 256/512 on a small random Dream
   python -m experiments.diffucoder.benchmark --batches=1,2,4,8,16,32 --canvases=256,512
@@ -11,6 +11,9 @@ Three modes:
   python -m experiments.diffucoder.benchmark --compare [--checkpoint=DIR]
   # 3. the 7.6B config's compiled step on N fake CPU devices: memory per device and FLOPs per step
   python -m experiments.diffucoder.benchmark --dry_run --devices=1,4,8 --global_batch=8 --canvas=512
+  # 4. mode 2 on a TRAINED masked-diffusion model (a workdir of experiments.diffucoder.main; what
+  #    `make diffucoder-bench` runs), with the completions' likelihood under the plain model
+  python -m experiments.diffucoder.benchmark --trained=workdirs/shakespeare_mdm
 
 Mode 1, per (batch, canvas): the canvas is a prompt of canvas / 4 tokens plus 3 canvas / 4 masks,
 decoded with steps = new tokens (the reference's setting, one token per step on average) and the
@@ -40,11 +43,23 @@ step (params replicated; global_batch / N rows per device) and prints per device
 + canvas), temp and output bytes of `memory_analysis()` (XLA CPU's estimate; TPU's differs), and
 FLOPs per step from `cost_analysis()` next to the analytic count.
 
-Shape glossary: B batch (rows), L canvas length, V vocabulary, N devices.
+Mode 4 restores the newest checkpoint of `--trained` (its config from the workdir's mdm_run.json),
+takes `--compare_prompts` (16) held-out prompts of `--prompt_len` characters (default: the run's
+seq_len - `--max_new_tokens`) at evenly spaced offsets of the val split, and runs mode 2's rows
+(`trained_table`) with two more columns: forwards_per_token (model calls / new tokens; a cached call
+runs on a window, so it is cheaper than a plain one) and nll, the mean over the completions' tokens
+of -log p(y_j | prompt, y_<j, masks after) under the plain model (`completion_nll`: the exact
+negative log-likelihood, in nats per token, of the completion under the left-to-right factorisation
+of the masked-diffusion model; every decoding is scored by the same model in the same order). A last
+row scores the true continuations of the prompts ("held-out text"; its agreement is the share of
+plain's tokens equal to the text). Then the first prompt's completions, decoded.
+
+Shape glossary: B batch (rows), L canvas length, V vocabulary, N devices (mode 3) or new tokens.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -53,10 +68,23 @@ import sys
 import time
 from typing import Any, Dict, List, Sequence, Tuple
 
-from absl import app
-from absl import flags
+from experiments.common import console
 
-from experiments.common import errors
+console.quiet_native_logs()     # before TensorFlow (the data pipeline of mode 4) and XLA load
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from experiments.common import errors  # noqa: E402
+from experiments.common import parallel  # noqa: E402
+from experiments.common import trainer  # noqa: E402
+from experiments.diffucoder import convert  # noqa: E402
+from experiments.diffucoder import sampling  # noqa: E402
+from experiments.diffucoder import train  # noqa: E402
+from modules import dream  # noqa: E402
 
 
 def _define_flags() -> None:
@@ -66,7 +94,7 @@ def _define_flags() -> None:
   global _BATCHES, _CANVASES, _TIMED, _HIDDEN, _LAYERS, _HEADS, _KV_HEADS, _VOCAB, _DTYPE, _ALG
   global _TEMPERATURE, _TOP_P, _COMPARE, _COMPARE_PROMPTS, _PROMPT_LEN, _NEW, _BLOCK, _THRESHOLD
   global _REPEATS, _LOGIT_SCALE, _DRY_RUN, _DEVICES, _GLOBAL_BATCH, _CANVAS, _PROMPT_FRACTION
-  global _JSON_OUT, _CHILD, _CHECKPOINT, _MASK_ID
+  global _JSON_OUT, _CHILD, _CHECKPOINT, _MASK_ID, _TRAINED, _STEPS
   _BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "16", "32"], "Batch sizes.")
   _CANVASES = flags.DEFINE_list("canvases", ["256", "512"], "Canvas lengths.")
   _TIMED = flags.DEFINE_integer("timed_steps", 3, "Timed steps per cell (median).")
@@ -80,12 +108,18 @@ def _define_flags() -> None:
   _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampler temperature (modes 1, 3).")
   _TOP_P = flags.DEFINE_float("top_p", 1.0, "Sampler top_p (modes 1, 3; 1 = off).")
   _COMPARE = flags.DEFINE_bool("compare", False, "Mode 2: cache / parallel decoding vs plain.")
-  _COMPARE_PROMPTS = flags.DEFINE_integer("compare_prompts", 4, "Mode 2: prompts (one batch).")
-  _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Mode 2: prompt tokens.")
-  _NEW = flags.DEFINE_integer("max_new_tokens", 128, "Mode 2: new tokens.")
-  _BLOCK = flags.DEFINE_integer("block_length", 32, "Mode 2: block length.")
-  _THRESHOLD = flags.DEFINE_float("threshold", 0.9, "Mode 2: parallel-decoding threshold.")
-  _REPEATS = flags.DEFINE_integer("repeats", 3, "Mode 2: timed generations per option (median).")
+  _TRAINED = flags.DEFINE_string("trained", None, "Mode 4: the workdir of a masked-diffusion run "
+                                 "(experiments.diffucoder.main): the speed-up table on that model.")
+  _COMPARE_PROMPTS = flags.DEFINE_integer("compare_prompts", None, "Modes 2, 4: prompts (one "
+                                          "batch; default 4, mode 4: 16).")
+  _PROMPT_LEN = flags.DEFINE_integer("prompt_len", None, "Modes 2, 4: prompt tokens (default 32; "
+                                     "mode 4: the run's seq_len - max_new_tokens).")
+  _NEW = flags.DEFINE_integer("max_new_tokens", None, "Modes 2, 4: new tokens (default 128; mode "
+                              "4: 3/4 of the run's seq_len, a multiple of --block_length).")
+  _STEPS = flags.DEFINE_integer("steps", None, "Modes 2, 4: diffusion steps (default: new tokens).")
+  _BLOCK = flags.DEFINE_integer("block_length", 32, "Modes 2, 4: block length.")
+  _THRESHOLD = flags.DEFINE_float("threshold", 0.9, "Modes 2, 4: parallel-decoding threshold.")
+  _REPEATS = flags.DEFINE_integer("repeats", 3, "Modes 2, 4: timed generations per option (median).")
   _LOGIT_SCALE = flags.DEFINE_float("logit_scale", 1.0, "Mode 2: scales the random output head.")
   _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Mode 2: a Hugging Face or converted "
                                     "Dream folder to compare on instead of a random model.")
@@ -104,10 +138,20 @@ GB = 1e9
 
 def small_config(hidden=128, layers=2, heads=4, kv_heads=2, vocab=1024, dtype="bfloat16"):
   """A small random Dream (SwiGLU width 2.75 x hidden, as the 7B's 18944 / 3584 ~ 5.3 halved)."""
-  from modules import dream  # pylint: disable=g-import-not-at-top
   return dream.DreamConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
                            num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, dtype=dtype,
                            param_dtype=dtype)
+
+
+def sampler_forward(config):
+  """The sampler's forward(params, tokens, valid, positions, context=None, return_kv=False) of a
+  DreamConfig (generate.model_forward; generate is not imported: its entry-point flags would clash
+  with this program's --dry_run)."""
+  apply = dream.dream_forward(config).apply
+
+  def forward(params, tokens, valid, positions, context=None, return_kv=False):
+    return apply(params, tokens, valid, positions, context, return_kv)
+  return forward
 
 
 def analytic_flops(config, batch: int, canvas: int) -> float:
@@ -122,9 +166,6 @@ def analytic_flops(config, batch: int, canvas: int) -> float:
 
 
 def _random_params(config, seed=0):
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from modules import dream  # pylint: disable=g-import-not-at-top
   return dream.dream_forward(config).init(jax.random.key(seed), jnp.zeros((1, 4), jnp.int32),
                                           jnp.ones((1, 4), bool))
 
@@ -132,11 +173,6 @@ def _random_params(config, seed=0):
 def bench_cell(config, params, batch: int, canvas: int, opts, timed_steps: int,
                prompt_fraction: float = 0.25, seed: int = 0) -> Dict[str, Any]:
   """Compile and time the plain step for one (batch, canvas); see the module doc."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder import generate  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder import sampling  # pylint: disable=g-import-not-at-top
   prompt_len = max(int(canvas * prompt_fraction), 1)
   new = canvas - prompt_len
   mask_id = config.vocab_size - 1
@@ -145,7 +181,7 @@ def bench_cell(config, params, batch: int, canvas: int, opts, timed_steps: int,
                            np.full((batch, new), mask_id)], axis=1).astype(np.int32)
   valid = np.ones_like(tokens, bool)
   positions = np.asarray(sampling.positions_from_valid(jnp.asarray(valid)))
-  step = jax.jit(sampling.plain_step_fn(generate.model_forward(config), opts, mask_id=mask_id,
+  step = jax.jit(sampling.plain_step_fn(sampler_forward(config), opts, mask_id=mask_id,
                                         start=prompt_len))
   ratios = sampling.transfer_ratios(new, opts.eps)
   t0 = time.perf_counter()
@@ -177,7 +213,6 @@ def format_rows(rows: List[Dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def run_table() -> List[Dict[str, Any]]:
-  from experiments.diffucoder import sampling  # pylint: disable=g-import-not-at-top
   config = small_config(_HIDDEN.value, _LAYERS.value, _HEADS.value, _KV_HEADS.value, _VOCAB.value,
                         _DTYPE.value)
   params = _random_params(config)
@@ -190,7 +225,6 @@ def run_table() -> List[Dict[str, Any]]:
       row = bench_cell(config, params, batch, canvas, opts, _TIMED.value, _PROMPT_FRACTION.value)
       rows.append(row)
       print(format_rows([row], list(row)).splitlines()[-1], file=sys.stderr, flush=True)
-  from modules import dream  # pylint: disable=g-import-not-at-top
   print(f"small random Dream: {dream.count_params(config):,} parameters ({config.hidden_size} "
         f"hidden, {config.num_layers} layers, {config.num_heads}/{config.num_kv_heads} heads, "
         f"vocab {config.vocab_size}, {config.dtype.name}); sampler {_ALG.value}, temperature "
@@ -229,44 +263,55 @@ def compare_variants(new: int, block_length: int, threshold: float) -> List[Tupl
   ]
 
 
+def trained_variants(new: int, block_length: int, threshold: float) -> List[Tuple[str, dict, int]]:
+  """Mode 4's rows: `compare_variants`, then the plain sampler with new / 2 and new / 4 steps (2 and
+  4 tokens per step on average): the speed any diffusion sampler buys by taking fewer steps, the
+  yardstick for what the caches and thresholds buy at their agreement."""
+  fewer = [(f"plain, {new // k} steps", dict(steps=new // k), 0) for k in (2, 4) if new // k >= 1]
+  return compare_variants(new, block_length, threshold) + fewer
+
+
 def compare_decodings(config, params, prompt, valid, *, mask_id: int, new_tokens: int,
                       block_length: int, threshold: float, alg: str = "entropy", repeats: int = 3,
-                      variants=None) -> List[Dict[str, Any]]:
+                      variants=None, steps: Any = None) -> List[Dict[str, Any]]:
   """Mode 2 on any Dream: `config` a modules.dream.DreamConfig, `params` its Haiku parameters
   (random, converted or trained), prompt / valid [B, P] (left-padded). Each variant (default
-  `compare_variants`) decodes greedily: compiled once, then `repeats` timed generations (median).
+  `compare_variants`) decodes greedily: each is compiled (its tokens kept: greedy decoding is
+  deterministic), then `repeats` rounds time one generation of every variant in turn (so a change
+  of the machine's load over the minutes affects all variants alike); seconds is the median.
   Returns one row per variant: decoding, forwards, seconds, tokens_per_s, speedup (vs the first
   row), agreement (identical generated tokens vs the first row), vs / agreement_vs (vs the row the
-  variant approximates) and tokens (the generated [B, new_tokens] ids, for further scoring)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder import generate  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder import sampling  # pylint: disable=g-import-not-at-top
-  forward = generate.model_forward(config)
+  variant approximates) and tokens (the generated [B, new_tokens] ids, for further scoring).
+  `steps` (default new_tokens) is the diffusion steps of the variants that do not set their own."""
+  forward = sampler_forward(config)
   variants = variants or compare_variants(new_tokens, block_length, threshold)
   start = prompt.shape[1]
-  rows, outs = [], []
-  for name, kw, base in variants:
-    opts = sampling.SamplerOptions(**{"steps": new_tokens, "alg": alg, **kw})
+  key = jax.random.key(0)
+  runners, firsts = [], []
+  for name, kw, _ in variants:                        # compile each (and keep its greedy tokens)
+    opts = sampling.SamplerOptions(**{"steps": steps or new_tokens, "alg": alg, **kw})
     runner = sampling.Runner(forward, opts, mask_id=mask_id)
-    runner.generate(params, prompt, valid, jax.random.key(0), max_new_tokens=new_tokens)  # compile
-    runs = [runner.generate(params, prompt, valid, jax.random.key(0), max_new_tokens=new_tokens)
-            for _ in range(repeats)]
-    seconds = statistics.median(r.seconds for r in runs)
-    gen = runs[0].tokens[:, start:]
-    outs.append((gen, seconds))
-    rows.append(dict(decoding=name, forwards=runs[0].forwards, seconds=seconds,
-                     tokens_per_s=gen.size / seconds, speedup=outs[0][1] / seconds,
-                     agreement=float(np.mean(gen == outs[0][0])), vs=variants[base][0],
-                     agreement_vs=float(np.mean(gen == outs[base][0])), tokens=gen))
-    print(format_rows([rows[-1]], [c for c in rows[-1] if c != "tokens"]).splitlines()[-1],
-          file=sys.stderr, flush=True)
+    firsts.append(runner.generate(params, prompt, valid, key, max_new_tokens=new_tokens))
+    runners.append(runner)
+    print(f"compiled {name}: {firsts[-1].forwards} forwards", file=sys.stderr, flush=True)
+  times = [[] for _ in variants]
+  for _ in range(repeats):                  # rounds over all variants: load drift hits them alike
+    for i, runner in enumerate(runners):
+      times[i].append(runner.generate(params, prompt, valid, key,
+                                      max_new_tokens=new_tokens).seconds)
+  gens = [f.tokens[:, start:] for f in firsts]
+  seconds = [statistics.median(t) for t in times]
+  rows = []
+  for i, (name, _, base) in enumerate(variants):
+    rows.append(dict(decoding=name, forwards=firsts[i].forwards, seconds=seconds[i],
+                     tokens_per_s=gens[i].size / seconds[i], speedup=seconds[0] / seconds[i],
+                     agreement=float(np.mean(gens[i] == gens[0])), vs=variants[base][0],
+                     agreement_vs=float(np.mean(gens[i] == gens[base])), tokens=gens[i]))
   return rows
 
 
 def _compare_model():
   """(config, params, mask_id, description) of mode 2: --checkpoint, or a small random Dream."""
-  from experiments.diffucoder import convert  # pylint: disable=g-import-not-at-top
   if _CHECKPOINT.value:
     path = _CHECKPOINT.value
     if convert.is_hf_dir(path):
@@ -291,18 +336,18 @@ def _compare_model():
 
 def run_compare() -> List[Dict[str, Any]]:
   """Mode 2; see the module doc."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   config, params, mask_id, what = _compare_model()
   rng = np.random.default_rng(0)
-  prompt = rng.integers(0, min(mask_id, config.vocab_size),
-                        (_COMPARE_PROMPTS.value, _PROMPT_LEN.value)).astype(np.int32)
+  n, prompt_len = _COMPARE_PROMPTS.value or 4, _PROMPT_LEN.value or 32
+  prompt = rng.integers(0, min(mask_id, config.vocab_size), (n, prompt_len)).astype(np.int32)
   valid = np.ones_like(prompt, bool)
-  new = _NEW.value
+  new = _NEW.value or 128
+  steps = _STEPS.value or new
   rows = compare_decodings(config, params, prompt, valid, mask_id=mask_id, new_tokens=new,
                            block_length=_BLOCK.value, threshold=_THRESHOLD.value, alg=_ALG.value,
-                           repeats=_REPEATS.value)
-  print(f"{_COMPARE_PROMPTS.value} prompts of {_PROMPT_LEN.value} random tokens, {new} new "
-        f"tokens, {new} steps (Fast-dLLM's threshold rows: {new // _BLOCK.value}), greedy "
+                           repeats=_REPEATS.value, steps=steps)
+  print(f"{n} prompts of {prompt_len} random tokens, {new} new "
+        f"tokens, {steps} steps (Fast-dLLM's threshold rows: {new // _BLOCK.value}), greedy "
         f"{_ALG.value}; {what} (hidden {config.hidden_size}, {config.num_layers} layers, vocab "
         f"{config.vocab_size}, {config.dtype.name}); agreement = identical tokens vs plain; "
         "agreement_vs = vs the decoding the option approximates (`vs`); speedup vs plain; "
@@ -315,14 +360,147 @@ def run_compare() -> List[Dict[str, Any]]:
   return rows
 
 
+# --------------------------------------------------------------------------------------------------
+# Mode 4: the speed-up table on a trained masked-diffusion model.
+
+
+@functools.lru_cache(maxsize=8)
+def _nll_scorer(config):
+  """jit(params, tokens [r, L], pos [r], target [r]) -> -log softmax(raw logits[pos])[target] [r]."""
+  apply = dream.dream_forward(config).apply
+
+  @jax.jit
+  def score(params, tokens, pos, tgt):
+    logits = apply(params, tokens, jnp.ones(tokens.shape, bool))             # [r, L, V]
+    row = jnp.take_along_axis(logits, pos[:, None, None], axis=1)[:, 0]      # [r, V]
+    logp = jax.nn.log_softmax(row.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp, tgt[:, None], axis=-1)[:, 0]          # [r]
+  return score
+
+
+def completion_nll(config, params, prompt: np.ndarray, completion: np.ndarray, *, mask_id: int,
+                   rows_per_call: int = 64) -> np.ndarray:
+  """nll [B, N] (float64, nats): -log p(y_j | prompt, y_<j, N - j masks) for each token y_j of the
+  completions [B, N] after the unpadded prompts [B, P], under the model `config`/`params`.
+
+  The left-to-right chain rule with the masked-diffusion model as the conditional: canvas j is the
+  prompt, y_0 .. y_{j-1}, then <|mask|> x (N - j) (the canvas length of the sampler), and y_j is read
+  from the raw logit of position P + j - 1 (Dream's shift). Summed over j it is the exact negative
+  log-likelihood of the completion under the left-to-right autoregressive model the plain
+  masked-diffusion model defines (one of its any-order factorisations), so completions of all
+  decodings are scored by one fixed model and one fixed order. B x N canvases, `rows_per_call` per
+  forward (the last call padded with repeats)."""
+  prompt = np.asarray(prompt, np.int32)
+  completion = np.asarray(completion, np.int32)
+  B, P = prompt.shape
+  N = completion.shape[1]
+  if P < 1:
+    raise ValueError("completion_nll needs a prompt of at least one token (the shift reads P - 1)")
+  canvases = np.full((B, N, P + N), mask_id, np.int32)                      # [B, N, L]
+  canvases[:, :, :P] = prompt[:, None]
+  for j in range(N):
+    canvases[:, j, P:P + j] = completion[:, :j]
+  canvases = canvases.reshape(B * N, P + N)
+  read = np.tile(P - 1 + np.arange(N), B).astype(np.int32)                  # [B N] logit position
+  target = completion.reshape(-1)
+  score = _nll_scorer(config)
+  total = B * N
+  out = np.zeros(total, np.float64)
+  for lo in range(0, total, rows_per_call):
+    idx = np.arange(lo, lo + rows_per_call) % total
+    got = np.asarray(score(params, canvases[idx], read[idx], target[idx]), np.float64)
+    n = min(rows_per_call, total - lo)
+    out[lo:lo + n] = got[:n]
+  return out.reshape(B, N)
+
+
+def trained_table(config, params, prompt: np.ndarray, continuation: np.ndarray, *, mask_id: int,
+                  new_tokens: int, block_length: int, threshold: float, steps: Any = None,
+                  repeats: int = 3, variants=None) -> List[Dict[str, Any]]:
+  """The rows of mode 4: `compare_decodings` of `variants` (default `trained_variants`) on
+  unpadded prompts [B, P] (greedy, entropy) plus, per row, forwards_per_token (forwards / new
+  tokens) and nll (mean `completion_nll` of its completions under the plain model, nats per token),
+  then a last row "held-out text" scoring the true continuations [B, new_tokens] (its agreement: the
+  share of plain's tokens equal to the text)."""
+  prompt = np.asarray(prompt, np.int32)
+  valid = np.ones(prompt.shape, bool)
+  variants = variants or trained_variants(new_tokens, block_length, threshold)
+  rows = compare_decodings(config, params, prompt, valid, mask_id=mask_id, new_tokens=new_tokens,
+                           block_length=block_length, threshold=threshold, repeats=repeats,
+                           variants=variants, steps=steps)
+  for r in rows:
+    r["forwards_per_token"] = r["forwards"] / new_tokens
+    r["nll"] = float(np.mean(completion_nll(config, params, prompt, r["tokens"], mask_id=mask_id)))
+  truth = np.asarray(continuation, np.int32)
+  rows.append(dict(decoding="held-out text", forwards="-", forwards_per_token="-", seconds="-",
+                   tokens_per_s="-", speedup="-", agreement=float(np.mean(truth == rows[0]["tokens"])),
+                   vs="-", agreement_vs="-", tokens=truth,
+                   nll=float(np.mean(completion_nll(config, params, prompt, truth,
+                                                    mask_id=mask_id)))))
+  return rows
+
+
+TRAINED_COLUMNS = ["decoding", "forwards", "forwards_per_token", "seconds", "tokens_per_s",
+                   "speedup", "agreement", "nll", "vs", "agreement_vs"]
+
+
+def _show(ids: np.ndarray, vocab: str) -> str:
+  """Characters of ids (ids outside the vocabulary, e.g. the mask, as '_'), newlines as '|'."""
+  return "".join(vocab[i] if 0 <= i < len(vocab) else "_" for i in np.asarray(ids)).replace(
+      "\n", "|")
+
+
+def run_trained(workdir: str) -> List[Dict[str, Any]]:
+  """Mode 4: the speed-up table on the newest checkpoint of a masked-diffusion workdir."""
+  config, saved = train.read_run(workdir)
+  step, params = trainer.restore_params(train.MaskedDiffusion(), config, workdir)
+  model = train.model_config(config)
+  val = train.TextWindows(config).val
+  new = _NEW.value or max(3 * int(config.seq_len) // 4 // _BLOCK.value, 1) * _BLOCK.value
+  P = _PROMPT_LEN.value or int(config.seq_len) - new
+  n = _COMPARE_PROMPTS.value or 16
+  if P < 1 or P + new > len(val):
+    raise app.UsageError(f"--prompt_len={P} --max_new_tokens={new}: need a prompt of >= 1 token "
+                         f"and prompt + new tokens <= the val split's {len(val)} tokens")
+  offsets = np.round(np.linspace(0, len(val) - P - new, n)).astype(np.int64)
+  prompt = np.stack([val[o:o + P] for o in offsets]).astype(np.int32)
+  truth = np.stack([val[o + P:o + P + new] for o in offsets]).astype(np.int32)
+  steps = _STEPS.value or new
+  rows = trained_table(model, params, prompt, truth, mask_id=int(config.mask_id), new_tokens=new,
+                       block_length=_BLOCK.value, threshold=_THRESHOLD.value, steps=steps,
+                       repeats=_REPEATS.value)
+  final = (workdir_json(workdir, "final_eval.json") or {}).get("eval", {})
+  held = (f"; held-out masked_ce {final['masked_ce']:.4f} vs unigram {final['unigram_ce']:.4f}"
+          if final else "")
+  print(f"trained masked-diffusion Dream {workdir} at step {step} ({dream.count_params(model):,} "
+        f"parameters, {model.num_layers} layers x {model.hidden_size}, {model.dtype.name}{held}); "
+        f"{n} held-out val prompts of {P} characters, {new} new tokens, {steps} steps, block "
+        f"{_BLOCK.value}, greedy entropy (Fast-dLLM's threshold rows: {new // _BLOCK.value} steps); "
+        f"seconds: median of {_REPEATS.value} generations after compilation; forwards_per_token: "
+        "model calls / new tokens (cached calls see a window); agreement: tokens equal to plain's; "
+        "nll: nats per token of the completions under the plain model, left to right "
+        "(completion_nll); held-out text: the true continuations")
+  print(format_rows(rows, TRAINED_COLUMNS))
+  vocab = saved.get("vocab", "")
+  if vocab:
+    print(f"\nprompt 0: ...{_show(prompt[0][-60:], vocab)}")
+    for r in rows:
+      print(f"  {r['decoding']:<34} {_show(r['tokens'][0][:80], vocab)}")
+  for r in rows:
+    r.pop("tokens")
+  return rows
+
+
+def workdir_json(workdir: str, name: str):
+  path = os.path.join(workdir, name)
+  if not os.path.isfile(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
 def dry_run_child(n: int) -> Dict[str, Any]:
   """Compile the 7.6B pmapped plain step on this process's n fake devices (mode 3)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from experiments.common import parallel  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder import generate  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder import sampling  # pylint: disable=g-import-not-at-top
-  from modules import dream  # pylint: disable=g-import-not-at-top
   if jax.local_device_count() != n:
     raise RuntimeError(f"expected {n} devices, got {jax.local_device_count()}")
   if _GLOBAL_BATCH.value % n:
@@ -335,7 +513,7 @@ def dry_run_child(n: int) -> Dict[str, Any]:
   params = dream.param_shapes(config)
   opts = sampling.SamplerOptions(steps=canvas - start, alg=_ALG.value,
                                  temperature=_TEMPERATURE.value, top_p=_TOP_P.value)
-  step = parallel.pmap_step(sampling.plain_step_fn(generate.model_forward(config), opts,
+  step = parallel.pmap_step(sampling.plain_step_fn(sampler_forward(config), opts,
                                                    mask_id=151666, start=start,
                                                    axis_name=parallel.AXIS),
                             replicated_in=(0, 5))
@@ -398,15 +576,26 @@ def run_dry(counts: Sequence[int]) -> List[Dict[str, Any]]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  console.quiet_libraries()
   if _CHILD.value:
     print(json.dumps(dry_run_child(_CHILD.value)), flush=True)
     return
-  if _DRY_RUN.value:
-    rows = run_dry([int(n) for n in _DEVICES.value])
-  elif _COMPARE.value:
-    rows = run_compare()
-  else:
-    rows = run_table()
+  modes = [name for name, on in (("--dry_run", _DRY_RUN.value), ("--compare", _COMPARE.value),
+                                  ("--trained", bool(_TRAINED.value))) if on]
+  if len(modes) > 1:
+    raise app.UsageError(f"{' and '.join(modes)}: pick one mode")
+  try:
+    if _DRY_RUN.value:
+      rows = run_dry([int(n) for n in _DEVICES.value])
+    elif _TRAINED.value:
+      rows = run_trained(_TRAINED.value)
+    elif _COMPARE.value:
+      rows = run_compare()
+    else:
+      rows = run_table()
+  except errors.USER_ERRORS as e:       # podlab's bad-input errors: one line (as entry.py does)
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(errors.exit_code(e))
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "w") as f:
       json.dump(rows, f, indent=1)
