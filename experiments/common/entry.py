@@ -44,12 +44,14 @@ console.quiet_native_logs()     # before TensorFlow, XLA or libtpu load (they re
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
+import jax  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from experiments.common import config_utils  # noqa: E402
 from experiments.common import distributed  # noqa: E402
 from experiments.common import dry_run  # noqa: E402
 from experiments.common import errors  # noqa: E402
+from experiments.common import host_malloc  # noqa: E402
 from experiments.common import trainer  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (path[:arg]).",
@@ -180,9 +182,22 @@ def _report(e: BaseException) -> None:
   print(text, file=sys.stderr, flush=True)
 
 
-def _run_guarded(fn: Callable[[], Any]) -> None:
+def _keep_heap_early(cfg: Any) -> None:
+  """The glibc heap setting (experiments/common/host_malloc.py) before JAX starts its CPU threads,
+  so that it also covers per-step scratch buffers over 64 MiB; only when the run's program is
+  compiled for the CPU (config.cpu_tuning and JAX's platform is cpu). The trainer applies it (again,
+  idempotently) once the layout is known."""
+  platforms = (jax.config.jax_platforms or "").split(",")
+  if cfg is not None and bool(getattr(cfg, "get", lambda *_: False)("cpu_tuning", False)) and (
+      platforms[0].strip() == "cpu"):
+    host_malloc.keep_heap()
+
+
+def _run_guarded(fn: Callable[[], Any], cfg: Any = None) -> None:
   """Distributed init, `fn()` with podlab's errors as exit codes, then finalize."""
   console.quiet_libraries()
+  distributed.choose_platforms()
+  _keep_heap_early(cfg)
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   code = 0
   with distributed.fail_fast():   # multi-process: a failing host exits now instead of hanging
@@ -236,7 +251,9 @@ def run(experiment_dir: str, make_experiment: Callable[[], Any]) -> None:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _DRY_RUN.value:
       dry_run.prepare(config(), _TARGET.value)     # fake CPU devices before JAX starts a backend
-    _run_guarded(program)
+      _run_guarded(program)
+    else:
+      _run_guarded(program, config())
 
   argv = config_utils.resolve_config_argv(sys.argv, experiment_dir)
   _check_config_file(argv)
