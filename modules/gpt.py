@@ -52,8 +52,8 @@ class GPTConfig:
   Fields: block_size (max T), vocab_size, n_layer, n_head, n_embd (divisible by n_head), dropout
   (probability, 0 = off), bias (LayerNorm and Linear biases), dtype (matmul dtype: "float32" is the
   reference; "bfloat16" is an option: bfloat16 matmul operands with float32 accumulation, float32
-  activations, norms, softmax and residual stream, as torch.autocast), fast_grad (on the CPU
-  backend, `layers.matmul`'s gradient: the weight gradient as a row-major matmul, and bfloat16
+  activations, norms, softmax and residual stream, as torch.autocast), fast_grad (for a CPU
+  target only, set from `layout.cpu_tuning`: `layers.matmul`'s gradient: the weight gradient as a row-major matmul, and bfloat16
   backward operands under "bfloat16"; float32 results are the same sums in another order).
   """
   block_size: int = 1024
@@ -64,7 +64,7 @@ class GPTConfig:
   dropout: float = 0.0
   bias: bool = True
   dtype: str = "float32"
-  fast_grad: bool = True
+  fast_grad: bool = False
 
   def __post_init__(self):
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):

@@ -121,7 +121,8 @@ def matmul(x: jax.Array, w: jax.Array, dtype: DTypeLike, *, fast_grad: bool = Fa
   """x [N, I] @ w [I, O] (or w [O, I] transposed: `w_transposed`) -> float32 [N, O], operands cast
   to `dtype`, float32 accumulation.
 
-  `fast_grad` (used on the CPU backend only; elsewhere it is plain autodiff): the gradient's two
+  `fast_grad` (for programs compiled for the CPU: callers set it from `layout.cpu_tuning`, which is
+  decided by the TARGET platform, so a TPU compile from a CPU box never carries it): the gradient's two
   matmuls take `dtype` operands too (autodiff would upcast a bfloat16 backward to float32) and the
   weight gradient reads a row-major copy of x^T (or g^T): XLA CPU runs a matmul whose left operand
   is transposed on a slower path (float32: 52-100 vs 90-110 GFLOP/s per core here; bfloat16:
@@ -129,7 +130,7 @@ def matmul(x: jax.Array, w: jax.Array, dtype: DTypeLike, *, fast_grad: bool = Fa
   another order; bfloat16 backward operands are what torch autocast uses.
   """
   name = jnp.dtype(dtype).name
-  if fast_grad and jax.default_backend() == "cpu" and x.ndim == 2:
+  if fast_grad and x.ndim == 2:
     return _matmul(x, w, name, w_transposed)
   return _dot(x.astype(name), w.astype(name), int(w_transposed))
 
@@ -143,8 +144,9 @@ class Linear(hk.Module):
     dtype: compute dtype; the input and the weights are cast to it, the matmul accumulates in float32.
     w_init: weight initialiser, default: the corrected truncated normal with std 1/sqrt(fan_in).
     param_dtype: storage dtype of the parameters (float32 default; bfloat16 for Dream checkpoints).
-    fast_grad: on CPU, a gradient whose matmuls XLA runs on its fast paths (see `matmul`); inputs
-      of more than 2 dims are flattened to [N, D] first. False = plain autodiff.
+    fast_grad: a gradient whose matmuls XLA:CPU runs on its fast paths (see `matmul`); set it only
+      for a CPU target (`layout.cpu_tuning`); inputs of more than 2 dims are flattened to [N, D]
+      first. False = plain autodiff.
     output_dtype: dtype of the result (and of the bias add); default `dtype`. float32 with a
       bfloat16 `dtype` = torch-autocast style: bfloat16 matmul operands, float32 activations.
   Parameters: `w` [D, output_size], `b` [output_size] (float32).

@@ -257,7 +257,7 @@ def test_bfloat16_gpt_is_autocast_style_and_close_to_float32():
   """dtype="bfloat16": bfloat16 matmul operands, float32 activations; logits and gradients stay
   close to the float32 model (same params), and fast_grad does not change float32 gradients."""
   args = dict(block_size=16, vocab_size=13, n_layer=2, n_head=2, n_embd=32, bias=True)
-  cfg32 = gpt.GPTConfig(**args)
+  cfg32 = gpt.GPTConfig(**args, fast_grad=True)
   params = gpt.GPTModel(cfg32).init(jax.random.key(1))
   idx = jax.random.randint(jax.random.key(2), (3, 16), 0, 13)
 
@@ -266,7 +266,7 @@ def test_bfloat16_gpt_is_autocast_style_and_close_to_float32():
 
   vg = jax.jit(jax.value_and_grad(loss), static_argnums=1)
   l32, g32 = vg(params, cfg32)
-  l16, g16 = vg(params, gpt.GPTConfig(**args, dtype="bfloat16"))
+  l16, g16 = vg(params, gpt.GPTConfig(**args, dtype="bfloat16", fast_grad=True))
   lplain, gplain = vg(params, gpt.GPTConfig(**args, fast_grad=False))
   assert abs(float(l16) - float(l32)) < 1e-2
   np.testing.assert_allclose(float(lplain), float(l32), rtol=1e-6)

@@ -338,8 +338,8 @@ def test_compiler_hbm_limits_match_the_chip_table(libtpu_loaded):
 
 
 def test_layout_constraints_detected(libtpu_loaded):
-  """`layers.matmul(fast_grad=True)` pins a row-major transpose when the process's backend is the
-  CPU (as during a TPU compile from this machine); the check finds it in that program only."""
+  """`layers.matmul(fast_grad=True)` (the CPU-target form) pins a row-major transpose; the check
+  finds it in that program only, so a TPU compile that carried it by mistake is reported."""
   target = tpu.parse_target("v4-8")
 
   def make(fast_grad):
