@@ -23,7 +23,6 @@ prepare.py makes them (sorted characters, last 10%).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -32,8 +31,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
-
+from experiments.common import checkpointing
+from experiments.common import workdir as workdir_lib
 from experiments.nanogpt import nanogpt_checkpoint
 from experiments.nanogpt.tools import reference_curve
 from modules import gpt
@@ -54,22 +53,21 @@ def windows(val_ids: np.ndarray, block_size: int, batches: int, batch_size: int,
 
 def load_workdir(workdir: str) -> Tuple[gpt.GPTConfig, Dict[str, Any], int, str]:
   """(config, params, step, vocabulary) of the newest complete checkpoint of a podlab GPT run."""
-  args_path = os.path.join(workdir, "model_args.json")
+  run = workdir_lib.Workdir(workdir)
+  args_path = run.path("model_args.json")
   if not os.path.isfile(args_path):
     raise EvalInputError(f"--workdir={workdir}: no model_args.json. Fix: pass the --workdir of a "
                          "finished `python -m experiments.nanogpt.main` run")
-  with open(args_path, encoding="utf-8") as f:
-    args = json.load(f)
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  steps = sorted(int(d) for d in (os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else ())
-                 if d.isdigit() and os.path.isdir(os.path.join(ckpt_dir, d, "replicated")))
-  if not steps:
-    raise EvalInputError(f"--workdir={workdir}: no complete checkpoint in {ckpt_dir}. Fix: train "
-                         "first (rerunning the training command resumes)")
-  tree = ocp.PyTreeCheckpointer().restore(os.path.join(ckpt_dir, str(steps[-1]), "replicated"))
+  args = workdir_lib.read_json(args_path)
+  found = checkpointing.find_checkpoint(run.checkpoints)
+  if found is None:
+    raise EvalInputError(f"--workdir={workdir}: no complete checkpoint in {run.checkpoints}. Fix: "
+                         "train first (rerunning the training command resumes)")
+  ckpt_dir, step = found
+  tree = checkpointing.read_tree(f"{ckpt_dir}/{step}/replicated")
   params = jax.tree.map(np.asarray, tree["state"]["params"])
   config = nanogpt_checkpoint.config_from_args(args, args.get("dtype", "float32"))
-  return config, params, steps[-1], args.get("vocab", "")
+  return config, params, step, args.get("vocab", "")
 
 
 def evaluate(config: gpt.GPTConfig, params: Dict[str, Any], val_ids: np.ndarray,
