@@ -6,6 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.podlab-installed
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`: 2 = this project's 2-core machines (most of a test is
+# single-threaded XLA compilation, so two run side by side); PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: venv test test-slow run bench params faults clean-venv bazel-test
 RUN_WORKDIR ?= workdirs/cpu_demo
@@ -19,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $@
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
