@@ -40,7 +40,7 @@ import contextlib
 import math
 import os
 import time
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from absl import logging
 import jax
@@ -48,6 +48,7 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 from clu import periodic_actions
 
 from experiments.common import checkpointing
@@ -123,6 +124,52 @@ def guarded_step(train_step: Callable[..., Any], nonfinite: str) -> Callable[...
       new_device_state = jax.tree.map(keep, new_device_state, device_state)
     return new_state, new_device_state, metrics
   return step
+
+
+class Update(NamedTuple):
+  """What `accumulated_update` returns: the new params and optimizer state, the loss and gradient
+  norm (means over every device), the experiment's sums (over every device) and whether the loss
+  and the gradient are finite (the guard of `guarded_step` adds the state's own check)."""
+  params: Any
+  opt_state: Any
+  loss: jax.Array
+  grad_norm: jax.Array
+  sums: Any
+  finite: jax.Array
+
+
+def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransformation, params: Any,
+                       opt_state: Any, micro_batches: Any, accum: int, key: jax.Array) -> Update:
+  """One data-parallel optimizer update from `accum` micro-batches (inside a pmapped step).
+
+  loss_fn(params, micro_batch, key) -> (loss, sums): the micro-batch's mean loss and a pytree of
+  per-device sums ({} for none). `micro_batches`: a pytree whose leaves are [A, ...] (A = accum);
+  micro-batch i gets fold_in(key, i). Gradients and loss are averaged over the micro-batches (each
+  added as g / A, in order) and then over every device (pmean); sums are added, then psum'd.
+  With A == 1 no loop is built.
+  """
+  def micro(carry, inputs):
+    grads, loss, sums = carry
+    batch, i = inputs
+    (l, s), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, jax.random.fold_in(key, i))
+    return (jax.tree.map(lambda a, b: a + b / accum, grads, g), loss + l / accum,
+            jax.tree.map(jnp.add, sums, s)), None
+
+  first = jax.tree.map(lambda x: x[0], micro_batches)
+  sums_shape = jax.eval_shape(lambda: loss_fn(params, first, key)[1])
+  zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
+           jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), sums_shape))
+  if accum == 1:
+    (grads, loss, sums), _ = micro(zeros, (first, 0))
+  else:
+    (grads, loss, sums), _ = jax.lax.scan(micro, zeros, (micro_batches, jnp.arange(accum)))
+  grads = jax.lax.pmean(grads, parallel.AXIS)
+  loss = jax.lax.pmean(loss, parallel.AXIS)
+  sums = jax.lax.psum(sums, parallel.AXIS)
+  grad_norm = optax.tree.norm(grads)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return Update(optax.apply_updates(params, updates), opt_state, loss, grad_norm, sums,
+                jnp.isfinite(loss) & jnp.isfinite(grad_norm))
 
 
 def parallel_train_step(train_step: Callable[..., Any], nonfinite: str, *,

@@ -244,31 +244,11 @@ def make_train_step(model: dream.DreamConfig, tx: optax.GradientTransformation,
   def train_step(state: TrainState, device_state, batch, device_index):
     base = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), state.step),
                               device_index)
-
-    def micro(carry, inputs):
-      grads, loss, sums = carry
-      tokens, i = inputs
-      (l, s), g = jax.value_and_grad(loss_fn, has_aux=True)(state.params, tokens,
-                                                            jax.random.fold_in(base, i))
-      grads = jax.tree.map(lambda a, b: a + b / accum, grads, g)
-      return (grads, loss + l / accum, jax.tree.map(jnp.add, sums, s)), None
-
-    zeros = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros((), jnp.float32),
-             {"masked_nll": jnp.zeros(()), "masked": jnp.zeros(())})
-    if accum == 1:
-      (grads, loss, sums), _ = micro(zeros, (batch["tokens"][0], 0))
-    else:
-      (grads, loss, sums), _ = jax.lax.scan(micro, zeros, (batch["tokens"], jnp.arange(accum)))
-    grads = jax.lax.pmean(grads, parallel.AXIS)
-    loss = jax.lax.pmean(loss, parallel.AXIS)
-    sums = jax.lax.psum(sums, parallel.AXIS)
-    grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)   # the trainer adds the skip policy
-    metrics = {"loss": loss, "grad_norm": grad_norm,
-               "masked_ce": sums["masked_nll"] / jnp.maximum(sums["masked"], 1.0)}
-    return TrainState(state.step + 1, params, opt_state), device_state, metrics, finite
+    u = trainer.accumulated_update(loss_fn, tx, state.params, state.opt_state, batch["tokens"],
+                                   accum, base)
+    metrics = {"loss": u.loss, "grad_norm": u.grad_norm,
+               "masked_ce": u.sums["masked_nll"] / jnp.maximum(u.sums["masked"], 1.0)}
+    return TrainState(state.step + 1, u.params, u.opt_state), device_state, metrics, u.finite
 
   return train_step
 

@@ -217,36 +217,18 @@ def make_train_step(model: gpt.GPTModel, tx: optax.GradientTransformation,
   accum = config.grad_accum
   dropout = model.config.dropout > 0
 
-  def loss_fn(params, x, y, rng):
-    logits = model.apply(params, x, rng if dropout else None, is_training=dropout)
-    return gpt.cross_entropy(logits, y)
+  def loss_fn(params, batch, rng):
+    logits = model.apply(params, batch["x"], rng if dropout else None, is_training=dropout)
+    return gpt.cross_entropy(logits, batch["y"]), {}
 
   def train_step(state: TrainState, device_state, batch, device_index):
     base = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), state.step),
                               device_index)
-
-    def micro(carry, inputs):
-      grads, loss = carry
-      x, y, i = inputs
-      l, g = jax.value_and_grad(loss_fn)(state.params, x, y, jax.random.fold_in(base, i))
-      return (jax.tree.map(lambda a, b: a + b / accum, grads, g), loss + l / accum), None
-
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
-    if accum == 1:
-      (grads, loss), _ = micro((zeros, jnp.zeros((), jnp.float32)),
-                               (batch["x"][0], batch["y"][0], 0))
-    else:
-      (grads, loss), _ = jax.lax.scan(micro, (zeros, jnp.zeros((), jnp.float32)),
-                                      (batch["x"], batch["y"], jnp.arange(accum)))
-    grads = jax.lax.pmean(grads, parallel.AXIS)
-    loss = jax.lax.pmean(loss, parallel.AXIS)
-    grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)   # the trainer adds the skip policy
-    new = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
-    sums = {"loss": loss, "grad_norm": grad_norm, "steps": jnp.ones(())}
-    return new, device_state, sums, finite
+    u = trainer.accumulated_update(loss_fn, tx, state.params, state.opt_state,
+                                   {"x": batch["x"], "y": batch["y"]}, accum, base)
+    new = TrainState(step=state.step + 1, params=u.params, opt_state=u.opt_state)
+    sums = {"loss": u.loss, "grad_norm": u.grad_norm, "steps": jnp.ones(())}
+    return new, device_state, sums, u.finite   # the trainer adds the skip policy
 
   return train_step
 

@@ -40,11 +40,16 @@ from typing import Dict, List, Optional, Sequence
 
 from absl import app
 from absl import flags
-import jax
-import numpy as np
-import tensorflow as tf
 
-from experiments.common import checkpointing
+from experiments.common import console
+
+console.quiet_native_logs()     # before TensorFlow and XLA load (they read it once)
+
+import jax  # noqa: E402  pylint: disable=g-import-not-at-top
+import numpy as np  # noqa: E402  pylint: disable=g-import-not-at-top
+import tensorflow as tf  # noqa: E402  pylint: disable=g-import-not-at-top
+
+from experiments.common import checkpointing  # noqa: E402  pylint: disable=g-import-not-at-top
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 TOTAL_STEPS = 24
@@ -246,6 +251,7 @@ _KINDS = flags.DEFINE_list("kinds", list(KINDS), "Fault kinds to cycle through."
 
 def main(argv):
   del argv
+  console.quiet_libraries()
   root = os.path.abspath(_ROOT.value)
   shutil.rmtree(root, ignore_errors=True)
   os.makedirs(root)
