@@ -45,7 +45,7 @@ bench: $(STAMP)
 
 FAULT_ARGS ?=
 # Fault injection: R trials of train -> SIGKILL (at a random step or during a checkpoint save) or
-# SIGTERM -> restart -> compare with an unbroken run; prints a table. Default 4 trials (~5 min here);
+# SIGTERM -> restart -> compare with an unbroken run; prints a table. Default 4 trials (~2 min here);
 # FAULT_ARGS='--trials=20', '--processes=2 --devices=2' for a 2-process run through launch/local.sh.
 faults: $(STAMP)
 	$(PY) -m experiments.trm.tools.faults $(FAULT_ARGS)

@@ -82,6 +82,7 @@ NOISE = (
     "Unable to initialize backend",              # JAX probing for a TPU / GPU on a CPU machine
     "is not prepared; you might want to",
     "has no dataset_info.json",                  # TFDS, reading metadata of an unprepared dataset
+    "Metadata file does not exist",              # orbax, reading an item folder written without it
     # orbax's own error lines (and their tracebacks) for a save or restore that failed; podlab's
     # checkpointing turns the failure into one line naming the checkpoint and the fix.
     "_SignalingThread.run() raised an exception",
@@ -133,6 +134,7 @@ def quiet_libraries() -> None:
     handler.removeFilter(_FILTER)
     return
   logging.set_verbosity(logging.WARNING)
+  py_logging.getLogger("tensorflow").setLevel(py_logging.ERROR)   # TF's deprecation notices
   if _FILTER not in handler.filters:
     handler.addFilter(_FILTER)
   sys.excepthook = _excepthook

@@ -50,6 +50,7 @@ import numpy as np  # noqa: E402  pylint: disable=g-import-not-at-top
 import tensorflow as tf  # noqa: E402  pylint: disable=g-import-not-at-top
 
 from experiments.common import checkpointing  # noqa: E402  pylint: disable=g-import-not-at-top
+from experiments.common import distributed  # noqa: E402  pylint: disable=g-import-not-at-top
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 TOTAL_STEPS = 24
@@ -252,6 +253,7 @@ _KINDS = flags.DEFINE_list("kinds", list(KINDS), "Fault kinds to cycle through."
 def main(argv):
   del argv
   console.quiet_libraries()
+  distributed.choose_platforms()          # the runs it starts are CPU runs; no libtpu probing here
   root = os.path.abspath(_ROOT.value)
   shutil.rmtree(root, ignore_errors=True)
   os.makedirs(root)
