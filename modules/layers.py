@@ -33,6 +33,7 @@ from typing import Optional, Tuple
 
 import haiku as hk
 import jax
+from jax.experimental import layout as jax_layout
 import jax.numpy as jnp
 import numpy as np
 
@@ -79,8 +80,8 @@ def fan_in_init(fan_in: int) -> TruncatedNormal:
 
 def _row_major_transpose(a: jax.Array) -> jax.Array:
   """a.T [N, M] materialised row-major, so a matmul reads it as a plain (non-transposed) operand."""
-  from jax.experimental import layout  # pylint: disable=g-import-not-at-top
-  return layout.with_layout_constraint(jnp.asarray(a).T, layout.Layout(major_to_minor=(0, 1)))
+  return jax_layout.with_layout_constraint(jnp.asarray(a).T,
+                                          jax_layout.Layout(major_to_minor=(0, 1)))
 
 
 def _dot(a: jax.Array, b: jax.Array, contract_b: int) -> jax.Array:
