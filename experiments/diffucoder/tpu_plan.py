@@ -1,0 +1,180 @@
+r"""Dream 7.6B sampling compiled for TPU slices by the TPU compiler: which model-parallel degree fits.
+
+The program is one step of the reference sampler (`sampling.plain_step_fn`: a full forward over the
+canvas and one unmask step) at canvas 512 = 128 prompt + 384 new tokens, built exactly as
+`sampling.Runner` runs it: `pmap` over every device when model_parallel is 1 (today's data-parallel
+program), else one `shard_map` over a (data, model) mesh of the slice's devices (`parallel.mesh_2d`)
+with the weights split Megatron style (modules/dream.py). Parameters are `jax.ShapeDtypeStruct`s: no
+weight is allocated. A global batch smaller than the data groups uses `batch` of them (the other
+devices idle); otherwise the rows split evenly (batch a multiple of devices / model_parallel).
+
+Every figure is a COMPILER ESTIMATE (libtpu's memory assignment and cost model; see
+experiments/common/tpu.py), not a measurement. Tokens/s: with steps = max_new_tokens (the reference
+setting) each step fixes one token per row, so tokens/s = batch / step time.
+
+  python -m experiments.diffucoder.tpu_plan --target=v5e-8 --batch=8            # smallest degree
+  python -m experiments.diffucoder.tpu_plan --target=v2-8 --batch=1 --model_parallel=4
+
+Synopsis (needs libtpu; one compile takes about a minute on 2 CPU cores):
+
+  from experiments.common import tpu
+  from experiments.diffucoder import tpu_plan
+  tpu.load_libtpu()
+  report = tpu_plan.compile_step(tpu.parse_target("v4-8"), batch=1, model_parallel=1)
+  report.fits, report.need_bytes / tpu.GIB, report.items_per_s       # per-device HBM, tokens/s
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from experiments.common import config_utils
+from experiments.common import console
+from experiments.common import distributed
+from experiments.common import parallel
+from experiments.common import tpu
+from experiments.diffucoder import benchmark
+from experiments.diffucoder import sampling
+from modules import dream
+
+PROMPT = 128
+NEW = 384
+CANVAS = PROMPT + NEW
+MASK_ID = 151666                    # <|mask|> (the id only fixes the program's constants)
+TARGETS = ("v2-8", "v3-8", "v5litepod-8", "v4-8")
+BATCHES = (1, 8, 32)
+
+
+def _forward(model):
+  def forward(params, tokens, valid, positions, context=None, return_kv=False):
+    return model.apply(params, tokens, valid, positions, context, return_kv)
+  return forward
+
+
+def data_groups(target: tpu.Target, batch: int, model_parallel: int) -> int:
+  """Data groups used at `batch`: min(batch, devices / model_parallel); the batch must split evenly."""
+  groups = target.num_devices // model_parallel
+  if batch < groups:
+    return batch
+  if batch % groups:
+    raise config_utils.ConfigError("batch", batch, f"does not split over the {groups} data groups "
+                                   f"of {target.name} at model_parallel={model_parallel}",
+                                   f"use a batch below {groups} or a multiple of it")
+  return groups
+
+
+def lower_step(target: tpu.Target, batch: int, model_parallel: int,
+               config: dream.DreamConfig = dream.DREAM_7B,
+               opts: Optional[sampling.SamplerOptions] = None) -> jax.stages.Lowered:
+  """The sampler's step for `target` with abstract parameters (model_parallel 1: the pmap program
+  of `Runner(data_parallel=True)`; > 1: its shard_map program on a (data, model) mesh)."""
+  opts = opts or sampling.SamplerOptions(steps=NEW, alg="entropy")
+  dream.check_model_degree(config, model_parallel)
+  devices = tpu.target_devices(target)
+  groups = data_groups(target, batch, model_parallel)
+  rows = batch // groups
+  shapes = dream.param_shapes(config)
+  i32, b = jnp.int32, jnp.bool_
+  if model_parallel == 1 and groups == target.num_devices:
+    step = sampling.plain_step_fn(_forward(dream.dream_forward(config)), opts, mask_id=MASK_ID,
+                                  start=PROMPT, axis_name=parallel.AXIS)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    args = (shapes, jax.ShapeDtypeStruct((rows, CANVAS), i32), jax.ShapeDtypeStruct((rows, CANVAS), b),
+            jax.ShapeDtypeStruct((rows, CANVAS), i32), key, jax.ShapeDtypeStruct((), jnp.float32))
+    return tpu.lower_pmap(step, target, args, replicated_in=(0, 5))
+  mesh = parallel.mesh_2d(groups, model_parallel, devices=devices)
+  specs = dream.param_partition_specs(config, parallel.MODEL_AXIS)
+  model = (dream.dream_forward(config, parallel.MODEL_AXIS, model_parallel) if model_parallel > 1
+           else dream.dream_forward(config))
+  runner = sampling.Runner(_forward(model), opts, mask_id=MASK_ID, mesh=mesh, param_specs=specs)
+  vocab_axis = parallel.MODEL_AXIS if model_parallel > 1 else None
+  step = runner._mesh_step(sampling.plain_step_fn(  # pylint: disable=protected-access
+      runner.forward, opts, mask_id=MASK_ID, start=PROMPT, axis_name=parallel.AXIS,
+      vocab_axis=vocab_axis), blocks=False)
+  put = lambda s, spec: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, spec))
+  params = jax.tree.map(put, shapes, specs)
+  row = lambda dt: jax.ShapeDtypeStruct((batch, CANVAS), dt,
+                                        sharding=NamedSharding(mesh, P(parallel.AXIS)))
+  keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), groups))
+  keys = jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=NamedSharding(mesh, P(parallel.AXIS)))
+  ratio = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(mesh, P()))
+  return step.lower(params, row(i32), row(b), row(i32), keys, ratio)
+
+
+def compile_step(target: tpu.Target, batch: int, model_parallel: int,
+                 config: dream.DreamConfig = dream.DREAM_7B) -> tpu.Report:
+  """The step's Report: per-device HBM need vs capacity, and tokens/s at the predicted step time
+  (analytic FLOPs of the forward per device; one token per row per step)."""
+  groups = data_groups(target, batch, model_parallel)
+  used = groups * model_parallel
+  t0 = time.perf_counter()
+  lowered = lower_step(target, batch, model_parallel, config)
+  report = tpu.compile_report(
+      lowered, target=target, name=f"dream 7b sampling step b{batch} mp{model_parallel}",
+      analytic_flops_per_device=benchmark.analytic_flops(config, batch, CANVAS) / used,
+      items_per_step=batch, item_name="tokens")
+  report.compile_s = time.perf_counter() - t0
+  return report
+
+
+def smallest_fitting(target: tpu.Target, batch: int, config: dream.DreamConfig = dream.DREAM_7B,
+                     log: Callable[[str], None] = lambda line: None) -> List[tpu.Report]:
+  """Compiles the step at model_parallel 1, 2, 4... (valid degrees that leave the batch splittable)
+  until one fits; returns every report made (the last fits, unless none does)."""
+  reports = []
+  for m in dream.valid_model_degrees(config):
+    if target.num_devices % m:
+      continue
+    groups = target.num_devices // m
+    if batch >= groups and batch % groups:
+      continue
+    r = compile_step(target, batch, m, config)
+    reports.append(r)
+    log(f"{target.name} batch {batch} model_parallel {m}: "
+        f"{'fits' if r.fits else 'does not fit'} ({tpu._gib(r.need_bytes)} GiB of "  # pylint: disable=protected-access
+        f"{r.target.usable_hbm_bytes_per_device / tpu.GIB:.2f} per device), compile "
+        f"{r.compile_s:.0f} s")
+    if r.fits:
+      break
+  return reports
+
+
+_TARGET = flags.DEFINE_multi_string("target", list(TARGETS), "TPU slices (e.g. v5e-8).")
+_BATCH = flags.DEFINE_multi_integer("batch", [1, 8], "Global batches (rows).")
+_MODEL_PARALLEL = flags.DEFINE_integer("model_parallel", 0,
+                                       "Compile only this degree (0: the smallest that fits).")
+
+
+def run(targets: Sequence[str], batches: Sequence[int], model_parallel: int = 0,
+        log: Callable[[str], None] = print) -> List[tpu.Report]:
+  """Reports of every (target, batch): the smallest fitting degree, or `model_parallel` only."""
+  reports = []
+  for name in targets:
+    target = tpu.parse_target(name)
+    for batch in batches:
+      if model_parallel:
+        reports.append(compile_step(target, batch, model_parallel))
+      else:
+        reports.extend(smallest_fitting(target, batch, log=log))
+  return reports
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  console.quiet_libraries()
+  distributed.choose_platforms()          # the host backend is the CPU; libtpu only compiles
+  tpu.load_libtpu()
+  reports = run(_TARGET.value, _BATCH.value, _MODEL_PARALLEL.value,
+                log=lambda line: console.say(line))
+  print(tpu.format_report(reports), flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)
