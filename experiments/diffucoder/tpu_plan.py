@@ -146,10 +146,14 @@ def smallest_fitting(target: tpu.Target, batch: int, config: dream.DreamConfig =
   return reports
 
 
-_TARGET = flags.DEFINE_multi_string("target", list(TARGETS), "TPU slices (e.g. v5e-8).")
-_BATCH = flags.DEFINE_multi_integer("batch", [1, 8], "Global batches (rows).")
-_MODEL_PARALLEL = flags.DEFINE_integer("model_parallel", 0,
-                                       "Compile only this degree (0: the smallest that fits).")
+def _define_flags() -> None:
+  """The CLI flags, defined only when this module is the program, so that importing it (make
+  tpu-check, tests) cannot clash with other modules' flags (e.g. dry_run's --target)."""
+  global _TARGET, _BATCH, _MODEL_PARALLEL  # pylint: disable=global-statement
+  _TARGET = flags.DEFINE_multi_string("target", list(TARGETS), "TPU slices (e.g. v5e-8).")
+  _BATCH = flags.DEFINE_multi_integer("batch", [1, 8], "Global batches (rows).")
+  _MODEL_PARALLEL = flags.DEFINE_integer("model_parallel", 0,
+                                         "Compile only this degree (0: the smallest that fits).")
 
 
 def run(targets: Sequence[str], batches: Sequence[int], model_parallel: int = 0,
@@ -177,4 +181,5 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
