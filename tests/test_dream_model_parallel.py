@@ -228,6 +228,7 @@ def libtpu_loaded():
     pytest.skip(str(e))
 
 
+@pytest.mark.slow
 def test_tpu_compile_splits_the_weights_over_the_model_axis(libtpu_loaded):
   """The TPU compiler's per-device arguments of the sampler step (tpu_plan, canvas 512) on a v4-8:
   model_parallel 4 holds a quarter of the sharded weights plus the replicated norms per device."""
