@@ -45,6 +45,14 @@ Parameter layout (Haiku names -> shape; `w` is [in, out], i.e. the transpose of 
 `param_layout(config)` returns this table as {module: {name: shape}}; the 7.6B config has
 7,615,616,512 parameters (`count_params(DREAM_7B)`, no allocation).
 
+Model parallelism (Megatron style, docs/diffucoder.md section 9.1): `dream_forward(config,
+model_axis, m)` is the per-device program inside a `shard_map` whose `model_axis` has m devices.
+Device i holds KV heads [i K/m, (i+1) K/m) with their query heads (whole GQA groups), its F/m SwiGLU
+columns, the matching o_proj / down_proj rows (partial sums added by a float32 psum), and vocabulary
+rows [i V/m, (i+1) V/m) of the embedding and the head (its logits are that block). The parameters
+are the same tree, split by `param_partition_specs`, with the fused qkv / gate_up columns in
+`model_parallel_layout` order; `valid_model_degrees(DREAM_7B)` is [1, 2, 4] (4 KV heads).
+
 Synopsis:
 
   import jax, jax.numpy as jnp

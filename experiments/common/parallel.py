@@ -20,17 +20,19 @@ Synopsis:
   w, s = p_step(w, x)                              # w: replicated [3]; s: [local_devices]
   parallel.unreplicate(w)                          # host numpy copy of the replicated value
 
-Model parallelism (weights sharded over a second mesh axis, `MODEL_AXIS`): `mesh_2d(data, model)`
-and `shard_map_step(fn, mesh, in_specs, out_specs)`, the same per-device-program style as
-`pmap_step` with `PartitionSpec`s saying which axes split each argument:
-
+  # Model parallelism: a (data, model) mesh, weights split over MODEL_AXIS, one shard_map step.
   from jax.sharding import PartitionSpec as P
-  mesh = parallel.mesh_2d(1, jax.device_count())     # every device on the model axis
+  mesh = parallel.mesh_2d(1, jax.local_device_count())   # every device on the model axis
   def matvec(w, x):                                  # w: this device's rows, x: its columns
     return jax.lax.psum(x @ w, parallel.MODEL_AXIS)
   f = parallel.shard_map_step(matvec, mesh, in_specs=(P(parallel.MODEL_AXIS, None),
                               P(parallel.AXIS, parallel.MODEL_AXIS)), out_specs=P(parallel.AXIS))
-  y = f(jnp.ones((8, 3)), jnp.ones((2, 8)))          # [2, 3], all 8.0
+  n = jax.local_device_count()
+  y = f(jnp.ones((2 * n, 3)), jnp.ones((2, 2 * n)))  # [2, 3], every entry 2n
+
+`mesh_2d(data, model)` and `shard_map_step(fn, mesh, in_specs, out_specs)` are the model-parallel
+counterparts of `local_mesh` and `pmap_step`: the same per-device-program style, with
+`PartitionSpec`s saying which mesh axes split each argument (`MODEL_AXIS` for weights).
 """
 
 from __future__ import annotations
