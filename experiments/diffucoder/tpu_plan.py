@@ -14,6 +14,8 @@ setting) each step fixes one token per row, so tokens/s = batch / step time.
 
   python -m experiments.diffucoder.tpu_plan --target=v5e-8 --batch=8            # smallest degree
   python -m experiments.diffucoder.tpu_plan --target=v2-8 --batch=1 --model_parallel=4
+  # a whole block of Fast-dLLM's loop (dual KV cache, threshold 0.9, blocks of 32): memory only
+  python -m experiments.diffucoder.tpu_plan --target=v5e-8 --batch=8 --model_parallel=2 --block
 
 Synopsis (needs libtpu; one compile takes about a minute on 2 CPU cores):
 
@@ -108,6 +110,55 @@ def lower_step(target: tpu.Target, batch: int, model_parallel: int,
   return step.lower(params, row(i32), row(b), row(i32), keys, ratio)
 
 
+FAST_DLLM = sampling.SamplerOptions(steps=NEW // 32, alg="entropy", block_length=32, cache="dual",
+                                    threshold=0.9, block_algorithm="fast_dllm")
+"""The block program `lower_block` compiles: Fast-dLLM's published loop (dual cache, blocks of 32,
+confidence threshold 0.9)."""
+
+
+def lower_block(target: tpu.Target, batch: int, model_parallel: int,
+                config: dream.DreamConfig = dream.DREAM_7B,
+                opts: sampling.SamplerOptions = FAST_DLLM) -> jax.stages.Lowered:
+  """One whole block of block-wise decoding as `Runner(mesh=...)` runs it (`fast_dllm_block_fn` or
+  `block_fn`: the refresh forward over the canvas keeping every layer's keys and values, then a
+  while loop of cached forwards on the block), on a (data, model) mesh of the target's devices,
+  with abstract parameters. At model_parallel 1 this is the mesh program with one model device per
+  group (the same memory per device as the pmap program; generate.py runs the pmap one)."""
+  opts.validate(NEW)
+  dream.check_model_degree(config, model_parallel)
+  groups = data_groups(target, batch, model_parallel)
+  mesh = parallel.mesh_2d(groups, model_parallel, devices=tpu.target_devices(target))
+  specs = dream.param_partition_specs(config, parallel.MODEL_AXIS)
+  model = (dream.dream_forward(config, parallel.MODEL_AXIS, model_parallel) if model_parallel > 1
+           else dream.dream_forward(config))
+  runner = sampling.Runner(_forward(model), opts, mask_id=MASK_ID, mesh=mesh, param_specs=specs)
+  make = sampling.fast_dllm_block_fn if opts.block_algorithm == "fast_dllm" else sampling.block_fn
+  block = runner._mesh_step(make(  # pylint: disable=protected-access
+      runner.forward, opts, mask_id=MASK_ID, start=PROMPT, axis_name=parallel.AXIS,
+      vocab_axis=parallel.MODEL_AXIS if model_parallel > 1 else None), blocks=True)
+  put = lambda shape, dt, spec: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, spec))
+  params = jax.tree.map(lambda s, spec: put(s.shape, s.dtype, spec), dream.param_shapes(config),
+                        specs)
+  rows = P(parallel.AXIS)
+  keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), groups))
+  spb = opts.steps // (NEW // opts.block_length)
+  return block.lower(params, put((batch, CANVAS), jnp.int32, rows),
+                     put((batch, CANVAS), jnp.bool_, rows), put((batch, CANVAS), jnp.int32, rows),
+                     put(keys.shape, keys.dtype, rows), put((max(spb, 1),), jnp.float32, P()),
+                     put((), jnp.int32, P()))
+
+
+def compile_block(target: tpu.Target, batch: int, model_parallel: int,
+                  config: dream.DreamConfig = dream.DREAM_7B) -> tpu.Report:
+  """`lower_block`'s Report: per-device HBM (the FLOPs and step time are not estimated: the number
+  of cached forwards depends on the threshold)."""
+  t0 = time.perf_counter()
+  report = tpu.compile_report(lower_block(target, batch, model_parallel, config), target=target,
+                              name=f"dream 7b fast-dllm block b{batch} mp{model_parallel}")
+  report.compile_s = time.perf_counter() - t0
+  return report
+
+
 def compile_step(target: tpu.Target, batch: int, model_parallel: int,
                  config: dream.DreamConfig = dream.DREAM_7B) -> tpu.Report:
   """The step's Report: per-device HBM need vs capacity, and tokens/s at the predicted step time
@@ -149,22 +200,29 @@ def smallest_fitting(target: tpu.Target, batch: int, config: dream.DreamConfig =
 def _define_flags() -> None:
   """The CLI flags, defined only when this module is the program, so that importing it (make
   tpu-check, tests) cannot clash with other modules' flags (e.g. dry_run's --target)."""
-  global _TARGET, _BATCH, _MODEL_PARALLEL  # pylint: disable=global-statement
+  global _TARGET, _BATCH, _MODEL_PARALLEL, _BLOCK  # pylint: disable=global-statement
   _TARGET = flags.DEFINE_multi_string("target", list(TARGETS), "TPU slices (e.g. v5e-8).")
   _BATCH = flags.DEFINE_multi_integer("batch", [1, 8], "Global batches (rows).")
   _MODEL_PARALLEL = flags.DEFINE_integer("model_parallel", 0,
                                          "Compile only this degree (0: the smallest that fits).")
+  _BLOCK = flags.DEFINE_bool("block", False, "With --model_parallel: compile a whole Fast-dLLM "
+                             "block (dual cache, threshold 0.9) instead of the plain step.")
 
 
 def run(targets: Sequence[str], batches: Sequence[int], model_parallel: int = 0,
-        log: Callable[[str], None] = print) -> List[tpu.Report]:
-  """Reports of every (target, batch): the smallest fitting degree, or `model_parallel` only."""
+        log: Callable[[str], None] = print, block: bool = False) -> List[tpu.Report]:
+  """Reports of every (target, batch): the smallest fitting degree, or `model_parallel` only (the
+  plain step, or with `block` a whole Fast-dLLM block)."""
+  if block and not model_parallel:
+    raise config_utils.ConfigError("model_parallel", model_parallel, "--block compiles one degree",
+                                   "pass --model_parallel=1, 2 or 4 with --block")
   reports = []
   for name in targets:
     target = tpu.parse_target(name)
     for batch in batches:
       if model_parallel:
-        reports.append(compile_step(target, batch, model_parallel))
+        compile_fn = compile_block if block else compile_step
+        reports.append(compile_fn(target, batch, model_parallel))
       else:
         reports.extend(smallest_fitting(target, batch, log=log))
   return reports
@@ -176,7 +234,7 @@ def main(argv: Sequence[str]) -> None:
   distributed.choose_platforms()          # the host backend is the CPU; libtpu only compiles
   tpu.load_libtpu()
   reports = run(_TARGET.value, _BATCH.value, _MODEL_PARALLEL.value,
-                log=lambda line: console.say(line))
+                log=lambda line: console.say(line), block=_BLOCK.value)
   print(tpu.format_report(reports), flush=True)
 
 
