@@ -246,3 +246,24 @@ def test_tpu_compile_splits_the_weights_over_the_model_axis(libtpu_loaded):
   saved = reports[1].argument_bytes - reports[4].argument_bytes
   assert saved == pytest.approx((total - norms) * 3 / 4, rel=1e-3)   # (TPU pads small arrays)
   assert reports[4].items_per_step == 1 and reports[4].item_name == "tokens"
+
+
+def test_load_checkpoint_onto_a_mesh_from_safetensors_and_orbax(tmp_path):
+  """Both checkpoint kinds land in the model-parallel layout, split by the partition specs."""
+  cfg = dream.tiny_config(dtype="float32", param_dtype="float32")          # H 4, K 2: m = 2
+  hf = str(tmp_path / "hf")
+  convert.write_random_checkpoint(hf, cfg, num_shards=2)
+  host = convert.load_params(hf, cfg, place=np.asarray)
+  convert.save_params(host, str(tmp_path / "orbax"), cfg)
+  mesh = parallel.mesh_2d(2, 2)
+  specs = dream.param_partition_specs(cfg, parallel.MODEL_AXIS)
+  for path in (hf, str(tmp_path / "orbax")):
+    params = convert.load_checkpoint(path, cfg, mesh=mesh)
+    for module, p in host.items():
+      for name, value in p.items():
+        got = params[module][name]
+        assert got.sharding.spec == specs[module][name], (module, name)
+        np.testing.assert_array_equal(
+            np.asarray(got), dream.model_parallel_layout(module, name, value, cfg, 2))
+  w = params["dream/layer_0/self_attn/qkv_proj"]["w"]
+  assert w.addressable_shards[1].data.shape == (64, (4 + 2 * 2) * 16 // 2)   # device (0, 1)'s half
