@@ -45,6 +45,14 @@ Parameter layout (Haiku names -> shape; `w` is [in, out], i.e. the transpose of 
 `param_layout(config)` returns this table as {module: {name: shape}}; the 7.6B config has
 7,615,616,512 parameters (`count_params(DREAM_7B)`, no allocation).
 
+Model parallelism (Megatron style, docs/diffucoder.md section 9.1): `dream_forward(config,
+model_axis, m)` is the per-device program inside a `shard_map` whose `model_axis` has m devices.
+Device i holds KV heads [i K/m, (i+1) K/m) with their query heads (whole GQA groups), its F/m SwiGLU
+columns, the matching o_proj / down_proj rows (partial sums added by a float32 psum), and vocabulary
+rows [i V/m, (i+1) V/m) of the embedding and the head (its logits are that block). The parameters
+are the same tree, split by `param_partition_specs`, with the fused qkv / gate_up columns in
+`model_parallel_layout` order; `valid_model_degrees(DREAM_7B)` is [1, 2, 4] (4 KV heads).
+
 Synopsis:
 
   import jax, jax.numpy as jnp
@@ -70,6 +78,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from modules import layers
 
@@ -188,13 +197,18 @@ class DreamLayer(hk.Module):
     (out [B, L, D], (k, v) [B, L, K, Dh] with RoPE).
   """
 
-  def __init__(self, config: DreamConfig, name: Optional[str] = None):
+  def __init__(self, config: DreamConfig, name: Optional[str] = None,
+               model_axis: Optional[str] = None, model_degree: int = 1):
     super().__init__(name=name)
     self.config = config
+    self.model_axis = model_axis
+    self.model_degree = model_degree
 
   def __call__(self, x: jax.Array, rope: Tuple[jax.Array, jax.Array], mask: jax.Array,
                kv_context: Optional[KV]) -> Tuple[jax.Array, KV]:
     cfg = self.config
+    if self.model_axis is not None:
+      return _sharded_layer(cfg, self.model_degree, self.model_axis, x, rope, mask, kv_context)
     norm = lambda name: layers.RMSNorm(eps=cfg.rms_norm_eps, param_dtype=cfg.param_dtype, name=name)
     attn = layers.Attention(num_heads=cfg.num_heads, head_dim=cfg.head_dim,
                             num_kv_heads=cfg.num_kv_heads, causal=False, qkv_bias=True,
@@ -208,6 +222,38 @@ class DreamLayer(hk.Module):
     return h + mlp(norm("post_attention_layernorm")(h)), kv
 
 
+def _sharded_layer(cfg: DreamConfig, m: int, axis: str, x: jax.Array, rope, mask: jax.Array,
+                   kv_context: Optional[KV]) -> Tuple[jax.Array, KV]:
+  """DreamLayer on this device's heads and SwiGLU columns (Megatron; called inside the layer's
+  __call__, so its parameters keep their names): H/m query heads, K/m KV heads (their qkv columns,
+  in `model_parallel_layout` order), F/m gate and up columns; o_proj and down_proj get the matching
+  rows and their partial sums are added over the model axis in float32
+  (then cast to the compute dtype, as the unsharded Linear casts its float32 accumulation)."""
+  H, K, Dh, F = cfg.num_heads // m, cfg.num_kv_heads // m, cfg.head_dim, cfg.intermediate_size // m
+  B, L, D = x.shape
+  norm = lambda name: layers.RMSNorm(eps=cfg.rms_norm_eps, param_dtype=cfg.param_dtype, name=name)
+  linear = lambda size, name, **kw: layers.Linear(size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                                                  name=name, **kw)
+  xn = norm("input_layernorm")(x)
+  with hk.name_scope("self_attn"):
+    qkv = linear((H + 2 * K) * Dh, "qkv_proj", with_bias=True)(xn)
+    qkv = qkv.reshape(B, L, H + 2 * K, Dh)                        # this device's heads
+    q, k, v = qkv[:, :, :H], qkv[:, :, H:H + K], qkv[:, :, H + K:]  # [B, L, H/m | K/m, Dh]
+    q, k = layers.apply_rope(q, *rope), layers.apply_rope(k, *rope)
+    k_all, v_all = k, v
+    if kv_context is not None:
+      k_all = jnp.concatenate([kv_context[0].astype(k.dtype), k], axis=1)  # [B, C + L, K/m, Dh]
+      v_all = jnp.concatenate([kv_context[1].astype(v.dtype), v], axis=1)
+    out = layers.dot_product_attention(q, k_all, v_all, mask=mask)     # [B, L, H/m, Dh]
+    a = linear(D, "o_proj", output_dtype=jnp.float32)(out.reshape(B, L, H * Dh))  # partial [B, L, D]
+  h = x + jax.lax.psum(a, axis).astype(cfg.dtype)
+  hn = norm("post_attention_layernorm")(h)
+  with hk.name_scope("mlp"):
+    gate, up = jnp.split(linear(2 * F, "gate_up_proj")(hn), 2, axis=-1)  # [B, L, F/m] each
+    y = linear(D, "down_proj", output_dtype=jnp.float32)(jax.nn.silu(gate) * up)  # partial sum
+  return h + jax.lax.psum(y, axis).astype(cfg.dtype), (k, v)
+
+
 class DreamModel(hk.Module):
   """The Dream network; see the module docstring for the parameter layout and the context contract.
 
@@ -216,13 +262,19 @@ class DreamModel(hk.Module):
            and with return_kv=True also a list of N (k, v) pairs, each [B, L, K, Dh] after RoPE.
   """
 
-  def __init__(self, config: DreamConfig, name: Optional[str] = "dream"):
+  def __init__(self, config: DreamConfig, name: Optional[str] = "dream",
+               model_axis: Optional[str] = None, model_degree: int = 1):
     super().__init__(name=name)
     self.config = config
+    self.model_axis = model_axis
+    self.model_degree = model_degree if model_axis is not None else 1
+    if model_axis is not None:
+      check_model_degree(config, model_degree)
 
   def __call__(self, tokens: jax.Array, valid: jax.Array, positions: Optional[jax.Array] = None, *,
                context: Optional[Context] = None, return_kv: bool = False):
     cfg = self.config
+    m = self.model_degree
     if tokens.ndim != 2 or valid.shape != tokens.shape:
       raise ValueError(f"DreamModel: tokens {tokens.shape} and valid {valid.shape} must both be "
                        "[B, L]; add a batch axis to a single row")
@@ -239,7 +291,7 @@ class DreamModel(hk.Module):
         raise ValueError(f"DreamModel: context has {len(kv_list)} layers of (k, v); the model has "
                          f"num_layers={cfg.num_layers}; pass the list that return_kv=True returned")
       C = context_valid.shape[1]
-      want = (B, C, cfg.num_kv_heads, cfg.head_dim)
+      want = (B, C, cfg.num_kv_heads // m, cfg.head_dim)
       for k, v in kv_list:
         if tuple(k.shape) != want or tuple(v.shape) != want:
           raise ValueError(f"DreamModel: context k/v shapes {k.shape}/{v.shape} must be {want} "
@@ -254,29 +306,128 @@ class DreamModel(hk.Module):
     mask = valid[:, None, :, None] & keys_valid[:, None, None, :]    # [B, 1, L, C + L]
     rope = layers.rope_tables(positions, head_dim=cfg.head_dim, theta=cfg.rope_theta)  # [B, L, Dh]
 
-    embed = layers.Embed(cfg.vocab_size, cfg.hidden_size, init_std=1.0, dtype=cfg.dtype,
+    vocab = cfg.vocab_size // m                                      # this device's rows of V
+    embed = layers.Embed(vocab, cfg.hidden_size, init_std=1.0, dtype=cfg.dtype,
                          param_dtype=cfg.param_dtype, name="embed_tokens")
-    x = embed(tokens)                                                # [B, L, D]
+    if self.model_axis is None:
+      x = embed(tokens)                                              # [B, L, D]
+    else:                          # rows [i V/m, (i+1) V/m) here: look up ours, zeros elsewhere, sum
+      local = tokens - jax.lax.axis_index(self.model_axis) * vocab
+      here = (local >= 0) & (local < vocab)
+      x = jnp.where(here[..., None], embed(jnp.clip(local, 0, vocab - 1)), 0)
+      x = jax.lax.psum(x, self.model_axis)                           # [B, L, D], exact (one term)
     new_kv = []
     for n in range(cfg.num_layers):
-      x, kv = DreamLayer(cfg, name=f"layer_{n}")(x, rope, mask, kv_list[n])
+      x, kv = DreamLayer(cfg, name=f"layer_{n}", model_axis=self.model_axis, model_degree=m)(
+          x, rope, mask, kv_list[n])
       new_kv.append(kv)
     x = layers.RMSNorm(eps=cfg.rms_norm_eps, param_dtype=cfg.param_dtype, name="norm")(x)
-    logits = layers.Linear(cfg.vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                           name="lm_head")(x)                        # [B, L, V]
+    logits = layers.Linear(vocab, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                           name="lm_head")(x)                        # [B, L, V] (V/m when sharded)
     return (logits, new_kv) if return_kv else logits
 
 
-def dream_forward(config: DreamConfig) -> hk.Transformed:
+def dream_forward(config: DreamConfig, model_axis: Optional[str] = None,
+                  model_degree: int = 1) -> hk.Transformed:
   """init/apply of DreamModel without an apply rng.
 
   init(rng, tokens, valid, positions=None, context=None, return_kv=False) -> params
   apply(params, tokens, valid, positions=None, context=None, return_kv=False) -> logits [, kv]
   (`return_kv` must be static under jit: close over it, e.g. functools.partial(apply, return_kv=True).)
+
+  With `model_axis` (a mesh axis of `model_degree` devices) `apply` is the per-device program of
+  Megatron-style model parallelism, to be run inside `shard_map` over that axis: `params` are this
+  device's blocks (`param_partition_specs` of the tree in `model_parallel_layout` order), the
+  logits are this device's V/m vocabulary columns and k/v (context in and out) its K/m KV heads.
   """
   def forward(tokens, valid, positions=None, context=None, return_kv=False):
-    return DreamModel(config)(tokens, valid, positions, context=context, return_kv=return_kv)
+    return DreamModel(config, model_axis=model_axis, model_degree=model_degree)(
+        tokens, valid, positions, context=context, return_kv=return_kv)
   return hk.without_apply_rng(hk.transform(forward))
+
+
+# ----------------------------------------------------------------------------------------------
+# Model parallelism (weights sharded over a mesh axis of m devices; see docs/diffucoder.md).
+
+
+def valid_model_degrees(config: DreamConfig) -> List[int]:
+  """Model-parallel degrees m that split `config` evenly: m divides the KV heads (each device keeps
+  whole GQA groups: K/m KV heads and their H/m query heads), the SwiGLU width and the vocabulary.
+  [1, 2, 4] for the 7.6B (4 KV heads)."""
+  return [m for m in range(1, config.num_kv_heads + 1)
+          if config.num_kv_heads % m == 0 and config.intermediate_size % m == 0
+          and config.vocab_size % m == 0]
+
+
+def check_model_degree(config: DreamConfig, degree: int) -> None:
+  """ValueError naming the degree, what it does not divide and the valid degrees."""
+  if degree in valid_model_degrees(config):
+    return
+  parts = [f"{n}={v}" for n, v in (("num_heads", config.num_heads),
+                                    ("num_kv_heads", config.num_kv_heads),
+                                    ("intermediate_size", config.intermediate_size),
+                                    ("vocab_size", config.vocab_size))
+           if not isinstance(degree, (int, np.integer)) or degree < 1 or v % degree]
+  raise ValueError(f"model-parallel degree {degree!r} does not divide {', '.join(parts) or 'the model'}"
+                   f"; valid degrees for this model: {valid_model_degrees(config)}")
+
+
+def _qkv_order(config: DreamConfig, degree: int) -> np.ndarray:
+  """Column permutation of the fused q|k|v axis ((H + 2K) Dh) into device-major order: device i's
+  block is [its H/m q heads | its K/m k heads | its K/m v heads], each head Dh wide."""
+  H, K, Dh, m = config.num_heads, config.num_kv_heads, config.head_dim, degree
+  heads = np.arange((H + 2 * K) * Dh).reshape(H + 2 * K, Dh)
+  q, k, v = heads[:H], heads[H:H + K], heads[H + K:]
+  blocks = [np.concatenate([q[i * H // m:(i + 1) * H // m], k[i * K // m:(i + 1) * K // m],
+                            v[i * K // m:(i + 1) * K // m]]) for i in range(m)]
+  return np.concatenate(blocks).reshape(-1)
+
+
+def _gate_up_order(config: DreamConfig, degree: int) -> np.ndarray:
+  """Column permutation of the fused gate|up axis (2F): device i's block is [its F/m gate columns |
+  its F/m up columns]."""
+  F, m = config.intermediate_size, degree
+  f = F // m
+  return np.concatenate([np.concatenate([np.arange(i * f, (i + 1) * f),
+                                         F + np.arange(i * f, (i + 1) * f)]) for i in range(m)])
+
+
+def model_parallel_layout(module: str, name: str, value: Any, config: DreamConfig,
+                          degree: int, inverse: bool = False) -> Any:
+  """One parameter in the model-parallel column order (identity for degree 1 and for every parameter
+  but the fused qkv_proj w/b and gate_up_proj w, whose columns are reordered so that the contiguous
+  split over `degree` devices gives each its heads / SwiGLU columns). `inverse` undoes it. Works on
+  numpy (the converter, per tensor) and jax arrays."""
+  if degree == 1 or not (module.endswith("qkv_proj") or module.endswith("gate_up_proj")):
+    return value
+  order = (_qkv_order if module.endswith("qkv_proj") else _gate_up_order)(config, degree)
+  if inverse:
+    order = np.argsort(order)
+  return value[..., order]
+
+
+def to_model_parallel_layout(params: hk.Params, config: DreamConfig, degree: int,
+                             inverse: bool = False) -> hk.Params:
+  """`model_parallel_layout` on every parameter of a tree (the tree of `dream_forward(config)`)."""
+  return {module: {name: model_parallel_layout(module, name, value, config, degree, inverse)
+                   for name, value in p.items()} for module, p in params.items()}
+
+
+def param_partition_spec(module: str, name: str, model_axis: str) -> P:
+  """How one parameter is split over the model axis (Megatron): embedding and lm_head by vocabulary,
+  qkv_proj and gate_up_proj by columns (w and b), o_proj and down_proj by rows, norms replicated."""
+  leaf = module.rsplit("/", 1)[-1]
+  if leaf == "embed_tokens" or leaf in ("o_proj", "down_proj"):
+    return P(model_axis, None)
+  if leaf in ("lm_head", "qkv_proj", "gate_up_proj"):
+    return P(None, model_axis) if name == "w" else P(model_axis)
+  return P()
+
+
+def param_partition_specs(config: DreamConfig, model_axis: str) -> dict:
+  """{module: {name: PartitionSpec}} for the tree of `dream_forward(config)` (`param_partition_spec`)."""
+  return {module: {name: param_partition_spec(module, name, model_axis) for name in p}
+          for module, p in param_shapes(config).items()}
 
 
 def param_shapes(config: DreamConfig) -> hk.Params:

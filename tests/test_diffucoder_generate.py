@@ -115,6 +115,19 @@ def test_run_end_to_end_matches_single_prompt_decoding(tmp_path):
     assert not set(want) & set(stops)
 
 
+def test_model_parallel_run_equals_data_parallel(tmp_path):
+  """--config.model_parallel=2 (a 2 x 2 mesh; the checkpoint streamed into the device blocks) writes
+  the completions the data-parallel run writes."""
+  config = _tiny_setup(tmp_path, temperature=0.0, steps=8, max_new_tokens=8, batch_size=1,
+                       pad_to_multiple=8, block_length=4, cache="dual")
+  prompts = generate.read_prompts(["def add(a, b):", "print(x)", "x = 1"], None)
+  data_parallel = generate.run(config, prompts)
+  config.model_parallel = 2
+  model_parallel = generate.run(config, prompts)
+  assert [r["completion_ids"] for r in model_parallel] == [r["completion_ids"] for r in data_parallel]
+  assert all(len(r["completion_ids"]) > 0 for r in data_parallel)
+
+
 def test_chat_template_and_stop_ids(tmp_path):
   config = _tiny_setup(tmp_path, temperature=0.0, steps=4, max_new_tokens=4)
   config.chat_template = True

@@ -71,6 +71,7 @@ import jax
 import numpy as np
 
 from experiments.common import errors
+from experiments.common import parallel
 from experiments.common import safetensors_io as st
 from modules import dream
 
@@ -133,15 +134,35 @@ def param_sources(config: dream.DreamConfig) -> List[Tuple[str, str, Tuple[str, 
   return out
 
 
+def model_parallel_placer(config: dream.DreamConfig, mesh: jax.sharding.Mesh
+                          ) -> Callable[[str, str, np.ndarray], jax.Array]:
+  """place_param(module, name, value) for a (data, model) mesh (`parallel.mesh_2d`): the value in
+  `dream.model_parallel_layout` column order, put straight into its device blocks by
+  `dream.param_partition_spec` (each device gets only its block; replicated over the data axis)."""
+  m = mesh.shape[parallel.MODEL_AXIS]
+  dream.check_model_degree(config, m)
+
+  def place_param(module: str, name: str, value: np.ndarray) -> jax.Array:
+    value = dream.model_parallel_layout(module, name, value, config, m)
+    return parallel.put_sharded(value, mesh,
+                                dream.param_partition_spec(module, name, parallel.MODEL_AXIS))
+  return place_param
+
+
 def params_from_tensors(get: Callable[[str], np.ndarray], config: dream.DreamConfig, *,
                         place: Optional[Callable[[np.ndarray], jax.Array]] = None,
-                        progress: Optional[Callable[[str], None]] = None) -> dict:
+                        progress: Optional[Callable[[str], None]] = None,
+                        place_param: Optional[Callable[[str, str, np.ndarray], jax.Array]] = None
+                        ) -> dict:
   """Builds the Haiku parameter tree from HF-layout tensors fetched one at a time by `get(name)`.
 
   Values are cast to config.param_dtype; `place` moves each finished parameter off the host
-  (default jax.device_put) before the next one is read.
+  (default jax.device_put) before the next one is read; `place_param(module, name, value)` instead
+  when the placement depends on the parameter (`model_parallel_placer`: sharded over a mesh).
   """
   place = place or jax.device_put
+  if place_param is None:
+    place_param = lambda module, name, value: place(value)
   dtype = np.dtype(config.param_dtype)
   params: Dict[str, Dict[str, jax.Array]] = {}
   for module, name, sources, transpose in param_sources(config):
@@ -151,7 +172,7 @@ def params_from_tensors(get: Callable[[str], np.ndarray], config: dream.DreamCon
     if transpose:
       value = value.T
     value = np.ascontiguousarray(value, dtype=dtype)                # one host copy of this param
-    params.setdefault(module, {})[name] = place(value)
+    params.setdefault(module, {})[name] = place_param(module, name, value)
     del value
     if progress is not None:
       progress(f"{module}/{name}")
@@ -311,19 +332,24 @@ def open_checked(hf_dir: str, config: dream.DreamConfig, *,
 def load_params(hf_dir: str, config: dream.DreamConfig, *, allow_cast: bool = False,
                 place: Optional[Callable[[np.ndarray], jax.Array]] = None,
                 progress: Optional[Callable[[str], None]] = None,
-                log: Optional[Callable[[str], None]] = None) -> dict:
+                log: Optional[Callable[[str], None]] = None,
+                mesh: Optional[jax.sharding.Mesh] = None) -> dict:
   """Reads a Hugging Face checkpoint folder into the Haiku parameter tree, streaming (see top).
 
   Checks config.json (if present), the shard headers and every tensor's name, shape and dtype
   before reading any weights. `place` puts each parameter somewhere (default jax.device_put; pass
-  e.g. `lambda x: jax.device_put(x, sharding)`). With `allow_cast`, tensors not in
+  e.g. `lambda x: jax.device_put(x, sharding)`); with `mesh` (a `parallel.mesh_2d`) each tensor
+  goes straight into its model-parallel device blocks (`model_parallel_placer`), so the host holds
+  about one tensor at a time and no device ever holds the whole model. With `allow_cast`, tensors not in
   config.param_dtype are cast, and `log` (default: absl logging.warning) gets one line
   "cast N tensors float32 -> bfloat16 (config.model.param_dtype)" per source dtype.
   """
   ckpt = open_checked(hf_dir, config, allow_cast=allow_cast)
   for change, n in casts(ckpt, config).items():
     (log or logging.warning)(f"{hf_dir}: cast {n} tensors {change} (config.model.param_dtype)")
-  return params_from_tensors(ckpt.get, config, place=place, progress=progress)
+  place_param = model_parallel_placer(config, mesh) if mesh is not None else None
+  return params_from_tensors(ckpt.get, config, place=place, progress=progress,
+                             place_param=place_param)
 
 
 def save_params(params: dict, out_dir: str, config: dream.DreamConfig) -> None:
@@ -402,11 +428,26 @@ def check_checkpoint_folder(path: str, config: dream.DreamConfig) -> None:
 
 
 def load_checkpoint(path: str, config: dream.DreamConfig, **kwargs) -> dict:
-  """`path` is a Hugging Face folder (load_params) or an orbax folder (restore_params)."""
+  """`path` is a Hugging Face folder (load_params) or an orbax folder (restore_params).
+
+  With `mesh=` (model parallelism): a Hugging Face folder streams each tensor into its device
+  blocks; an orbax folder is restored to host memory (the model once) and then placed tensor by
+  tensor the same way.
+  """
   _check_folder(path)
   if is_hf_dir(path):
     return load_params(path, config, **kwargs)
-  return restore_params(path, config, log=kwargs.get("log"))
+  mesh = kwargs.get("mesh")
+  if mesh is None:
+    return restore_params(path, config, log=kwargs.get("log"))
+  host = restore_params(path, config, log=kwargs.get("log"),
+                        sharding=jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0]))
+  place_param = model_parallel_placer(config, mesh)
+  out: Dict[str, Dict[str, jax.Array]] = {}
+  for module in list(host):
+    for name in list(host[module]):
+      out.setdefault(module, {})[name] = place_param(module, name, np.asarray(host[module].pop(name)))
+  return out
 
 
 # --------------------------------------------------------------------------------------------------

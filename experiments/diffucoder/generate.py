@@ -20,6 +20,12 @@ Output (`--output`, default stdout): one JSON line per prompt, in input order, w
 completion (decoded up to the first <|endoftext|> / <|dlm_pad|> / <|im_end|>), completion_ids, and
 the batch's seconds and tokens/s.
 
+Model parallelism (`--config.model_parallel=m`, 1 by default): the local devices form a
+(devices / m) x m (data x model) mesh (`parallel.mesh_2d`); each tensor of the checkpoint is streamed
+into its device blocks (heads, SwiGLU columns, vocabulary rows: modules/dream.py), each data group
+of m devices decodes `generate.batch_size` prompts. m must divide the KV heads (1, 2, 4 for the
+7.6B) and the devices; one host only. docs/diffucoder.md lists the degree each TPU needs.
+
 Batching: prompts are sorted by length and cut into global batches of `generate.batch_size` x
 devices rows, left-padded (pad id) to the batch's longest prompt rounded up to
 `generate.pad_to_multiple` (one compile per (batch, canvas) shape). The batch is data-parallel: params
@@ -83,10 +89,14 @@ def sampler_options(config: ml_collections.ConfigDict):
   return opts
 
 
-def model_forward(model_config):
+def model_forward(model_config, model_parallel: int = 1):
   """The sampler's forward(params, tokens, valid, positions, context=None, return_kv=False) for a
-  modules.dream.DreamConfig."""
-  model = dream.dream_forward(model_config)
+  modules.dream.DreamConfig; with model_parallel > 1 the per-device program of the model sharded
+  over `parallel.MODEL_AXIS` (run inside the Runner's shard_map)."""
+  if model_parallel > 1:
+    model = dream.dream_forward(model_config, parallel.MODEL_AXIS, model_parallel)
+  else:
+    model = dream.dream_forward(model_config)
 
   def forward(params, tokens, valid, positions, context=None, return_kv=False):
     return model.apply(params, tokens, valid, positions, context, return_kv)
@@ -158,11 +168,28 @@ def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, par
     special.update({"<|im_start|>": config.tokens.im_start_id,
                     "<|im_end|>": config.tokens.im_end_id})
   tok.check_ids(special)
+  n_local = jax.local_device_count()
+  model_parallel = common.check_model_parallel(config, n_local)
+  mesh = None
+  if model_parallel > 1:
+    if jax.process_count() > 1:
+      raise config_utils.ConfigError(
+          "model_parallel", model_parallel,
+          f"model parallelism runs on one host and there are {jax.process_count()} processes",
+          "use one host (v2-8, v3-8, v4-8 and v5e-8 are one host each) or model_parallel=1")
+    mesh = parallel.mesh_2d(n_local // model_parallel, model_parallel)
   if params is None:
     if not config.checkpoint:
       raise config_utils.ConfigError("checkpoint", config.checkpoint, "no checkpoint",
                                      "pass --config.checkpoint=<Hugging Face or converted folder>")
-    params = convert.load_checkpoint(config.checkpoint, model_config)
+    if mesh is None:
+      params = convert.load_checkpoint(config.checkpoint, model_config)
+    else:                             # each tensor straight into its device blocks
+      params = convert.load_checkpoint(config.checkpoint, model_config, mesh=mesh)
+  elif mesh is not None:
+    place = convert.model_parallel_placer(model_config, mesh)
+    params = {module: {name: place(module, name, np.asarray(v)) for name, v in p.items()}
+              for module, p in params.items()}
 
   texts = [tokenizer_lib.chat_prompt(p["prompt"]) if config.chat_template else p["prompt"]
            for p in prompts]
@@ -170,18 +197,26 @@ def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, par
   for p, i in zip(prompts, ids):
     if not i:
       raise errors.BadInput(f"prompt {p['id']!r} is empty after tokenisation. Fix: give some text")
-  data_parallel = jax.device_count() > 1
-  n_local = jax.local_device_count()
+  data_parallel = jax.device_count() > 1 and mesh is None
   per_device = int(g.get("batch_size", 1))
   if per_device < 1:
     raise config_utils.ConfigError("generate.batch_size", per_device, "must be >= 1", "use 1")
-  host_rows = per_device * n_local if data_parallel else per_device
+  if mesh is not None:                  # batch_size prompts per data group of model_parallel devices
+    host_rows = per_device * mesh.shape[parallel.AXIS]
+  else:
+    host_rows = per_device * n_local if data_parallel else per_device
   global_rows = host_rows * jax.process_count()
   multiple = max(int(g.get("pad_to_multiple", 1)), 1)
   if data_parallel:
     params = parallel.replicate(params)
-  runner = sampling.Runner(model_forward(model_config), opts, mask_id=config.tokens.mask_id,
-                           data_parallel=data_parallel)
+  if mesh is not None:
+    runner = sampling.Runner(model_forward(model_config, model_parallel), opts,
+                             mask_id=config.tokens.mask_id, mesh=mesh,
+                             param_specs=dream.param_partition_specs(model_config,
+                                                                     parallel.MODEL_AXIS))
+  else:
+    runner = sampling.Runner(model_forward(model_config), opts, mask_id=config.tokens.mask_id,
+                             data_parallel=data_parallel)
   plan = batches([len(i) for i in ids], global_rows)
   per_batch = opts.steps if opts.block_length == 0 else max_new // opts.block_length
   bar = None

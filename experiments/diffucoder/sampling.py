@@ -70,8 +70,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax.sharding import PartitionSpec as P
+
 from experiments.common import config_utils
 from experiments.common import errors
+from experiments.common import parallel
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 CACHES = ("none", "prefix", "dual")
@@ -298,13 +301,19 @@ def filtered_logits(logits: jax.Array, temperature: float, top_p: Optional[float
 
 def sample_tokens(key: jax.Array, logits: jax.Array, *, temperature: float = 0.0,
                   top_p: Optional[float] = None, top_k: Optional[int] = None,
-                  alg: str = "maskgit_plus") -> Tuple[jax.Array, jax.Array, jax.Array]:
+                  alg: str = "maskgit_plus", vocab_axis: Optional[str] = None
+                  ) -> Tuple[jax.Array, jax.Array, jax.Array]:
   """Token choice and confidence for every position.
 
   logits: [..., V] (already shifted). Returns (confidence [...] float32, tokens [...] int32,
   probability of the chosen token [...] float32). The confidence is the alg's: maskgit_plus and
   origin: p(chosen); topk_margin: p1 - p2; entropy: sum p log(p + 1e-10).
+  vocab_axis: inside shard_map with the vocabulary split over this mesh axis, `logits` is this
+  device's [..., V/m] block (`vocab_sharded_sample_tokens`).
   """
+  if vocab_axis is not None:
+    return vocab_sharded_sample_tokens(key, logits, vocab_axis, temperature=temperature,
+                                       top_p=top_p, top_k=top_k, alg=alg)
   logits = filtered_logits(logits, temperature, top_p, top_k)
   probs = jax.nn.softmax(logits, axis=-1)
   if temperature > 0:
@@ -322,6 +331,49 @@ def sample_tokens(key: jax.Array, logits: jax.Array, *, temperature: float = 0.0
     confidence = jnp.sum(probs * jnp.log(probs + ENTROPY_EPS), axis=-1)
   else:
     raise errors.BadInput(f"alg={alg!r}: unknown. Fix: use one of {', '.join(ALGS)}")
+  return confidence, tokens, p_chosen
+
+
+def vocab_sharded_sample_tokens(key: jax.Array, logits: jax.Array, vocab_axis: str, *,
+                                temperature: float = 0.0, top_p: Optional[float] = None,
+                                top_k: Optional[int] = None, alg: str = "maskgit_plus"
+                                ) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """`sample_tokens` on a vocabulary split over the mesh axis `vocab_axis` (inside shard_map).
+
+  logits: this device's [..., V/m] columns (device i holds ids [i V/m, (i+1) V/m)); the results are
+  the same on every device of the axis. Greedy decoding without top-p / top-k never gathers a row:
+  the softmax is a sharded max and sum (pmax, psum), the argmax the smallest id among the devices'
+  argmaxes of the largest probability (argmax's first-index tie rule), topk_margin gathers each
+  device's top 2, entropy is a psum of per-device sums. Sampling (temperature > 0) and top-p /
+  top-k filtering gather the row's V logits on every device of the axis and run `sample_tokens`
+  (the same numbers as unsharded, at the unsharded sampler's memory).
+  """
+  if temperature > 0 or (top_p is not None and top_p < 1) or top_k:
+    full = jax.lax.all_gather(logits, vocab_axis, axis=logits.ndim - 1, tiled=True)  # [..., V]
+    return sample_tokens(key, full, temperature=temperature, top_p=top_p, top_k=top_k, alg=alg)
+  if alg not in ALGS:
+    raise errors.BadInput(f"alg={alg!r}: unknown. Fix: use one of {', '.join(ALGS)}")
+  x = logits.astype(jnp.float32)                                        # [..., V/m]
+  width = x.shape[-1]
+  top = jax.lax.pmax(jnp.max(x, axis=-1), vocab_axis)                  # [...] the row's max logit
+  e = jnp.exp(x - top[..., None])
+  total = jax.lax.psum(jnp.sum(e, axis=-1), vocab_axis)                 # [...] softmax denominator
+  probs = e / total[..., None]                                          # this device's p
+  local_best = jnp.max(probs, axis=-1)
+  p_chosen = jax.lax.pmax(local_best, vocab_axis)
+  local_id = (jnp.argmax(probs, axis=-1).astype(jnp.int32)
+              + jax.lax.axis_index(vocab_axis).astype(jnp.int32) * width)
+  tokens = jax.lax.pmin(jnp.where(local_best == p_chosen, local_id, jnp.iinfo(jnp.int32).max),
+                        vocab_axis)
+  if alg in ("maskgit_plus", "origin"):
+    confidence = p_chosen
+  elif alg == "topk_margin":
+    tops = jax.lax.all_gather(jax.lax.top_k(probs, min(2, width))[0], vocab_axis,
+                              axis=probs.ndim - 1, tiled=True)          # [..., 2m]
+    top2 = jax.lax.top_k(tops, 2)[0]
+    confidence = top2[..., 0] - top2[..., 1]
+  else:
+    confidence = jax.lax.psum(jnp.sum(probs * jnp.log(probs + ENTROPY_EPS), axis=-1), vocab_axis)
   return confidence, tokens, p_chosen
 
 
@@ -350,9 +402,9 @@ def select_transfer(key: jax.Array, confidence: jax.Array, mask: jax.Array, k: j
 
 def unmask_step(key: jax.Array, tokens: jax.Array, shifted: jax.Array, region: jax.Array,
                 ratio: jax.Array, opts: SamplerOptions, mask_id: int,
-                axis_name: Optional[str] = None) -> jax.Array:
+                axis_name: Optional[str] = None, vocab_axis: Optional[str] = None) -> jax.Array:
   """One reference step on a window: tokens [B, W], shifted logits [B, W, V], region [B, W] (where
-  unmasking is allowed) -> new tokens [B, W]."""
+  unmasking is allowed) -> new tokens [B, W]. vocab_axis: as in `sample_tokens` ([B, W, V/m])."""
   mask = (tokens == mask_id) & region
   key_tok, key_sel = jax.random.split(key)
   temperature, top_p, top_k = opts.filtering
@@ -360,23 +412,23 @@ def unmask_step(key: jax.Array, tokens: jax.Array, shifted: jax.Array, region: j
     key_tok, key_u = jax.random.split(key_tok)
     transfer = (jax.random.uniform(key_u, mask.shape, jnp.float32) < ratio) & mask
     _, x0, _ = sample_tokens(key_tok, shifted, temperature=temperature, top_p=top_p, top_k=top_k,
-                             alg="origin")
+                             alg="origin", vocab_axis=vocab_axis)
     return jnp.where(transfer, x0, tokens)
   confidence, x0, _ = sample_tokens(key_tok, shifted, temperature=temperature, top_p=top_p,
-                                    top_k=top_k, alg=opts.alg)
+                                    top_k=top_k, alg=opts.alg, vocab_axis=vocab_axis)
   k = num_transfer(mask, ratio, axis_name)
   transfer = select_transfer(key_sel, confidence, mask, k, opts.alg_temp)
   return jnp.where(transfer, x0, tokens)
 
 
 def threshold_step(key: jax.Array, tokens: jax.Array, shifted: jax.Array, region: jax.Array,
-                   opts: SamplerOptions, mask_id: int) -> jax.Array:
+                   opts: SamplerOptions, mask_id: int, vocab_axis: Optional[str] = None) -> jax.Array:
   """Parallel decoding: per row unmask the most probable masked position of `region` and every
   masked position of it whose chosen token has probability >= opts.threshold. [B, W] -> [B, W]."""
   mask = (tokens == mask_id) & region
   temperature, top_p, top_k = opts.filtering
   _, x0, p = sample_tokens(key, shifted, temperature=temperature, top_p=top_p, top_k=top_k,
-                           alg="maskgit_plus")
+                           alg="maskgit_plus", vocab_axis=vocab_axis)
   score = jnp.where(mask, p, -jnp.inf)
   best = ranks(score) == 0
   transfer = mask & (best | (p >= jnp.float32(opts.threshold)))
@@ -426,18 +478,20 @@ def cut_at_stop(tokens: Sequence[int], stop_ids: Sequence[int]) -> List[int]:
 
 
 def plain_step_fn(forward: ForwardFn, opts: SamplerOptions, *, mask_id: int, start: int,
-                  axis_name: Optional[str] = None):
+                  axis_name: Optional[str] = None, vocab_axis: Optional[str] = None):
   """The reference's step: step(params, tokens, valid, positions, key, ratio) -> tokens [B, L].
 
   A full forward over the canvas; only the generated region (positions >= start, a static slice)
   is sampled and unmasked, so the sampler's float32 [B, L - start, V] buffers skip the prompt.
+  axis_name: the data-parallel axis (the batch average M); vocab_axis: the model axis when the
+  forward returns this device's vocabulary block (model parallelism, `sample_tokens`).
   """
   def step(params, tokens, valid, positions, key, ratio):
     logits = forward(params, tokens, valid, positions)                       # [B, L, V]
     shifted = shift_logits(logits)[:, start:]                                # [B, L - start, V]
     gen = tokens[:, start:]
     region = jnp.ones(gen.shape, bool)
-    new = unmask_step(key, gen, shifted, region, ratio, opts, mask_id, axis_name)
+    new = unmask_step(key, gen, shifted, region, ratio, opts, mask_id, axis_name, vocab_axis)
     return tokens.at[:, start:].set(new)
   return step
 
@@ -461,7 +515,8 @@ def cache_window(cache: str, kv, valid: jax.Array, lo, bl: int):
 
 
 def block_fn(forward: ForwardFn, opts: SamplerOptions, *, mask_id: int, start: int,
-             block_index: Optional[int] = None, axis_name: Optional[str] = None):
+             block_index: Optional[int] = None, axis_name: Optional[str] = None,
+             vocab_axis: Optional[str] = None):
   """All steps of one block: block(params, tokens, valid, positions, key, ratios, block_start)
   -> (tokens [B, L], steps run).
 
@@ -490,10 +545,10 @@ def block_fn(forward: ForwardFn, opts: SamplerOptions, *, mask_id: int, start: i
       region = jnp.ones(tb.shape, bool)
       k = jax.random.fold_in(key, j)
       if opts.threshold > 0:
-        new = threshold_step(k, tb, shifted_block, region, opts, mask_id)
+        new = threshold_step(k, tb, shifted_block, region, opts, mask_id, vocab_axis)
       else:
         new = unmask_step(k, tb, shifted_block, region, ratios[jnp.minimum(j, num_r - 1)], opts,
-                          mask_id, axis_name)
+                          mask_id, axis_name, vocab_axis)
       return jax.lax.dynamic_update_slice_in_dim(tokens, new, lo, axis=1)
 
     # Step 0: full forward over the canvas (with keys/values when cached).
@@ -534,7 +589,8 @@ def block_fn(forward: ForwardFn, opts: SamplerOptions, *, mask_id: int, start: i
 
 
 def fast_dllm_block_fn(forward: ForwardFn, opts: SamplerOptions, *, mask_id: int, start: int,
-                       block_index: Optional[int] = None, axis_name: Optional[str] = None):
+                       block_index: Optional[int] = None, axis_name: Optional[str] = None,
+                       vocab_axis: Optional[str] = None):
   """Fast-dLLM's Dream block loop (`block_algorithm="fast_dllm"`); the same signature and result as
   `block_fn`: block(params, tokens, valid, positions, key, ratios, block_start) -> (tokens, forwards).
 
@@ -581,7 +637,7 @@ def fast_dllm_block_fn(forward: ForwardFn, opts: SamplerOptions, *, mask_id: int
       logits, kv = forward(params, tokens, valid, positions, return_kv=True)
     first = jax.lax.dynamic_index_in_dim(shift_logits(logits), lo, axis=1)    # [B, 1, V]
     _, x0, _ = sample_tokens(jax.random.fold_in(key, 0), first, temperature=temperature,
-                             top_p=top_p, top_k=top_k, alg="maskgit_plus")
+                             top_p=top_p, top_k=top_k, alg="maskgit_plus", vocab_axis=vocab_axis)
     tokens = jax.lax.dynamic_update_slice_in_dim(tokens, x0, lo, axis=1)
 
     if opts.cache == "none":
@@ -603,11 +659,12 @@ def fast_dllm_block_fn(forward: ForwardFn, opts: SamplerOptions, *, mask_id: int
       region = jnp.ones(tb.shape, bool)
       k = jax.random.fold_in(key, n + 1)
       if opts.threshold > 0:
-        new, stop = threshold_step(k, tb, shifted, region, opts, mask_id), jnp.bool_(False)
+        new = threshold_step(k, tb, shifted, region, opts, mask_id, vocab_axis)
+        stop = jnp.bool_(False)
       else:
         stop = i >= S                                 # the same on every device: no collective skipped
         new = jnp.where(stop, tb, unmask_step(k, tb, shifted, region, ratios[jnp.minimum(i, S - 1)],
-                                              entropy_opts, mask_id, axis_name))
+                                              entropy_opts, mask_id, axis_name, vocab_axis))
         i = i + 1
       tokens = jax.lax.dynamic_update_slice_in_dim(tokens, new, lo, axis=1)
       left = psum(jnp.sum(new == mask_id, dtype=jnp.int32))
@@ -640,31 +697,70 @@ class Runner:
 
   `data_parallel=True` pmaps over this host's devices (`experiments/common/parallel.py`): params
   replicated, rows split over devices (B must be a multiple of the local device count), the batch
-  average M taken over every device of every host. Otherwise one `jax.jit` on the default device.
-  Compiled functions are cached per (canvas shape, prompt length, block): one compile per shape.
+  average M taken over every device of every host. `mesh` (a `parallel.mesh_2d(data, model)`):
+  model parallelism, one `parallel.shard_map_step` over the mesh: `forward` is the per-device
+  program of a model split over `parallel.MODEL_AXIS` (e.g. `dream.dream_forward(config,
+  parallel.MODEL_AXIS, model)`; its logits are the device's vocabulary block), `param_specs` the
+  PartitionSpec tree of the params (already placed that way), rows split over `parallel.AXIS`
+  (B a multiple of the data size), the sampler's softmax and argmax sharded over the vocabulary
+  (`vocab_sharded_sample_tokens`); the random keys are folded per data row group, so the
+  model-parallel devices of a group draw the same numbers. Otherwise one `jax.jit` on the default
+  device. Compiled functions are cached per (canvas shape, prompt length, block): one compile per
+  shape.
   """
 
   def __init__(self, forward: ForwardFn, opts: SamplerOptions, *, mask_id: int,
-               data_parallel: bool = False):
+               data_parallel: bool = False, mesh: Optional[jax.sharding.Mesh] = None,
+               param_specs: Any = None):
+    if mesh is not None and (data_parallel or param_specs is None):
+      raise ValueError("Runner: mesh needs param_specs and replaces data_parallel (rows are split "
+                       "over the mesh's data axis)")
     self.forward = forward
     self.opts = opts
     self.mask_id = int(mask_id)
     self.data_parallel = data_parallel
+    self.mesh = mesh
+    self.param_specs = param_specs
     self._fns = {}
 
   def _compile(self, key, make):
+    """make(axis_name, vocab_axis) -> the step; compiled once per key."""
     if key not in self._fns:
-      if self.data_parallel:
-        from experiments.common import parallel  # pylint: disable=g-import-not-at-top
-        fn = make(parallel.AXIS)
+      if self.mesh is not None:
+        self._fns[key] = self._mesh_step(make(parallel.AXIS, parallel.MODEL_AXIS),
+                                         blocks=key[0] == "block")
+      elif self.data_parallel:
+        fn = make(parallel.AXIS, None)
         replicated = tuple(range(5, len(inspect.signature(fn).parameters)))
         self._fns[key] = parallel.pmap_step(fn, replicated_in=(0,) + replicated)
       else:
-        self._fns[key] = jax.jit(make(None))
+        self._fns[key] = jax.jit(make(None, None))
     return self._fns[key]
 
+  def _mesh_step(self, fn, blocks: bool):
+    """shard_map of a step over the (data, model) mesh: params by `param_specs`, tokens / valid /
+    positions / keys by rows over the data axis, the rest (ratios, block start) the same everywhere;
+    a block step's forward count comes back per data group."""
+    rest = len(inspect.signature(fn).parameters) - 5
+    rows = P(parallel.AXIS)
+
+    def per_device(params, tokens, valid, positions, keys, *args):
+      out = fn(params, tokens, valid, positions, keys[0], *args)     # keys: [1] (this data group's)
+      return (out[0], out[1][None]) if blocks else out
+
+    return parallel.shard_map_step(
+        per_device, self.mesh, in_specs=(self.param_specs, rows, rows, rows, rows) + (P(),) * rest,
+        out_specs=(rows, rows) if blocks else rows)
+
   def _split_rows(self, x):
-    """[B, ...] host array -> [devices, B / devices, ...] under data parallelism."""
+    """[B, ...] host array -> [devices, B / devices, ...] under data parallelism (B rows split over
+    the mesh's data axis with a mesh)."""
+    if self.mesh is not None:
+      n = self.mesh.shape[parallel.AXIS]
+      if x.shape[0] % n:
+        raise errors.BadInput(f"batch of {x.shape[0]} rows is not a multiple of the mesh's {n} data "
+                              f"groups. Fix: pad the batch to a multiple of {n} (generate.py does).")
+      return jnp.asarray(x)
     if not self.data_parallel:
       return jnp.asarray(x)
     n = jax.local_device_count()
@@ -674,9 +770,10 @@ class Runner:
     return np.asarray(x).reshape((n, x.shape[0] // n) + x.shape[1:])
 
   def _keys(self, key):
+    if self.mesh is not None:
+      return jnp.stack([jax.random.fold_in(key, d) for d in range(self.mesh.shape[parallel.AXIS])])
     if not self.data_parallel:
       return key
-    from experiments.common import parallel  # pylint: disable=g-import-not-at-top
     return jnp.stack([jax.random.fold_in(key, int(d)) for d in parallel.device_indices()])
 
   def generate(self, params, prompt: np.ndarray, prompt_valid: np.ndarray, key: jax.Array, *,
@@ -696,8 +793,8 @@ class Runner:
     t0 = time.perf_counter()
     if opts.block_length == 0:
       ratios = transfer_ratios(opts.steps, opts.eps)
-      fn = self._compile(("plain", shape, start), lambda axis: plain_step_fn(
-          self.forward, opts, mask_id=self.mask_id, start=start, axis_name=axis))
+      fn = self._compile(("plain", shape, start), lambda axis, vocab: plain_step_fn(
+          self.forward, opts, mask_id=self.mask_id, start=start, axis_name=axis, vocab_axis=vocab))
       for i in range(opts.steps):
         x = fn(params, x, v, p, self._keys(jax.random.fold_in(key, i)), jnp.float32(ratios[i]))
         forwards += 1
@@ -715,8 +812,10 @@ class Runner:
       for blk in range(num_blocks):
         # Prefix windows shrink block by block (one compile per block); the others share one shape.
         static_blk = blk if opts.cache == "prefix" else None
-        fn = self._compile(("block", shape, start, static_blk), lambda axis, b=static_blk: make_block(
-            self.forward, opts, mask_id=self.mask_id, start=start, block_index=b, axis_name=axis))
+        fn = self._compile(("block", shape, start, static_blk),
+                           lambda axis, vocab, b=static_blk: make_block(
+                               self.forward, opts, mask_id=self.mask_id, start=start, block_index=b,
+                               axis_name=axis, vocab_axis=vocab))
         x, n = fn(params, x, v, p, self._keys(jax.random.fold_in(key, blk)), ratios,
                   jnp.int32(start + blk * opts.block_length))
         forwards += int(np.max(np.asarray(n)))
@@ -728,7 +827,9 @@ class Runner:
 
 def generate(forward: ForwardFn, params: Any, prompt, prompt_valid, key: jax.Array,
              opts: SamplerOptions, *, max_new_tokens: int, mask_id: int,
-             data_parallel: bool = False) -> Output:
+             data_parallel: bool = False, mesh: Optional[jax.sharding.Mesh] = None,
+             param_specs: Any = None) -> Output:
   """One-shot convenience around `Runner` (compiles each call; keep a Runner to reuse compiles)."""
-  return Runner(forward, opts, mask_id=mask_id, data_parallel=data_parallel).generate(
+  return Runner(forward, opts, mask_id=mask_id, data_parallel=data_parallel, mesh=mesh,
+                param_specs=param_specs).generate(
       params, np.asarray(prompt), np.asarray(prompt_valid), key, max_new_tokens=max_new_tokens)

@@ -2,11 +2,13 @@ r"""`make tpu-check`: every pod config compiled for its TPU target by the TPU co
 
   python -m experiments.tools.tpu_check                 # all rows (tens of minutes on 2 cores)
   python -m experiments.tools.tpu_check --only=trm      # rows whose label contains "trm"
+  python -m experiments.tools.tpu_check --only=diffucoder   # Dream 7.6B sampling on 4 TPU slices
 
 Rows: TRM's v4_64 pod config for each of the five recipes (v4-64), nanoGPT's v4_32 (GPT-2 124M on a
 v4-32), GPT-2 XL finetuning (configs/finetune_shakespeare.py:gpt2-xl) on a v4-8 and a v5e-8, and
-Dream 7B sampling (experiments/diffucoder) on a v4-8 and a v5e-8 when that experiment provides its
-rows. Each config is built abstractly (no data, no weights) and its training and evaluation steps
+DiffuCoder / Dream 7.6B sampling (experiments/diffucoder/tpu_plan.py: one sampler step at canvas 512)
+on a v2-8, v3-8, v5e-8 and v4-8 at batch 1, 8 and 32, each at the smallest model-parallel degree
+that fits (the rows of the degrees tried before it say by how much they do not). Each config is built abstractly (no data, no weights) and its training and evaluation steps
 are compiled as the pod runs them (experiments/common/dry_run.py). Every figure is a COMPILER
 ESTIMATE, not a measurement. The TRM Sudoku-MLP row also gives the chip-hours of the published run
 (65,104 steps at global batch 768) at the predicted step time.
@@ -34,6 +36,7 @@ from absl import flags  # noqa: E402
 from experiments.common import distributed  # noqa: E402
 from experiments.common import dry_run  # noqa: E402
 from experiments.common import tpu  # noqa: E402
+from experiments.diffucoder import tpu_plan  # noqa: E402
 from experiments.nanogpt import train as nanogpt_train  # noqa: E402
 from experiments.trm import train as trm_train  # noqa: E402
 
@@ -72,6 +75,32 @@ CHECKS = [
 ]
 
 
+@dataclasses.dataclass
+class ProgramCheck:
+  """A row group compiled by an experiment's own function (no trainer config): its reports."""
+  label: str
+  compile: Callable[[Callable[[str], None]], List[tpu.Report]]
+
+
+PROGRAM_CHECKS = [
+    ProgramCheck(f"diffucoder 7b sampling {t}",
+                 lambda log, t=t: tpu_plan.run([t], tpu_plan.BATCHES, log=log))
+    for t in tpu_plan.TARGETS]
+
+
+def run_program_checks(checks: Sequence[ProgramCheck], log=print) -> List[tpu.Report]:
+  """Runs every program check; report names are prefixed with the check's label."""
+  reports = []
+  for check in checks:
+    t0 = time.perf_counter()
+    rows = check.compile(log)
+    for r in rows:
+      r.name = f"{check.label}: {r.name}"
+    reports.extend(rows)
+    log(f"{check.label}: {len(rows)} programs compiled in {time.perf_counter() - t0:.0f} s")
+  return reports
+
+
 def run_checks(checks: Sequence[Check], log=print) -> List[tpu.Report]:
   """Compiles every check; returns the reports (names prefixed with the check's label)."""
   reports = []
@@ -94,8 +123,9 @@ def main(argv: Sequence[str]) -> None:
   console.quiet_libraries()
   distributed.choose_platforms()          # the host backend is the CPU; libtpu only compiles
   tpu.load_libtpu()
-  checks = [c for c in CHECKS if _ONLY.value in c.label]
-  reports = run_checks(checks, log=lambda line: print(line, file=sys.stderr, flush=True))
+  log = lambda line: print(line, file=sys.stderr, flush=True)
+  reports = run_checks([c for c in CHECKS if _ONLY.value in c.label], log=log)
+  reports += run_program_checks([c for c in PROGRAM_CHECKS if _ONLY.value in c.label], log=log)
   print(tpu.format_report(reports), flush=True)
 
 

@@ -23,6 +23,10 @@ Fields of a config:
     tokenizer.json; "" = the checkpoint folder (a Hugging Face folder holds both).
   chat_template: wrap prompts in the ChatML template (instruct models).
   seed: sampling seed.
+  model_parallel: devices each copy of the weights is split over (Megatron style, modules/dream.py;
+    1 = data-parallel only, every device holds the whole model). It must divide the KV heads (and
+    the SwiGLU width and vocabulary): 1, 2 or 4 for the 7.6B. The devices form a (devices / m) x m
+    (data x model) mesh; generate.batch_size is then prompts per data group of m devices.
 """
 
 import ml_collections
@@ -68,7 +72,29 @@ def base_config(*, model: dream.DreamConfig, tokens: dict, max_new_tokens: int, 
   c.tokenizer_dir = ""
   c.chat_template = chat_template
   c.seed = 0
+  c.model_parallel = 1
   return c
+
+
+def check_model_parallel(config: ml_collections.ConfigDict, num_devices: int) -> int:
+  """config.model_parallel, checked against the model and the devices (ConfigError naming the value,
+  what it does not divide, and the valid degrees). Returns it."""
+  m = config.get("model_parallel", 1)
+  model = dream_config(config)
+  valid = dream.valid_model_degrees(model)
+  if m not in valid:
+    try:
+      dream.check_model_degree(model, m)
+    except ValueError as e:
+      problem = str(e).split(";")[0]
+    raise config_utils.ConfigError("model_parallel", m, problem,
+                                   f"use one of the valid degrees for this model: {valid}")
+  if num_devices % m:
+    raise config_utils.ConfigError(
+        "model_parallel", m, f"does not divide the {num_devices} devices",
+        f"use a degree that divides {num_devices}: "
+        f"{[d for d in valid if num_devices % d == 0]}")
+  return int(m)
 
 
 def model_card_top_k(arg) -> int:

@@ -1,0 +1,243 @@
+r"""Dream 7.6B sampling compiled for TPU slices by the TPU compiler: which model-parallel degree fits.
+
+The program is one step of the reference sampler (`sampling.plain_step_fn`: a full forward over the
+canvas and one unmask step) at canvas 512 = 128 prompt + 384 new tokens, built exactly as
+`sampling.Runner` runs it: `pmap` over every device when model_parallel is 1 (today's data-parallel
+program), else one `shard_map` over a (data, model) mesh of the slice's devices (`parallel.mesh_2d`)
+with the weights split Megatron style (modules/dream.py). Parameters are `jax.ShapeDtypeStruct`s: no
+weight is allocated. A global batch smaller than the data groups uses `batch` of them (the other
+devices idle); otherwise the rows split evenly (batch a multiple of devices / model_parallel).
+
+Every figure is a COMPILER ESTIMATE (libtpu's memory assignment and cost model; see
+experiments/common/tpu.py), not a measurement. Tokens/s: with steps = max_new_tokens (the reference
+setting) each step fixes one token per row, so tokens/s = batch / step time.
+
+  python -m experiments.diffucoder.tpu_plan --target=v5e-8 --batch=8            # smallest degree
+  python -m experiments.diffucoder.tpu_plan --target=v2-8 --batch=1 --model_parallel=4
+  # a whole block of Fast-dLLM's loop (dual KV cache, threshold 0.9, blocks of 32): memory only
+  python -m experiments.diffucoder.tpu_plan --target=v5e-8 --batch=8 --model_parallel=2 --block
+
+Synopsis (needs libtpu; one compile takes about a minute on 2 CPU cores):
+
+  from experiments.common import tpu
+  from experiments.diffucoder import tpu_plan
+  tpu.load_libtpu()
+  report = tpu_plan.compile_step(tpu.parse_target("v4-8"), batch=1, model_parallel=1)
+  report.fits, report.need_bytes / tpu.GIB, report.items_per_s       # per-device HBM, tokens/s
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from experiments.common import config_utils
+from experiments.common import console
+from experiments.common import distributed
+from experiments.common import parallel
+from experiments.common import tpu
+from experiments.diffucoder import benchmark
+from experiments.diffucoder import sampling
+from modules import dream
+
+PROMPT = 128
+NEW = 384
+CANVAS = PROMPT + NEW
+MASK_ID = 151666                    # <|mask|> (the id only fixes the program's constants)
+TARGETS = ("v2-8", "v3-8", "v5litepod-8", "v4-8")
+BATCHES = (1, 8, 32)
+
+
+def _forward(model):
+  def forward(params, tokens, valid, positions, context=None, return_kv=False):
+    return model.apply(params, tokens, valid, positions, context, return_kv)
+  return forward
+
+
+def data_groups(target: tpu.Target, batch: int, model_parallel: int) -> int:
+  """Data groups used at `batch`: min(batch, devices / model_parallel); the batch must split evenly."""
+  groups = target.num_devices // model_parallel
+  if batch < groups:
+    return batch
+  if batch % groups:
+    raise config_utils.ConfigError("batch", batch, f"does not split over the {groups} data groups "
+                                   f"of {target.name} at model_parallel={model_parallel}",
+                                   f"use a batch below {groups} or a multiple of it")
+  return groups
+
+
+def lower_step(target: tpu.Target, batch: int, model_parallel: int,
+               config: dream.DreamConfig = dream.DREAM_7B,
+               opts: Optional[sampling.SamplerOptions] = None) -> jax.stages.Lowered:
+  """The sampler's step for `target` with abstract parameters (model_parallel 1: the pmap program
+  of `Runner(data_parallel=True)`; > 1: its shard_map program on a (data, model) mesh)."""
+  opts = opts or sampling.SamplerOptions(steps=NEW, alg="entropy")
+  dream.check_model_degree(config, model_parallel)
+  devices = tpu.target_devices(target)
+  groups = data_groups(target, batch, model_parallel)
+  rows = batch // groups
+  shapes = dream.param_shapes(config)
+  i32, b = jnp.int32, jnp.bool_
+  if model_parallel == 1 and groups == target.num_devices:
+    step = sampling.plain_step_fn(_forward(dream.dream_forward(config)), opts, mask_id=MASK_ID,
+                                  start=PROMPT, axis_name=parallel.AXIS)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    args = (shapes, jax.ShapeDtypeStruct((rows, CANVAS), i32), jax.ShapeDtypeStruct((rows, CANVAS), b),
+            jax.ShapeDtypeStruct((rows, CANVAS), i32), key, jax.ShapeDtypeStruct((), jnp.float32))
+    return tpu.lower_pmap(step, target, args, replicated_in=(0, 5))
+  mesh = parallel.mesh_2d(groups, model_parallel, devices=devices)
+  specs = dream.param_partition_specs(config, parallel.MODEL_AXIS)
+  model = (dream.dream_forward(config, parallel.MODEL_AXIS, model_parallel) if model_parallel > 1
+           else dream.dream_forward(config))
+  runner = sampling.Runner(_forward(model), opts, mask_id=MASK_ID, mesh=mesh, param_specs=specs)
+  vocab_axis = parallel.MODEL_AXIS if model_parallel > 1 else None
+  step = runner._mesh_step(sampling.plain_step_fn(  # pylint: disable=protected-access
+      runner.forward, opts, mask_id=MASK_ID, start=PROMPT, axis_name=parallel.AXIS,
+      vocab_axis=vocab_axis), blocks=False)
+  put = lambda s, spec: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, spec))
+  params = jax.tree.map(put, shapes, specs)
+  row = lambda dt: jax.ShapeDtypeStruct((batch, CANVAS), dt,
+                                        sharding=NamedSharding(mesh, P(parallel.AXIS)))
+  keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), groups))
+  keys = jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=NamedSharding(mesh, P(parallel.AXIS)))
+  ratio = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(mesh, P()))
+  return step.lower(params, row(i32), row(b), row(i32), keys, ratio)
+
+
+FAST_DLLM = sampling.SamplerOptions(steps=NEW // 32, alg="entropy", block_length=32, cache="dual",
+                                    threshold=0.9, block_algorithm="fast_dllm")
+"""The block program `lower_block` compiles: Fast-dLLM's published loop (dual cache, blocks of 32,
+confidence threshold 0.9)."""
+
+
+def lower_block(target: tpu.Target, batch: int, model_parallel: int,
+                config: dream.DreamConfig = dream.DREAM_7B,
+                opts: sampling.SamplerOptions = FAST_DLLM) -> jax.stages.Lowered:
+  """One whole block of block-wise decoding as `Runner(mesh=...)` runs it (`fast_dllm_block_fn` or
+  `block_fn`: the refresh forward over the canvas keeping every layer's keys and values, then a
+  while loop of cached forwards on the block), on a (data, model) mesh of the target's devices,
+  with abstract parameters. At model_parallel 1 this is the mesh program with one model device per
+  group (the same memory per device as the pmap program; generate.py runs the pmap one)."""
+  opts.validate(NEW)
+  dream.check_model_degree(config, model_parallel)
+  groups = data_groups(target, batch, model_parallel)
+  mesh = parallel.mesh_2d(groups, model_parallel, devices=tpu.target_devices(target))
+  specs = dream.param_partition_specs(config, parallel.MODEL_AXIS)
+  model = (dream.dream_forward(config, parallel.MODEL_AXIS, model_parallel) if model_parallel > 1
+           else dream.dream_forward(config))
+  runner = sampling.Runner(_forward(model), opts, mask_id=MASK_ID, mesh=mesh, param_specs=specs)
+  make = sampling.fast_dllm_block_fn if opts.block_algorithm == "fast_dllm" else sampling.block_fn
+  block = runner._mesh_step(make(  # pylint: disable=protected-access
+      runner.forward, opts, mask_id=MASK_ID, start=PROMPT, axis_name=parallel.AXIS,
+      vocab_axis=parallel.MODEL_AXIS if model_parallel > 1 else None), blocks=True)
+  put = lambda shape, dt, spec: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, spec))
+  params = jax.tree.map(lambda s, spec: put(s.shape, s.dtype, spec), dream.param_shapes(config),
+                        specs)
+  rows = P(parallel.AXIS)
+  keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), groups))
+  spb = opts.steps // (NEW // opts.block_length)
+  return block.lower(params, put((batch, CANVAS), jnp.int32, rows),
+                     put((batch, CANVAS), jnp.bool_, rows), put((batch, CANVAS), jnp.int32, rows),
+                     put(keys.shape, keys.dtype, rows), put((max(spb, 1),), jnp.float32, P()),
+                     put((), jnp.int32, P()))
+
+
+def compile_block(target: tpu.Target, batch: int, model_parallel: int,
+                  config: dream.DreamConfig = dream.DREAM_7B) -> tpu.Report:
+  """`lower_block`'s Report: per-device HBM (the FLOPs and step time are not estimated: the number
+  of cached forwards depends on the threshold)."""
+  t0 = time.perf_counter()
+  report = tpu.compile_report(lower_block(target, batch, model_parallel, config), target=target,
+                              name=f"dream 7b fast-dllm block b{batch} mp{model_parallel}")
+  report.compile_s = time.perf_counter() - t0
+  return report
+
+
+def compile_step(target: tpu.Target, batch: int, model_parallel: int,
+                 config: dream.DreamConfig = dream.DREAM_7B) -> tpu.Report:
+  """The step's Report: per-device HBM need vs capacity, and tokens/s at the predicted step time
+  (analytic FLOPs of the forward per device; one token per row per step)."""
+  groups = data_groups(target, batch, model_parallel)
+  used = groups * model_parallel
+  t0 = time.perf_counter()
+  lowered = lower_step(target, batch, model_parallel, config)
+  report = tpu.compile_report(
+      lowered, target=target, name=f"dream 7b sampling step b{batch} mp{model_parallel}",
+      analytic_flops_per_device=benchmark.analytic_flops(config, batch, CANVAS) / used,
+      items_per_step=batch, item_name="tokens")
+  report.compile_s = time.perf_counter() - t0
+  return report
+
+
+def smallest_fitting(target: tpu.Target, batch: int, config: dream.DreamConfig = dream.DREAM_7B,
+                     log: Callable[[str], None] = lambda line: None) -> List[tpu.Report]:
+  """Compiles the step at model_parallel 1, 2, 4... (valid degrees that leave the batch splittable)
+  until one fits; returns every report made (the last fits, unless none does)."""
+  reports = []
+  for m in dream.valid_model_degrees(config):
+    if target.num_devices % m:
+      continue
+    groups = target.num_devices // m
+    if batch >= groups and batch % groups:
+      continue
+    r = compile_step(target, batch, m, config)
+    reports.append(r)
+    log(f"{target.name} batch {batch} model_parallel {m}: "
+        f"{'fits' if r.fits else 'does not fit'} ({tpu._gib(r.need_bytes)} GiB of "  # pylint: disable=protected-access
+        f"{r.target.usable_hbm_bytes_per_device / tpu.GIB:.2f} per device), compile "
+        f"{r.compile_s:.0f} s")
+    if r.fits:
+      break
+  return reports
+
+
+def _define_flags() -> None:
+  """The CLI flags, defined only when this module is the program, so that importing it (make
+  tpu-check, tests) cannot clash with other modules' flags (e.g. dry_run's --target)."""
+  global _TARGET, _BATCH, _MODEL_PARALLEL, _BLOCK  # pylint: disable=global-statement
+  _TARGET = flags.DEFINE_multi_string("target", list(TARGETS), "TPU slices (e.g. v5e-8).")
+  _BATCH = flags.DEFINE_multi_integer("batch", [1, 8], "Global batches (rows).")
+  _MODEL_PARALLEL = flags.DEFINE_integer("model_parallel", 0,
+                                         "Compile only this degree (0: the smallest that fits).")
+  _BLOCK = flags.DEFINE_bool("block", False, "With --model_parallel: compile a whole Fast-dLLM "
+                             "block (dual cache, threshold 0.9) instead of the plain step.")
+
+
+def run(targets: Sequence[str], batches: Sequence[int], model_parallel: int = 0,
+        log: Callable[[str], None] = print, block: bool = False) -> List[tpu.Report]:
+  """Reports of every (target, batch): the smallest fitting degree, or `model_parallel` only (the
+  plain step, or with `block` a whole Fast-dLLM block)."""
+  if block and not model_parallel:
+    raise config_utils.ConfigError("model_parallel", model_parallel, "--block compiles one degree",
+                                   "pass --model_parallel=1, 2 or 4 with --block")
+  reports = []
+  for name in targets:
+    target = tpu.parse_target(name)
+    for batch in batches:
+      if model_parallel:
+        compile_fn = compile_block if block else compile_step
+        reports.append(compile_fn(target, batch, model_parallel))
+      else:
+        reports.extend(smallest_fitting(target, batch, log=log))
+  return reports
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  console.quiet_libraries()
+  distributed.choose_platforms()          # the host backend is the CPU; libtpu only compiles
+  tpu.load_libtpu()
+  reports = run(_TARGET.value, _BATCH.value, _MODEL_PARALLEL.value,
+                log=lambda line: console.say(line), block=_BLOCK.value)
+  print(tpu.format_report(reports), flush=True)
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,269 @@
+"""Dream with its weights sharded over a model axis (modules/dream.py model parallelism, the sampler's
+`Runner(mesh=...)`, experiments/common/parallel.py `mesh_2d` / `shard_map_step`) against the
+unsharded model: float32 logits within 1e-5 relative and identical sampled tokens.
+
+The tiny test model has 16 query heads, 8 KV heads (GQA groups of 2), SwiGLU width 160 and a
+vocabulary of 272, so model degrees 1, 2, 4 and 8 all divide it. In-process tests use the suite's 4
+fake CPU devices (meshes 1x4, 2x2, 4x1); the 8-device meshes (1x8, 2x4, 4x2, 8x1) run this file as a
+script in a subprocess with 8 fake devices.
+"""
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.common import config_utils
+from experiments.common import parallel
+from experiments.common import tpu
+from experiments.diffucoder import convert
+from experiments.diffucoder import sampling
+from experiments.diffucoder import tpu_plan
+from experiments.diffucoder.configs import common
+from modules import dream
+
+CFG = dream.tiny_config(num_heads=16, num_kv_heads=8, dtype="float32", param_dtype="float32")
+MASK_ID = 1
+NEW = 16
+
+
+@functools.lru_cache(maxsize=None)
+def host_params():
+  """The unsharded parameter tree (numpy) of a random HF-layout checkpoint of CFG."""
+  tensors = {n: convert.random_tensor(n, s, i, 0)
+             for i, (n, s) in enumerate(convert.hf_tensor_specs(CFG))}
+  return convert.params_from_tensors(tensors.__getitem__, CFG, place=np.asarray)
+
+
+def sharded_params(mesh):
+  """host_params in the model-parallel layout, each tensor put straight into its device blocks."""
+  m = mesh.shape[parallel.MODEL_AXIS]
+  specs = dream.param_partition_specs(CFG, parallel.MODEL_AXIS)
+  return {mod: {n: parallel.put_sharded(dream.model_parallel_layout(mod, n, v, CFG, m), mesh,
+                                        specs[mod][n])
+                for n, v in p.items()} for mod, p in host_params().items()}, specs
+
+
+def forward_of(model):
+  def forward(params, tokens, valid, positions, context=None, return_kv=False):
+    return model.apply(params, tokens, valid, positions, context, return_kv)
+  return forward
+
+
+def batch(seed=0, B=8, L=9):
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, CFG.vocab_size, (B, L)).astype(np.int32)
+  valid = np.ones((B, L), bool)
+  valid[1, :3] = False
+  valid[3, :1] = False
+  return tokens, valid
+
+
+def sharded_logits(data, model):
+  """Unsharded and sharded (logits, kv of the prefix, logits of a block with the prefix as context)."""
+  mesh = parallel.mesh_2d(data, model)
+  tokens, valid = batch()
+  full = dream.dream_forward(CFG)
+  params = jax.tree.map(jnp.asarray, host_params())
+  ref_logits, ref_kv = full.apply(params, tokens, valid, return_kv=True)
+  ref_ctx = full.apply(params, tokens[:, 6:], valid[:, 6:],
+                       context=([(k[:, :6], v[:, :6]) for k, v in ref_kv], valid[:, :6]))
+  sparams, specs = sharded_params(mesh)
+  sm = dream.dream_forward(CFG, parallel.MODEL_AXIS, model)
+  rows, kv_spec = P(parallel.AXIS), P(parallel.AXIS, None, parallel.MODEL_AXIS, None)
+  logits_spec = P(parallel.AXIS, None, parallel.MODEL_AXIS)
+
+  def both(p, t, v):
+    logits, kv = sm.apply(p, t, v, return_kv=True)
+    ctx = ([(k[:, :6], vv[:, :6]) for k, vv in kv], v[:, :6])
+    return logits, kv, sm.apply(p, t[:, 6:], v[:, 6:], context=ctx)
+
+  f = parallel.shard_map_step(both, mesh, in_specs=(specs, rows, rows),
+                              out_specs=(logits_spec, kv_spec, logits_spec))
+  logits, kv, ctx_logits = f(sparams, tokens, valid)
+  return (np.asarray(ref_logits), np.asarray(ref_kv[1][1]), np.asarray(ref_ctx),
+          np.asarray(logits), np.asarray(kv[1][1]), np.asarray(ctx_logits))
+
+
+def rel(a, b):
+  return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+P = jax.sharding.PartitionSpec
+
+
+@pytest.mark.parametrize("data,model", [(1, 4), (2, 2), (4, 1)])
+def test_sharded_logits_equal_unsharded(data, model):
+  ref, ref_kv, ref_ctx, logits, kv, ctx = sharded_logits(data, model)
+  assert logits.shape == ref.shape == (8, 9, CFG.vocab_size)
+  assert rel(logits, ref) < 1e-5
+  assert rel(kv, ref_kv) < 1e-5                  # layer 1's v, all KV heads (gathered over model)
+  assert rel(ctx, ref_ctx) < 1e-5                # the block with the prefix's sharded kv as context
+  valid = batch()[1]
+  # The cached block equals the same positions of the full forward (the context contract).
+  assert rel(ctx[valid[:, 6:]], ref[:, 6:][valid[:, 6:]]) < 1e-5
+
+
+def test_model_parallel_layout_puts_each_devices_heads_in_its_block():
+  H, K, Dh, F = CFG.num_heads, CFG.num_kv_heads, CFG.head_dim, CFG.intermediate_size
+  cols = np.arange((H + 2 * K) * Dh)
+  out = dream.model_parallel_layout("dream/layer_0/self_attn/qkv_proj", "b", cols, CFG, 4)
+  block = out.reshape(4, -1)[1] // Dh                                # device 1's heads
+  q = [4, 5, 6, 7]                                                   # query heads 4-7 ...
+  kv = [2, 3]                                                        # ... use KV heads 2, 3
+  assert block[::Dh].tolist() == q + [H + k for k in kv] + [H + K + k for k in kv]
+  assert np.array_equal(
+      dream.model_parallel_layout("dream/layer_0/self_attn/qkv_proj", "b", out, CFG, 4, inverse=True),
+      cols)
+  gu = dream.model_parallel_layout("dream/layer_0/mlp/gate_up_proj", "w", np.arange(2 * F)[None],
+                                   CFG, 2)[0]
+  assert gu.reshape(2, -1)[1].tolist() == list(range(80, 160)) + list(range(F + 80, 2 * F))
+  norm = np.arange(64.0)
+  assert dream.model_parallel_layout("dream/norm", "weight", norm, CFG, 4) is norm
+
+
+def test_bad_model_degree_and_mesh_size_name_the_numbers():
+  assert dream.valid_model_degrees(dream.DREAM_7B) == [1, 2, 4]
+  assert dream.valid_model_degrees(CFG) == [1, 2, 4, 8]
+  with pytest.raises(ValueError, match=r"degree 8 does not divide num_heads=28, num_kv_heads=4.*\[1, 2, 4\]"):
+    dream.check_model_degree(dream.DREAM_7B, 8)
+  with pytest.raises(ValueError, match=r"degree 3 does not divide num_heads=28, num_kv_heads=4"):
+    dream.check_model_degree(dream.DREAM_7B, 3)
+  with pytest.raises(ValueError, match=r"3 x 2 \(data x model\) mesh needs 6 devices and there are 4"):
+    parallel.mesh_2d(3, 2)
+  config = common.base_config(model=dream.DREAM_7B, tokens={}, max_new_tokens=8, steps=8,
+                              temperature=0.0, top_p=1.0, alg="entropy", chat_template=False)
+  config.model_parallel = 8
+  with pytest.raises(config_utils.ConfigError, match=r"model_parallel.*8.*valid degrees.*\[1, 2, 4\]"):
+    common.check_model_parallel(config, num_devices=8)
+  config.model_parallel = 4
+  with pytest.raises(config_utils.ConfigError, match=r"model_parallel.*4.*does not divide the 6 devices.*\[1, 2\]"):
+    common.check_model_parallel(config, num_devices=6)
+
+
+PROMPTS = [[30, 31, 32, 33, 34], [40, 41, 42, 43, 44, 45, 46, 47], [50, 51, 52], [60, 61, 62, 63]]
+
+
+def generate(opts, mesh=None):
+  prompt, valid = sampling.left_pad([list(np.random.default_rng(i).integers(20, 272, len(p)))
+                                     for i, p in enumerate(PROMPTS)], 0)
+  if mesh is None:
+    params = jax.tree.map(jnp.asarray, host_params())
+    out = sampling.generate(forward_of(dream.dream_forward(CFG)), params, prompt, valid,
+                            jax.random.key(0), opts, max_new_tokens=NEW, mask_id=MASK_ID)
+  else:
+    params, specs = sharded_params(mesh)
+    model = dream.dream_forward(CFG, parallel.MODEL_AXIS, mesh.shape[parallel.MODEL_AXIS])
+    out = sampling.generate(forward_of(model), params, prompt, valid, jax.random.key(0), opts,
+                            max_new_tokens=NEW, mask_id=MASK_ID, mesh=mesh, param_specs=specs)
+  assert not np.any(out.tokens[:, -NEW:] == MASK_ID)
+  return out
+
+
+GREEDY = {
+    "entropy": sampling.SamplerOptions(steps=8, alg="entropy"),
+    "topk_margin": sampling.SamplerOptions(steps=8, alg="topk_margin"),
+    "dual_threshold": sampling.SamplerOptions(steps=8, alg="maskgit_plus", block_length=8,
+                                              cache="dual", threshold=0.3),
+    "prefix_fast_dllm": sampling.SamplerOptions(steps=8, alg="entropy", block_length=16,
+                                                cache="prefix", block_algorithm="fast_dllm"),
+}
+
+
+@pytest.mark.parametrize("name,data,model", [("entropy", 2, 2), ("topk_margin", 1, 4),
+                                             ("dual_threshold", 2, 2), ("prefix_fast_dllm", 1, 4)])
+def test_greedy_tokens_equal_unsharded(name, data, model):
+  ref = generate(GREEDY[name])
+  out = generate(GREEDY[name], parallel.mesh_2d(data, model))
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  assert out.forwards == ref.forwards
+  assert len(np.unique(ref.tokens[:, -NEW:])) > 4          # a real completion, not one repeated id
+
+
+def test_random_choices_do_not_depend_on_the_model_degree():
+  """Keys are folded per data group, so a 2 x 2 mesh draws what a 2 x 1 mesh draws: origin's random
+  unmasking and temperature + top-p sampling (the gathered-row path)."""
+  opts = sampling.SamplerOptions(steps=8, alg="origin", temperature=0.7, top_p=0.9)
+  a = generate(opts, parallel.mesh_2d(2, 1))
+  b = generate(opts, parallel.mesh_2d(2, 2))
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+def test_eight_device_meshes():
+  """1x8, 2x4, 4x2, 8x1 on 8 fake CPU devices (a subprocess): logits, kv and cached logits."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "tests")])
+  proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["devices"] == 8
+  for mesh, errs in result["logits"].items():
+    assert max(errs) < 1e-5, (mesh, errs)
+
+
+def _eight_device_main():
+  out = {"devices": jax.device_count(), "logits": {}}
+  for data, model in [(1, 8), (2, 4), (4, 2), (8, 1)]:
+    ref, ref_kv, ref_ctx, logits, kv, ctx = sharded_logits(data, model)
+    out["logits"][f"{data}x{model}"] = [rel(logits, ref), rel(kv, ref_kv), rel(ctx, ref_ctx)]
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  _eight_device_main()
+
+
+@pytest.fixture(scope="module")
+def libtpu_loaded():
+  try:
+    return tpu.load_libtpu()
+  except tpu.LibtpuMissingError as e:
+    pytest.skip(str(e))
+
+
+@pytest.mark.slow
+def test_tpu_compile_splits_the_weights_over_the_model_axis(libtpu_loaded):
+  """The TPU compiler's per-device arguments of the sampler step (tpu_plan, canvas 512) on a v4-8:
+  model_parallel 4 holds a quarter of the sharded weights plus the replicated norms per device."""
+  cfg = dream.tiny_config(vocab_size=4096, hidden_size=256, intermediate_size=512, num_heads=8,
+                          num_kv_heads=4)
+  target = tpu.parse_target("v4-8")
+  shapes = dream.param_shapes(cfg)
+  total = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+  norms = sum(a.size * a.dtype.itemsize for m, p in shapes.items() for a in p.values()
+              if "norm" in m)
+  reports = {m: tpu_plan.compile_step(target, 1, m, cfg) for m in (1, 4)}   # the same 1-row canvas
+  assert all(r.compiled and r.fits for r in reports.values())
+  assert reports[1].argument_bytes >= total
+  # Only the sharded weights change: each device keeps a quarter of them.
+  saved = reports[1].argument_bytes - reports[4].argument_bytes
+  assert saved == pytest.approx((total - norms) * 3 / 4, rel=1e-3)   # (TPU pads small arrays)
+  assert reports[4].items_per_step == 1 and reports[4].item_name == "tokens"
+
+
+def test_load_checkpoint_onto_a_mesh_from_safetensors_and_orbax(tmp_path):
+  """Both checkpoint kinds land in the model-parallel layout, split by the partition specs."""
+  cfg = dream.tiny_config(dtype="float32", param_dtype="float32")          # H 4, K 2: m = 2
+  hf = str(tmp_path / "hf")
+  convert.write_random_checkpoint(hf, cfg, num_shards=2)
+  host = convert.load_params(hf, cfg, place=np.asarray)
+  convert.save_params(host, str(tmp_path / "orbax"), cfg)
+  mesh = parallel.mesh_2d(2, 2)
+  specs = dream.param_partition_specs(cfg, parallel.MODEL_AXIS)
+  for path in (hf, str(tmp_path / "orbax")):
+    params = convert.load_checkpoint(path, cfg, mesh=mesh)
+    for module, p in host.items():
+      for name, value in p.items():
+        got = params[module][name]
+        assert got.sharding.spec == specs[module][name], (module, name)
+        np.testing.assert_array_equal(
+            np.asarray(got), dream.model_parallel_layout(module, name, value, cfg, 2))
+  w = params["dream/layer_0/self_attn/qkv_proj"]["w"]
+  assert w.addressable_shards[1].data.shape == (64, (4 + 2 * 2) * 16 // 2)   # device (0, 1)'s half
