@@ -19,10 +19,12 @@ from experiments.common import errors
 from experiments.common import layout as layout_lib
 from experiments.common import parallel
 from experiments.common import tpu
+from experiments.diffucoder import tpu_plan
 from experiments.nanogpt import train as gpt_train
 from experiments.nanogpt.configs import shakespeare_char_cpu
 from experiments.trm import train as trm_train
 from experiments.trm.configs import cpu_demo
+from modules import dream
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -137,3 +139,52 @@ def test_the_entry_point_compiles_for_a_tpu_target():
   assert "v5litepod-4: 4 TPU v5 lite chips" in proc.stdout
   assert "train_step" in proc.stdout and "eval_step" in proc.stdout
   assert "chip-hours" in proc.stdout
+
+
+# --------------------------------------------------------------------------------------------------
+# DiffuCoder: the sampler's programs (generate.py --dry_run).
+
+def _tiny_dream_param_bytes() -> int:
+  shapes = dream.param_shapes(dream.tiny_config())
+  return sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(shapes))
+
+
+@pytest.mark.parametrize("target", ["v4-8", "v5litepod-4"])
+def test_tiny_dream_sampling_step_compiles_for_a_slice_replicated_and_sharded(target):
+  """The tiny Dream's sampler step (pmap program at model_parallel 1, shard_map at 2) compiles for
+  the slice; each device's arguments hold the whole weights at 1 and about half at 2 (the
+  embedding, norms and rows are not all split, so between 1/2 and 3/4)."""
+  t = tpu.parse_target(target)
+  weights = _tiny_dream_param_bytes()
+  args = {}
+  for m in (1, 2):
+    lowered = tpu_plan.lower_step(t, 4, m, dream.tiny_config(), prompt=8, new=8)
+    r = tpu.compile_report(lowered, target=t, name=f"mp{m}")
+    assert r.compiled and r.fits, m
+    args[m] = r.argument_bytes
+  assert weights <= args[1] < 1.5 * weights     # TPU tiling pads small arrays
+  assert 0.45 * weights < args[2] < 0.75 * args[1]
+
+
+def test_generate_dry_run_prints_the_table_and_names_bad_degrees_and_targets():
+  """`generate.py --dry_run --target=v4-8` on the tiny config compiles its sampler (exit 0, the step
+  row fits); a degree that does not divide the heads and a missing target are one line, exit 2."""
+  base = [sys.executable, "-m", "experiments.diffucoder.generate", "--config=configs/tiny.py",
+          "--dry_run"]
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  ok = subprocess.run(base + ["--target=v4-8", "--config.generate.block_length=8",
+                              "--config.generate.cache=dual", "--config.generate.steps=8"],
+                      capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  rows = [line for line in ok.stdout.splitlines() if line.startswith("dream ")]
+  assert [r.split()[:4] for r in rows] == [["dream", "sampling", "step", "b4"],
+                                           ["dream", "podlab", "block", "b4"]]
+  assert all(" yes " in r for r in rows)
+  assert "COMPILER ESTIMATES" in ok.stdout
+  for extra, needle in ((["--target=v4-8", "--config.model_parallel=3"], "valid degrees"),
+                        ([], "--target=")):
+    bad = subprocess.run(base + extra, capture_output=True, text=True, cwd=REPO, env=env,
+                         timeout=600)
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    assert "Traceback" not in bad.stderr and needle in bad.stderr
+    assert len([line for line in bad.stderr.splitlines() if line.startswith("error:")]) == 1

@@ -83,6 +83,12 @@ def config() -> Any:
   return _CONFIG.value
 
 
+def dry_run_target() -> Optional[str]:
+  """With --dry_run: the --target value ("" when not given); None without --dry_run. For programs
+  of `run_program` that compile instead of running (generate.py)."""
+  return (_TARGET.value or "") if _DRY_RUN.value else None
+
+
 def config_filename() -> str:
   return config_flags.get_config_filename(flags.FLAGS["config"])
 

@@ -600,7 +600,11 @@ def compile_report(program: Any, *, target: Target, name: str = "program",
     layout = hlo_has_layout_constraints(program)
     t0 = time.perf_counter()
     try:
-      compiled = program.compile()
+      # libtpu prints an out-of-memory compile's whole buffer listing to stderr; the Report keeps
+      # the compiler's message (PODLAB_VERBOSE=1 shows the listing).
+      with (contextlib.nullcontext() if os.environ.get("PODLAB_VERBOSE", "") not in ("", "0")
+            else _native_output_captured()):
+        compiled = program.compile()
     except jax.errors.JaxRuntimeError as e:
       message = str(e)
       if "RESOURCE_EXHAUSTED" not in message:

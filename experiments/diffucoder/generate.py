@@ -13,6 +13,9 @@ r"""Generates completions with a Dream / DiffuCoder model: prompts in, JSONL out
   python -m experiments.diffucoder.convert --write_random=/tmp/tiny_hf --config=configs/tiny.py
   python -m experiments.diffucoder.generate --config=configs/tiny.py --config.checkpoint=/tmp/tiny_hf \
       --write_tiny_tokenizer --prompt="def add(a, b):"
+  # compile the config's sampler for a TPU slice with libtpu on this machine (no weights needed):
+  python -m experiments.diffucoder.generate --config=configs/diffucoder_7b_instruct.py --dry_run \
+      --target=v5e-8 --config.generate.batch_size=1
 
 Prompts: `--prompt` (repeatable) and/or `--prompts_jsonl` (one JSON object per line with "prompt";
 an optional "id" is copied to the output). Instruct configs wrap each prompt in the ChatML template.
@@ -60,6 +63,7 @@ from experiments.common import parallel
 from experiments.diffucoder import convert
 from experiments.diffucoder import sampling
 from experiments.diffucoder import tokenizer as tokenizer_lib
+from experiments.diffucoder import tpu_plan
 from experiments.diffucoder.configs import common
 from modules import dream
 
@@ -279,6 +283,13 @@ def write_tiny_tokenizer(config: ml_collections.ConfigDict) -> str:
 
 def main() -> None:
   config = entry.config()
+  target = entry.dry_run_target()
+  if target is not None:                    # --dry_run: compile for a TPU slice, generate nothing
+    g = config.generate
+    print(tpu_plan.dry_run(target, common.dream_config(config), sampler_options(config),
+                           batch_size=int(g.batch_size), model_parallel=int(config.model_parallel),
+                           max_new_tokens=int(g.max_new_tokens)), flush=True)
+    return
   if _WRITE_TINY_TOKENIZER.value:
     write_tiny_tokenizer(config)
   prompts = read_prompts(_PROMPT.value, _PROMPTS_JSONL.value)

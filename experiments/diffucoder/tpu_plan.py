@@ -40,6 +40,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from experiments.common import config_utils
 from experiments.common import console
 from experiments.common import distributed
+from experiments.common import errors
 from experiments.common import parallel
 from experiments.common import tpu
 from experiments.diffucoder import benchmark
@@ -74,10 +75,13 @@ def data_groups(target: tpu.Target, batch: int, model_parallel: int) -> int:
 
 def lower_step(target: tpu.Target, batch: int, model_parallel: int,
                config: dream.DreamConfig = dream.DREAM_7B,
-               opts: Optional[sampling.SamplerOptions] = None) -> jax.stages.Lowered:
+               opts: Optional[sampling.SamplerOptions] = None, *, prompt: int = PROMPT,
+               new: int = NEW) -> jax.stages.Lowered:
   """The sampler's step for `target` with abstract parameters (model_parallel 1: the pmap program
-  of `Runner(data_parallel=True)`; > 1: its shard_map program on a (data, model) mesh)."""
-  opts = opts or sampling.SamplerOptions(steps=NEW, alg="entropy")
+  of `Runner(data_parallel=True)`; > 1: its shard_map program on a (data, model) mesh), on a canvas
+  of `prompt` + `new` tokens."""
+  opts = opts or sampling.SamplerOptions(steps=new, alg="entropy")
+  PROMPT, CANVAS = prompt, prompt + new  # pylint: disable=invalid-name,redefined-outer-name
   dream.check_model_degree(config, model_parallel)
   devices = tpu.target_devices(target)
   groups = data_groups(target, batch, model_parallel)
@@ -118,12 +122,14 @@ confidence threshold 0.9)."""
 
 def lower_block(target: tpu.Target, batch: int, model_parallel: int,
                 config: dream.DreamConfig = dream.DREAM_7B,
-                opts: sampling.SamplerOptions = FAST_DLLM) -> jax.stages.Lowered:
+                opts: sampling.SamplerOptions = FAST_DLLM, *, prompt: int = PROMPT,
+                new: int = NEW) -> jax.stages.Lowered:
   """One whole block of block-wise decoding as `Runner(mesh=...)` runs it (`fast_dllm_block_fn` or
   `block_fn`: the refresh forward over the canvas keeping every layer's keys and values, then a
   while loop of cached forwards on the block), on a (data, model) mesh of the target's devices,
   with abstract parameters. At model_parallel 1 this is the mesh program with one model device per
   group (the same memory per device as the pmap program; generate.py runs the pmap one)."""
+  PROMPT, NEW, CANVAS = prompt, new, prompt + new  # pylint: disable=invalid-name,redefined-outer-name
   opts.validate(NEW)
   dream.check_model_degree(config, model_parallel)
   groups = data_groups(target, batch, model_parallel)
@@ -195,6 +201,72 @@ def smallest_fitting(target: tpu.Target, batch: int, config: dream.DreamConfig =
     if r.fits:
       break
   return reports
+
+
+def dry_run(target_name: Optional[str], config: dream.DreamConfig, opts: sampling.SamplerOptions, *,
+            batch_size: int, model_parallel: int, max_new_tokens: int,
+            prompt: int = PROMPT) -> str:
+  """`generate.py --dry_run --target=T`: the config's sampler programs (its model, options, batch and
+  model_parallel) compiled for the slice T, on a canvas of `prompt` + max_new_tokens tokens; returns
+  the table. The generation loop is host-side: it runs the step program `steps` times (block-wise
+  decoding: the block program once per block), so these programs are all it compiles. Raises
+  DoesNotFitError (after printing the table) naming the smallest model-parallel degree that fits."""
+  if not target_name or target_name == "cpu":
+    raise errors.BadInput(f"--target={target_name or ''}: the generator's dry run compiles for a TPU "
+                          "slice. Fix: pass --target=v5e-8 (or v2-8, v3-8, v4-8, v5p-8, ...)")
+  tpu.load_libtpu()
+  target = tpu.parse_target(target_name)
+  m = int(model_parallel)
+  try:
+    dream.check_model_degree(config, m)
+  except ValueError as e:
+    raise config_utils.ConfigError("model_parallel", m, str(e), "pass a valid degree") from None
+  if target.num_devices % m:
+    raise config_utils.ConfigError("model_parallel", m,
+                                   f"does not divide the {target.num_devices} devices of {target.name}",
+                                   "pick a degree that divides them")
+  groups = target.num_devices // m
+  batch = int(batch_size) * groups                  # generate.py: batch_size rows per data group
+  canvas = prompt + int(max_new_tokens)
+  t0 = time.perf_counter()
+  step = lower_step(target, batch, m, config, opts if opts.block_length == 0 else
+                    sampling.SamplerOptions(steps=max_new_tokens, alg=opts.alg),
+                    prompt=prompt, new=max_new_tokens)
+  report = tpu.compile_report(
+      step, target=target, name=f"dream sampling step b{batch} mp{m}",
+      analytic_flops_per_device=benchmark.analytic_flops(config, batch, canvas) / target.num_devices,
+      items_per_step=batch, item_name="tokens")
+  report.compile_s = time.perf_counter() - t0
+  reports = [report]
+  if opts.block_length > 0:
+    t0 = time.perf_counter()
+    block = tpu.compile_report(lower_block(target, batch, m, config, opts, prompt=prompt,
+                                           new=max_new_tokens),
+                               target=target, name=f"dream {opts.block_algorithm} block b{batch} mp{m}")
+    block.compile_s = time.perf_counter() - t0
+    reports.append(block)
+  table = tpu.format_report(reports)
+  loop = (f"The generation loop runs the step {opts.steps} times per batch (host-side); its "
+          "programs are the ones above." if opts.block_length == 0 else
+          f"The generation loop runs the block program once per block ({max_new_tokens // opts.block_length} "
+          "blocks, host-side); the step row is the reference sampler's step on the same canvas.")
+  bad = [r for r in reports if not r.fits]
+  if bad:
+    print(table + "\n" + loop, flush=True)
+    error = tpu.DoesNotFitError(bad[0])
+    if not opts.block_length:              # the smallest larger degree whose step fits, if any
+      for d in dream.valid_model_degrees(config):
+        if d <= m or target.num_devices % d:
+          continue
+        r = tpu.compile_report(lower_step(target, int(batch_size) * (target.num_devices // d), d,
+                                          config, opts, prompt=prompt, new=max_new_tokens),
+                               target=target, name=f"mp{d}")
+        if r.fits:
+          error.args = (f"{error.args[0]}. Fix: --config.model_parallel={d} fits "
+                        f"({r.need_bytes / tpu.GIB:.2f} GiB per device)",)
+          break
+    raise error
+  return table + "\n" + loop
 
 
 def _define_flags() -> None:
