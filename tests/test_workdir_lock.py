@@ -169,6 +169,34 @@ def test_the_heartbeat_renews_the_lock_and_notices_when_it_is_lost(tmp_path, sto
   assert workdir_lock.read_lock(str(tmp_path), store)["run_id"] == "intruder"   # not deleted
 
 
+def test_a_reader_never_sees_a_half_written_lock(tmp_path, store):
+  """A heartbeat replaces the lock while other processes read it: every read is a whole record.
+  (tf.io.gfile truncates then writes on local paths and HDFS; a reader in between saw an empty
+  lock, i.e. "free".)"""
+  import threading  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / workdir_lock.LOCK_NAME)
+  store.replace(path, json.dumps({"n": 0, "pad": "x" * 4096}))
+  torn, done = [], threading.Event()
+
+  def read_loop():
+    while not done.is_set():
+      text = store.read(path)
+      if text is None or not text.endswith("}"):
+        torn.append(text)
+
+  reader = threading.Thread(target=read_loop)
+  reader.start()
+  try:
+    for n in range(1, 301):
+      store.replace(path, json.dumps({"n": n, "pad": "x" * 4096}))
+  finally:
+    done.set()
+    reader.join()
+  assert torn == []
+  assert json.loads(store.read(path))["n"] == 300
+  assert os.listdir(tmp_path) == [workdir_lock.LOCK_NAME]     # no temporary files left behind
+
+
 def test_gs_protocol_loses_to_a_concurrent_writer(tmp_path):
   """gs:// has no create-if-absent: when another run's lease lands during the settle time, the
   read-back sees it and this run raises instead of training next to it."""

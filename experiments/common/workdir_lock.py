@@ -149,8 +149,19 @@ class GfileStore:
     return True
 
   def replace(self, path: str, text: str) -> None:
-    with self._gfile().GFile(path, "w") as f:
+    """Whole-content replace: a temporary object renamed over `path`. GCS writes an object
+    atomically anyway; other gfile file systems (a local path, HDFS) truncate then write, and a
+    reader between the two would see an empty lock."""
+    gfile = self._gfile()
+    tmp = f"{path}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    with gfile.GFile(tmp, "w") as f:
       f.write(text)
+    try:
+      gfile.rename(tmp, path, overwrite=True)
+    except Exception:
+      with contextlib.suppress(Exception):
+        gfile.remove(tmp)
+      raise
 
   def delete(self, path: str) -> None:
     gfile = self._gfile()
