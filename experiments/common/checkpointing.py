@@ -168,18 +168,25 @@ def write_tree(path: str, tree: PyTree, *, metadata: Optional[dict] = None,
   ocp.PyTreeCheckpointer().save(path, tree, force=force, custom_metadata=metadata or {})
 
 
-def read_tree(path: str, *, with_metadata: bool = False):
+def read_tree(path: str, *, with_metadata: bool = False, target: Optional[PyTree] = None):
   """A pytree saved by `write_tree`, or one item folder of a run's checkpoint
-  (`<workdir>/checkpoints/<step>/replicated`), without a template: numpy leaves. With
-  `with_metadata`, returns (tree, metadata dict)."""
+  (`<workdir>/checkpoints/<step>/replicated`). Without `target`: numpy leaves. With `target` (a
+  pytree of jax.ShapeDtypeStruct with shardings, the saved tree's structure), each array is read
+  straight into its sharding and dtype (a saved dtype that differs is cast), never whole on the
+  host. With `with_metadata`, returns (tree, metadata dict)."""
   if not tf.io.gfile.isdir(path):
     raise CheckpointError(f"{path}: no such checkpoint folder. Fix: check the path")
   checkpointer = ocp.PyTreeCheckpointer()
   try:
     meta = checkpointer.metadata(path)
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                                meta.item_metadata.tree)
-    tree = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
+    if target is None:
+      restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                  meta.item_metadata.tree)
+      args = ocp.args.PyTreeRestore(restore_args=restore_args)
+    else:
+      args = ocp.args.PyTreeRestore(
+          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))
+    tree = checkpointer.restore(path, args=args)
   except Exception as e:  # pylint: disable=broad-except
     raise CheckpointError(f"{path} is not a readable orbax pytree ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''}). Fix: point at a folder "

@@ -354,12 +354,11 @@ def load_params(hf_dir: str, config: dream.DreamConfig, *, allow_cast: bool = Fa
 
 def save_params(params: dict, out_dir: str, config: dream.DreamConfig) -> None:
   """Writes an orbax checkpoint of `params` at out_dir/params (+ out_dir/dream_config.json)."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top  (orbax and TF: only saving and restoring need them)
+  from experiments.common import checkpointing
   out_dir = os.path.abspath(out_dir)
   os.makedirs(out_dir, exist_ok=True)
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(os.path.join(out_dir, "params"), params, force=True)
-    ckptr.wait_until_finished()
+  checkpointing.write_tree(os.path.join(out_dir, "params"), params, force=True)
   if jax.process_index() == 0:
     with open(os.path.join(out_dir, PODLAB_CONFIG_JSON), "w") as f:
       json.dump(config.to_dict(), f, indent=2)
@@ -393,7 +392,8 @@ def restore_params(path: str, config: Optional[dream.DreamConfig] = None, *,
   """Restores params written by `save_params`. With `config`, its architecture must equal the saved
   one and the arrays come back in config.param_dtype with the expected shapes (a saved dtype that
   differs is cast, and `log`, default absl logging.warning, says so from -> to)."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top  (orbax and TF: only saving and restoring need them)
+  from experiments.common import checkpointing
   path = os.path.abspath(path)
   saved = saved_config(path, config)
   config = config or saved
@@ -403,8 +403,7 @@ def restore_params(path: str, config: Optional[dream.DreamConfig] = None, *,
   sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                         dream.param_shapes(config))
-  with ocp.StandardCheckpointer() as ckptr:
-    return ckptr.restore(os.path.join(path, "params"), target)
+  return checkpointing.read_tree(os.path.join(path, "params"), target=target)
 
 
 def is_hf_dir(path: str) -> bool:
