@@ -405,8 +405,10 @@ cmd_supervise() {
     wait "$c"; rc=$?
     pid_alive "$c" || break              # a trapped signal interrupts `wait`: wait again
   done
-  state_set "$f" rc "$rc"
+  # The pid file goes first: once rc is recorded the run counts as ended (stop, status), and by
+  # then nothing of it may be left.
   [[ "$(cat "$STATE_DIR/worker-$i.pid" 2>/dev/null)" == "$c" ]] && rm -f "$STATE_DIR/worker-$i.pid"
+  state_set "$f" rc "$rc"
   return 0
 }
 

@@ -93,6 +93,28 @@ def test_a_full_disk_names_the_workdir_and_the_intact_checkpoints(tmp_path):
     subprocess.run(["umount", str(mount)], check=False)
 
 
+def test_the_error_line_stays_last_when_a_background_thread_fails_after_it():
+  """console.last_line: what a library's thread prints after the one-line error (orbax's async
+  save failing a second time on a full disk) does not reach the console; verbose keeps it."""
+  script = ("import os, sys, threading\n"
+            "from experiments.common import console\n"
+            "console.last_line('error: the disk is full. Fix: free space')\n"
+            "t = threading.Thread(target=lambda: 1 / 0); t.start(); t.join()\n"
+            "sys.stderr.write('Traceback (most recent call last): late\\n'); sys.stderr.flush()\n"
+            "os.write(2, b'native late line\\n')\n"
+            "sys.exit(2)\n")
+  for verbose, expect_late in (("", False), ("1", True)):
+    env = dict(os.environ, PODLAB_VERBOSE=verbose)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    if expect_late:
+      assert "native late line" in proc.stderr and "ZeroDivisionError" in proc.stderr
+    else:
+      assert lines == ["error: the disk is full. Fix: free space"], proc.stderr
+
+
 def test_a_programming_error_keeps_its_traceback(tmp_path):
   """Only podlab's error types become one line: a TypeError from a config keeps its traceback."""
   bad = tmp_path / "buggy_config.py"

@@ -301,8 +301,10 @@ def test_watch_relaunches_after_a_preemption_and_the_run_resumes_exactly(referen
 
 def test_ctrl_c_detaches_and_attach_follows_the_run_to_its_end(tmp_path):
   env = _env(tmp_path)
+  release = tmp_path / "release"          # the run holds at step 5 until the checks below are done
   pod = subprocess.Popen(_pod_cmd(tmp_path, "--python", PYTHON, "--log-dir", tmp_path / "podlogs",
-                                  *_steps_args(tmp_path, "--steps=40", "--interval=0.2")),
+                                  *_steps_args(tmp_path, "--steps=40", "--interval=0.2",
+                                               "--hold-at=5", f"--release-file={release}")),
                          env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, start_new_session=True)
   seen = []
@@ -329,6 +331,7 @@ def test_ctrl_c_detaches_and_attach_follows_the_run_to_its_end(tmp_path):
   assert re.search(rf"FAILED \(prepare\): worker [01] still runs run {rows[0][1]} attempt 0",
                    again.stderr), _explain(again)
 
+  release.touch()
   attach, _ = _run([POD, "fake-pod", "attach", "--log-dir", tmp_path / "podlogs"], env)
   assert attach.returncode == 0, _explain(attach)
   assert "[worker 1] done at step 40" in attach.stdout

@@ -6,6 +6,8 @@
   the known noise (`NOISE`). `--verbosity=1` or PODLAB_VERBOSE=1 brings every INFO line back. C++ logs (TensorFlow, XLA, libtpu) are quietened through
   their environment variables, which must be set before those libraries load: `quiet_native_logs()`
   runs at the import of experiments/common/entry.py.
+* `last_line(text)`: a program's one-line error before it exits (experiments/common/entry.py), kept
+  the last line: a library thread that fails after it prints nothing more (unless verbose).
 * `Progress`: one line per log interval, on process 0: step/total, percent, steps/s, examples/s (or
   tokens/s), ETA and the experiment's 2-4 key metrics. On a terminal it redraws one line (a bar);
   otherwise (a log file, CI) it prints plain lines.
@@ -139,6 +141,18 @@ def quiet_libraries() -> None:
     handler.addFilter(_FILTER)
   sys.excepthook = _excepthook
   sys.unraisablehook = _unraisablehook
+
+
+def last_line(text: str) -> None:
+  """Prints `text` (a one-line error before exiting) as the last thing on stderr: unless verbose,
+  file descriptor 2 then points at /dev/null, so a library's background thread that fails later
+  (orbax's async save hitting the same full disk again, a second traceback) cannot print below it."""
+  print(text, file=sys.stderr, flush=True)
+  if verbose():
+    return
+  null = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(null, 2)
+  os.close(null)
 
 
 def say(text: str) -> None:

@@ -184,8 +184,10 @@ def _parse_flags(argv):
 
 def _report(e: BaseException) -> None:
   """One line for podlab's errors, the traceback for anything else (a bug)."""
-  text = str(e) if isinstance(e, errors.Preempted) else f"error: {e}"
-  print(text, file=sys.stderr, flush=True)
+  if isinstance(e, errors.Preempted):
+    print(str(e), file=sys.stderr, flush=True)       # the run finalizes and exits after it
+  else:
+    console.last_line(f"error: {e}")
 
 
 def _keep_heap_early(cfg: Any) -> None:

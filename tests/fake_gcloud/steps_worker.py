@@ -10,7 +10,9 @@ Every process appends `<pid> <PODLAB_RUN_ID> <PODLAB_RUN_ATTEMPT>` to $HOME/step
 starts (so a test counts the processes a run really had). Worker $PODLAB_PROCESS_ID's progress is
 `--workdir/progress-<worker>.txt` (the last step done): a restart resumes after it, like a trainer
 resuming from its checkpoint. SIGTERM saves the progress and exits 143 (a preempted trainer);
---exit-code C exits with C after the last step (--fail-at K: at step K instead).
+--exit-code C exits with C after the last step (--fail-at K: at step K instead). --hold-at K
+--release-file F: after step K it waits until file F exists, so that a test can act on a live run
+however slow the machine is.
 """
 import argparse
 import os
@@ -26,6 +28,8 @@ def main() -> None:
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--exit-code", type=int, default=0)
   parser.add_argument("--fail-at", type=int, default=0)
+  parser.add_argument("--hold-at", type=int, default=0)
+  parser.add_argument("--release-file", default="")
   args, _ = parser.parse_known_args()
   worker = os.environ.get("PODLAB_PROCESS_ID", "0")
   run_id = os.environ.get("PODLAB_RUN_ID", "-")
@@ -55,6 +59,9 @@ def main() -> None:
     step += 1
     save()
     print(f"step {step}", flush=True)
+    if step == args.hold_at and args.release_file:
+      while not os.path.exists(args.release_file):
+        time.sleep(0.05)
     if step == args.fail_at:
       print(f"failing at step {step} with exit code {args.exit_code}", flush=True)
       sys.exit(args.exit_code)
