@@ -21,9 +21,12 @@ Synopsis:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sys
+import time
 from typing import Any, Mapping, Optional
 
 from absl import app
@@ -53,9 +56,15 @@ def prepare(dataset_name: str, data_dir: str | os.PathLike,
       try_download_gcs=False,
       download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS,
   )
+  quiet = os.environ.get("PODLAB_VERBOSE", "") in ("", "0") and logging.get_verbosity() < 1
+  start = time.time()
+  if quiet:   # TFDS prints "Downloading and preparing dataset Unknown size ..." on stdout: not so here
+    sys.stderr.write(f"preparing dataset {builder.info.full_name} in {os.fspath(data_dir)} "
+                     f"({'from ' + os.fspath(manual_dir) if manual_dir else 'no download'})\n")
   try:
-    builder.download_and_prepare(download_config=download_config,
-                                 download_dir=os.path.join(os.fspath(data_dir), "downloads"))
+    with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+      builder.download_and_prepare(download_config=download_config,
+                                   download_dir=os.path.join(os.fspath(data_dir), "downloads"))
   except Exception:
     # Another process preparing the same (deterministic) config may have won the final rename.
     again = datasets.get_builder(dataset_name, os.fspath(data_dir), builder_kwargs)
@@ -65,6 +74,10 @@ def prepare(dataset_name: str, data_dir: str | os.PathLike,
                     again.info.full_name)
     return again
   logging.info("prepared %s in %s", builder.info.full_name, builder.data_dir)
+  if quiet:
+    splits = ", ".join(f"{name} {split.num_examples:,}" for name, split in builder.info.splits.items())
+    sys.stderr.write(f"prepared {builder.info.full_name} ({splits} examples) in "
+                     f"{time.time() - start:.1f} s\n")
   return builder
 
 
