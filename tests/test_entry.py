@@ -34,7 +34,7 @@ def _one_line(proc) -> str:
 @pytest.mark.parametrize("arg, expect", [
     ("bath=6144", "did you mean 'batch'"),
     ("recipe=sudoku_mpl", "unknown recipe"),
-    ("batch=abc", "expected a int"),
+    ("batch=abc", "expected an integer"),
 ])
 def test_config_argument_typos(tmp_path, arg, expect):
   line = _one_line(_run(["experiments.trm.main", f"--config=configs/v4_64.py:{arg}",
@@ -50,11 +50,21 @@ def test_config_field_typo_names_the_closest_field(tmp_path):
   assert not (tmp_path / "w").exists()
 
 
+def test_the_misspelled_override_is_named_not_the_first_one(tmp_path):
+  proc = _run(["experiments.trm.main", "--config=configs/cpu_demo.py:smoke",
+               "--config.total_steps=9", "--config.lrr=0.1", f"--workdir={tmp_path / 'w'}"], tmp_path)
+  line = _one_line(proc)
+  assert [l for l in proc.stderr.splitlines() if l.strip()] == [line]
+  assert line.startswith("error: --config.lrr: ") and "did you mean --config.lr?" in line, line
+  assert "total_steps" not in line
+  assert not (tmp_path / "w").exists()
+
+
 def test_config_file_with_a_syntax_error(tmp_path):
   bad = tmp_path / "bad_config.py"
   bad.write_text("def get_config():\n  c = dict(\n  return c\n")
   line = _one_line(_run(["experiments.trm.main", f"--config={bad}"], tmp_path))
-  assert f"{bad}:" in line and "Fix:" in line
+  assert f"{bad}:2:" in line and "'c = dict('" in line and "Fix:" in line
 
 
 def test_a_missing_config_file(tmp_path):

@@ -138,6 +138,9 @@ def validate_config(config: Any, reference: ml_collections.ConfigDict) -> None:
   raise ConfigError(field, value, "unknown field", fix)
 
 
+_KIND = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
 def parse_arg(arg: Optional[str], **defaults: Any) -> ml_collections.ConfigDict:
   """Typed `get_config(arg)` arguments, big_vision style: "batch=6144,local" -> ConfigDict.
 
@@ -161,7 +164,7 @@ def parse_arg(arg: Optional[str], **defaults: Any) -> ml_collections.ConfigDict:
       else:
         value = type(default)(raw)
     except (KeyError, ValueError):
-      raise ConfigError(f"arg:{key}", raw, f"expected a {type(default).__name__}",
+      raise ConfigError(f"arg:{key}", raw, f"expected {_KIND.get(type(default), 'a value')}",
                         f"write e.g. {key}={default}") from None
     out[key] = value
   return out

@@ -158,6 +158,18 @@ def _check_config_file(argv) -> None:
     raise
 
 
+def _unknown_override(argv, fields: list, error: BaseException) -> str:
+  """The `--config.KEY` of argv that names no field of the loaded config (`fields`, flat "a.b"
+  keys); without the loaded config, the one whose last key part ml_collections' error names."""
+  overrides = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
+  if fields:
+    nodes = {f.rsplit(".", i)[0] for f in fields for i in range(f.count(".") + 1)}
+    unknown = [o for o in overrides if o[len("--config."):] not in nodes]
+  else:
+    unknown = [o for o in overrides if repr(o.rsplit(".", 1)[-1]) in str(error)]
+  return (unknown or overrides or ["--config.?"])[0]
+
+
 def _parse_flags(argv):
   """absl's flag parsing (app.run's `flags_parser`) with a one-line error for bad flags."""
   try:
@@ -169,10 +181,10 @@ def _parse_flags(argv):
       text = message[-1].strip()
     fail(f"{text}. Fix: see `--helpfull` for the flags, configs/base.py for the config fields")
   except AttributeError as e:        # ml_collections: an override of a field the config lacks
-    field = next((a.split("=")[0] for a in argv if a.startswith("--config.")), "--config.?")
     fields = []
     if _LOADED.get("config") is not None and hasattr(_LOADED["config"], "to_dict"):
       fields = list(config_utils.flat_hparams(_LOADED["config"]))
+    field = _unknown_override(argv, fields, e)
     close = difflib.get_close_matches(field[len("--config."):], fields, n=1, cutoff=0.6)
     fix = (f"did you mean --config.{close[0]}?" if close else
            "use a field of the config (its configs/base.py lists them all)")
