@@ -1,6 +1,11 @@
 """The `python -m experiments.nanogpt.nanogpt_checkpoint` CLI: model args, parameter count and the
 val loss of a nanoGPT ckpt.pt, the loss checked against the PyTorch nanoGPT-layout model
 (experiments/nanogpt/tools/torch_reference.py) on the same shakespeare_char windows."""
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -8,6 +13,7 @@ from experiments.nanogpt import nanogpt_checkpoint
 from experiments.nanogpt import train
 from experiments.nanogpt.configs import shakespeare_char_cpu
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 torch = pytest.importorskip("torch", reason="ckpt.pt files need torch (pip install '.[torch]')")
 
 
@@ -45,7 +51,22 @@ def test_cli_prints_args_count_and_val_loss(shared_data_dir, tmp_path, capsys):
   assert float(line.split()[2]) == pytest.approx(want, abs=1e-4), (line, want)
   assert "1,280 tokens in 40 windows of 32" in line
   # Errors: no --ckpt, a missing file.
-  assert nanogpt_checkpoint.main(["prog"] + overrides) == 1
+  assert nanogpt_checkpoint.main(["prog"] + overrides) == 2
   assert "pass --ckpt=" in capsys.readouterr().err
-  assert nanogpt_checkpoint.main(["prog", f"--ckpt={tmp_path / 'nope.pt'}"] + overrides) == 1
+  assert nanogpt_checkpoint.main(["prog", f"--ckpt={tmp_path / 'nope.pt'}"] + overrides) == 2
   assert "nope.pt: no such file" in capsys.readouterr().err
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
+  """The real CLI as a subprocess: a file that is not a ckpt.pt is one `error:` line naming the
+  file and the fix, exit 2, no traceback."""
+  bad = tmp_path / "not_a_ckpt.pt"
+  torch.save({"weights": torch.zeros(2)}, bad)
+  for ckpt, expect in ((tmp_path / "nope.pt", "nope.pt: no such file. Fix: "),
+                       (bad, f"{bad}")):
+    proc = subprocess.run([sys.executable, "-m", "experiments.nanogpt.nanogpt_checkpoint",
+                           f"--ckpt={ckpt}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, proc.stderr[-2000:])
+    assert lines[0].startswith("error: ") and expect in lines[0], lines

@@ -11,6 +11,9 @@ reference's), and the free-running carries over the whole episode against 1e-4; 
 uses H_cycles=2.
 """
 import dataclasses
+import os
+import pathlib
+import subprocess
 import sys
 
 import jax
@@ -19,6 +22,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 torch = pytest.importorskip("torch")
 
 from experiments.trm import reference_checkpoint as rc  # noqa: E402
@@ -369,7 +373,28 @@ def test_missing_torch_gives_install_hint(monkeypatch, tmp_path):
     rc.load_state_dict(tmp_path / "x.pt")
   with pytest.raises(ImportError, match=r"torch==2\.13\.0"):
     rc.save_state_dict({}, tmp_path / "x.pt")
-  assert rc.main(["inspect", str(tmp_path / "x.pt")]) == 1
+  assert rc.main(["inspect", str(tmp_path / "x.pt")]) == 2
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
+  """The real CLI as a subprocess: a missing .pt, a file that is not a state_dict and an existing
+  --out are each one `error:` line naming the file and the fix, exit 2, no traceback."""
+  not_sd = tmp_path / "list.pt"
+  torch.save([1, 2], not_sd)
+  sd_path = tmp_path / "ref.pt"
+  torch.save(small_sd(mlp_t=True, pos_encodings="none")[2], sd_path)
+  (tmp_path / "taken").mkdir()
+  cases = ((["inspect", str(tmp_path / "nope.pt")], "nope.pt' does not exist. Fix: "),
+           (["inspect", str(not_sd)], str(not_sd)),
+           (["import", str(sd_path), "--out", str(tmp_path / "taken")],
+            f"--out={tmp_path / 'taken'} exists. Fix: "))
+  for args, expect in cases:
+    proc = subprocess.run([sys.executable, "-m", "experiments.trm.reference_checkpoint"] + args,
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 2, (args, proc.returncode, proc.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], lines
 
 
 def test_cli_inspect_import_export(tmp_path, capsys):
@@ -390,7 +415,7 @@ def test_cli_inspect_import_export(tmp_path, capsys):
   out_dir = str(tmp_path / "podlab")
   assert rc.main(["import", path, "--out", out_dir, "--num_heads", "2", "--H_cycles", "2",
                   "--L_cycles", "2", "--halt_max_steps", "2"]) == 0
-  assert rc.main(["import", path, "--out", out_dir]) == 1          # exists, no --force
+  assert rc.main(["import", path, "--out", out_dir]) == 2          # exists, no --force
   assert "--force" in capsys.readouterr().err
   pt = str(tmp_path / "back.pt")
   assert rc.main(["export", out_dir, "--out", pt, "--compiled_prefix"]) == 0

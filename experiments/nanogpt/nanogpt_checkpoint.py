@@ -48,6 +48,10 @@ class CheckpointFormatError(errors.FormatError):
   """The file is not a nanoGPT checkpoint this importer understands; the message says why."""
 
 
+class CheckpointMissing(CheckpointFormatError, FileNotFoundError):
+  """The ckpt.pt path does not exist (a FileNotFoundError too, for callers that map it)."""
+
+
 def _np(x: Any) -> np.ndarray:
   if hasattr(x, "detach"):
     x = x.detach().cpu()
@@ -65,7 +69,7 @@ def read(path: str) -> Dict[str, Any]:
   except ImportError as e:
     raise CheckpointFormatError("reading ckpt.pt needs torch: pip install -e '.[torch]'") from e
   if not os.path.exists(path):
-    raise FileNotFoundError(f"--ckpt={path}: no such file")
+    raise CheckpointMissing(f"--ckpt={path}: no such file. Fix: pass the path of a nanoGPT ckpt.pt")
   try:
     return torch.load(path, map_location="cpu", weights_only=True)
   except Exception as e:  # pylint: disable=broad-except
@@ -168,7 +172,8 @@ def load(path: str, dtype: str = "float32") -> Tuple[gpt.GPTConfig, Dict[str, An
   ckpt = read(path)
   if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
     keys = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
-    raise CheckpointFormatError(f"{path}: expected a dict with 'model' and 'model_args', got {keys}")
+    raise CheckpointFormatError(f"{path}: expected a dict with 'model' and 'model_args', got {keys}. "
+                                "Fix: pass a ckpt.pt saved by nanoGPT's train.py")
   config = config_from_args(dict(ckpt["model_args"]), dtype)
   params = from_state_dict(ckpt["model"], config)
   best = ckpt.get("best_val_loss")
@@ -200,7 +205,8 @@ def split_loss(model: gpt.GPTModel, params, tokens: np.ndarray, *, batch_size: i
   if max_windows > 0:
     n = min(n, max_windows)
   if n < 1:
-    raise ValueError(f"the split has {len(tokens)} tokens, fewer than block_size + 1 = {T + 1}")
+    raise errors.BadInput(f"the split has {len(tokens)} tokens, fewer than block_size + 1 = {T + 1}. "
+                          "Fix: score a longer split or a checkpoint with a smaller block_size")
   starts = np.arange(n) * T
   idx = starts[:, None] + np.arange(T)[None]                     # [n, T]
 
@@ -222,7 +228,8 @@ def split_loss(model: gpt.GPTModel, params, tokens: np.ndarray, *, batch_size: i
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """The CLI (see the module synopsis). Returns the exit status: 0, or 1 with one error line."""
+  """The CLI (see the module synopsis). Returns the exit status: 0, or errors.exit_code (2 for bad
+  input) with one error line; any other exception is a bug and keeps its traceback."""
   here = os.path.dirname(os.path.abspath(__file__))
   argv = list(sys.argv if argv is None else argv)
   if not any(a.split("=")[0] in ("--config", "-config") for a in argv[1:]):
@@ -238,11 +245,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   try:
     fv(argv)
   except flags.Error as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
+    text = " ".join(l.strip() for l in str(e).splitlines() if l.strip())
+    print(f"error: {text}. Fix: see --helpfull", file=sys.stderr)
+    return errors.EXIT_BAD_INPUT
   if not fv.ckpt:
-    print("error: pass --ckpt=path/to/ckpt.pt", file=sys.stderr)
-    return 1
+    print("error: --ckpt is missing. Fix: pass --ckpt=path/to/ckpt.pt", file=sys.stderr)
+    return errors.EXIT_BAD_INPUT
   config = fv.config
   try:
     cfg, params, meta = load(fv.ckpt)
@@ -253,9 +261,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           "pass the --config of the dataset the model was trained on")
     loss, scored = split_loss(gpt.GPTModel(cfg), params, tokens, batch_size=fv.batch_size,
                               max_windows=fv.max_windows)
-  except (config_utils.ConfigError, CheckpointFormatError, FileNotFoundError, ValueError) as e:
+  except errors.USER_ERRORS as e:
     print(f"error: {e}", file=sys.stderr)
-    return 1
+    return errors.exit_code(e)
   n = gpt.num_params(params, cfg)
   best = meta["best_val_loss"]
   print(f"nanoGPT checkpoint {fv.ckpt}: iter_num {meta['iter_num']}, best_val_loss "

@@ -116,7 +116,7 @@ INIT_DTYPES = ("bfloat16", "float32")
 """The dtypes the reference stores H_init/L_init in: its forward dtype."""
 _LAYER_RE = re.compile(r"^model\.inner\.L_level\.layers\.(\d+)\.")
 
-TORCH_INSTALL_HINT = ("PyTorch is needed to read/write reference checkpoints: "
+TORCH_INSTALL_HINT = ("PyTorch is needed to read/write reference checkpoints. Fix: "
                       "pip install 'podlab[torch]' (or .venv/bin/pip install torch==2.13.0)")
 
 # Adam-parameter counts of the published models (docs/trm.md, section 5).
@@ -135,6 +135,18 @@ class ReferenceCheckpointError(errors.FormatError):
   missing/unexpected/mis-shaped key and the likely config fix."""
 
 
+class TorchMissing(errors.BadInput, ImportError):
+  """PyTorch is not installed (an ImportError too); the message is the install hint."""
+
+
+class InputMissing(ReferenceCheckpointError, FileNotFoundError):
+  """The .pt file or podlab directory to read does not exist (a FileNotFoundError too)."""
+
+
+class OutputExists(errors.BadInput, FileExistsError):
+  """--out exists and --force was not given (a FileExistsError too)."""
+
+
 # --------------------------------------------------------------------------------------------------
 # torch <-> numpy (torch imported lazily: it is an optional dependency).
 # --------------------------------------------------------------------------------------------------
@@ -144,7 +156,7 @@ def _import_torch():
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise ImportError(TORCH_INSTALL_HINT) from e
+    raise TorchMissing(TORCH_INSTALL_HINT) from e
   return torch
 
 
@@ -199,21 +211,24 @@ def load_state_dict(path: str | os.PathLike) -> StateDict:
 
   Uses `torch.load(path, map_location="cpu", weights_only=True)` (never unpickles arbitrary objects).
   bfloat16 tensors come back as `ml_dtypes.bfloat16` arrays, bitwise. Raises ImportError with the
-  install hint when torch is missing, FileNotFoundError for a missing file.
+  install hint when torch is missing (TorchMissing), FileNotFoundError (InputMissing) for a
+  missing file.
   """
   torch = _import_torch()
   path = os.fspath(path)
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"reference checkpoint {path!r} does not exist")
+    raise InputMissing(f"reference checkpoint {path!r} does not exist. Fix: pass the path of a "
+                       "reference .pt (torch.save of the reference's state_dict)")
   raw = torch.load(path, map_location="cpu", weights_only=True)
   if not isinstance(raw, Mapping):
     raise ReferenceCheckpointError(
-        f"{path}: expected a state_dict (mapping of key -> tensor), got {type(raw).__name__}")
+        f"{path}: expected a state_dict (mapping of key -> tensor), got {type(raw).__name__}. "
+        "Fix: save the model's flat state_dict (torch.save(model.state_dict(), path))")
   for key, value in raw.items():
     if not isinstance(value, torch.Tensor):
       raise ReferenceCheckpointError(
-          f"{path}: state_dict[{key!r}] is a {type(value).__name__}, not a tensor: save the model's "
-          "flat state_dict (torch.save(model.state_dict(), path))")
+          f"{path}: state_dict[{key!r}] is a {type(value).__name__}, not a tensor. Fix: save the "
+          "model's flat state_dict (torch.save(model.state_dict(), path))")
   return _normalize(raw)
 
 
@@ -720,7 +735,7 @@ def _import(args: argparse.Namespace) -> int:
       log=lambda line: print(f"reference_checkpoint import: {line}", file=sys.stderr))
   out = os.path.abspath(args.out)
   if os.path.exists(out) and not args.force:
-    raise FileExistsError(f"--out {out} exists: choose a new directory or pass --force")
+    raise OutputExists(f"--out={out} exists. Fix: choose a new directory or pass --force")
   tree = {"params": params, "state": state, "puzzle_table": table}
   checkpointing.write_tree(out, tree, force=args.force,
                            metadata={"trm_config": dataclasses.asdict(config),
@@ -732,7 +747,8 @@ def _import(args: argparse.Namespace) -> int:
 
 def _restore_podlab(directory: str) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
   if not os.path.isdir(directory):
-    raise FileNotFoundError(f"podlab checkpoint directory {directory!r} does not exist")
+    raise InputMissing(f"podlab checkpoint directory {directory!r} does not exist. Fix: pass the "
+                       "--out directory of `reference_checkpoint import`")
   tree, custom = checkpointing.read_tree(directory, with_metadata=True)
   return tree, custom.get("trm_config")
 
@@ -793,14 +809,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """CLI entry point; returns the exit status (0 ok, 1 error). argv excludes the program name."""
+  """CLI entry point; returns the exit status: 0, or errors.exit_code (2 for bad input) with one
+  `error:` line (any other exception is a bug and keeps its traceback). argv excludes the program
+  name."""
   args = _parser().parse_args(argv)
   command = {"inspect": _inspect, "import": _import, "export": _export}[args.command]
   try:
     return command(args)
-  except (ReferenceCheckpointError, ImportError, FileNotFoundError, FileExistsError) as e:
-    print(f"reference_checkpoint {args.command}: error: {e}", file=sys.stderr)
-    return 1
+  except errors.USER_ERRORS as e:
+    print(f"error: reference_checkpoint {args.command}: {e}", file=sys.stderr)
+    return errors.exit_code(e)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from typing import Optional
 import numpy as np
 import tensorflow_datasets as tfds
 
+from input_pipeline import errors
 from input_pipeline import gpt2_bpe
 from input_pipeline import text
 from input_pipeline.datasets import base
@@ -90,7 +91,7 @@ def make_config(file: str = "input.txt", level: str = "char", val_fraction: floa
     try:
       name += "_" + gpt2_bpe.file_digest(tokenizer_dir)[:8]
     except gpt2_bpe.TokenizerError as e:
-      raise FileNotFoundError(f"tokenizer_dir: {e}") from None
+      raise errors.SourceMissing(f"tokenizer_dir: {e}") from None
   return TextCorpusConfig(name=name, version=_VERSION, file=file, level=level,
                           val_fraction=float(val_fraction), tokenizer_dir=str(tokenizer_dir),
                           description=f"{file}, {level} level, last {val_fraction:.0%} validation")
@@ -127,8 +128,8 @@ class TextCorpus(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
     c = self.builder_config
     path = os.path.join(os.fspath(dl_manager.manual_dir), c.file)
     if not os.path.exists(path):
-      raise FileNotFoundError(f"{self.name}: {path} not found. Fix: pass --manual_dir=<folder with "
-                              f"{c.file}>")
+      raise errors.SourceMissing(f"{self.name}: {path} not found. Fix: pass --manual_dir=<folder "
+                                 f"with {c.file}>")
     with open(path, "r", encoding="utf-8") as f:
       data = f.read()
     if c.level == "bpe":
@@ -157,7 +158,7 @@ def _bpe_split(data: str, c: TextCorpusConfig):
   try:
     tok = gpt2_bpe.load(c.tokenizer_dir)
   except gpt2_bpe.TokenizerError as e:
-    raise FileNotFoundError(f"tokenizer_dir: {e}") from None
+    raise errors.SourceMissing(f"tokenizer_dir: {e}") from None
   if tok.vocab_size > UINT16_IDS:
     raise ValueError(f"tokenizer_dir={c.tokenizer_dir!r}: {tok.vocab_size} ids do not fit uint16 "
                      "(nanoGPT's BPE data format); use a vocabulary of at most 65,536 ids")

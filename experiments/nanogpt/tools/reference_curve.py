@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from experiments.common import errors
 from experiments.nanogpt.tools import torch_reference
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -57,11 +58,15 @@ CPU_RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, bias=False, ba
                   eval_interval=250, eval_iters=20, seed=1337)
 
 
+class InputMissing(errors.BadInput, FileNotFoundError):
+  """--input does not exist (a FileNotFoundError too); the message names it and the fix."""
+
+
 def prepare(path: str) -> Tuple[np.ndarray, np.ndarray, List[str]]:
   """(train ids, val ids, vocabulary) of a text file, as nanoGPT's shakespeare_char/prepare.py."""
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"--input={path}: no such file. Fix: pass the tinyshakespeare "
-                            "input.txt (../shared/data/tinyshakespeare/input.txt beside the checkout)")
+    raise InputMissing(f"--input={path}: no such file. Fix: pass the tinyshakespeare input.txt "
+                       "(../shared/data/tinyshakespeare/input.txt beside the checkout)")
   with open(path, encoding="utf-8") as f:
     data = f.read()
   chars = sorted(set(data))
@@ -190,9 +195,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   h["bias"] = CPU_RECIPE["bias"]
   try:
     train_ids, val_ids, chars = prepare(a["input"])
-  except FileNotFoundError as e:
+  except errors.USER_ERRORS as e:
     print(f"error: {e}", file=sys.stderr)
-    return 2
+    return errors.exit_code(e)
   print(f"nanoGPT loop in PyTorch {torch.__version__} ({torch.get_num_threads()} threads): "
         f"{len(chars)} characters, {len(train_ids):,} train / {len(val_ids):,} val ids; {h}",
         flush=True)

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from experiments.common import checkpointing
+from experiments.common import errors
 from experiments.common import workdir as workdir_lib
 from experiments.nanogpt import nanogpt_checkpoint
 from experiments.nanogpt.tools import reference_curve
@@ -40,7 +41,7 @@ from modules import gpt
 CHUNK = 50          # batches per jitted forward
 
 
-class EvalInputError(ValueError):
+class EvalInputError(errors.BadInput):
   """A --ckpt / --workdir / --input this tool cannot evaluate; the message names it and the fix."""
 
 
@@ -123,9 +124,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise EvalInputError(f"--workdir={wd}: trained on another vocabulary than {a.input}'s "
                              f"{len(chars)} characters. Fix: evaluate shakespeare_char runs only")
       models.append((wd, cfg, params, f"step {step}"))
-  except (EvalInputError, FileNotFoundError, nanogpt_checkpoint.CheckpointFormatError) as e:
+  except errors.USER_ERRORS as e:
     print(f"error: {e}", file=sys.stderr)
-    return 2
+    return errors.exit_code(e)
   for name, cfg, _, _ in models:
     if cfg.vocab_size < len(chars):
       print(f"error: {name}: vocab_size {cfg.vocab_size} < the {len(chars)} characters of "
