@@ -182,6 +182,8 @@ def test_pod_trains_on_every_worker_then_local_pod_resumes(reference, tmp_path):
     assert f"run_id={run_id}\n" in record and "rc=0\n" in record and "detached=1\n" in record
   assert "TensorBoard: tensorboard --logdir " + str(reference["workdir"]) in out
   assert "all 2 workers finished" in out
+  # The final table prints once, by process 0.
+  assert [_remote_log(root, i).count("Final evaluation at step") for i in range(2)] == [1, 0]
 
   # One TensorBoard event file (process 0 only), one result file, checkpoints of the 2-process run.
   workdir = reference["workdir"]
@@ -205,6 +207,11 @@ def test_pod_trains_on_every_worker_then_local_pod_resumes(reference, tmp_path):
     assert "Resumed from" in log and "at step 6" in log, log[-3000:]
     assert "Training from step 6 to 9" in log, log[-3000:]
     assert re.search(r"^podlab: run local-\d{8}-\d{6}-\d+ attempt 0 on ", log)
+  # The final table prints once, by process 0: once in all of local.sh's output (process 0's
+  # streamed log) and in the two processes' logs together.
+  logs = [(tmp_path / "locallogs" / f"worker-{i}.log").read_text() for i in range(2)]
+  assert [log.count("Final evaluation at step 9") for log in logs] == [1, 0]
+  assert (proc.stdout + proc.stderr).count("Final evaluation at step") == 1, _explain(proc)
   assert json.loads((resumed / "final_eval.json").read_text())["step"] == 9
   assert len(glob.glob(str(resumed / "events.out.tfevents.*"))) == 2   # process 0's second run
   assert sorted(os.listdir(resumed / "checkpoints")) == ["6", "9"]
