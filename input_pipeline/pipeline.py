@@ -71,8 +71,8 @@ import tensorflow_datasets as tfds
 from input_pipeline import datasets
 from input_pipeline import errors
 from input_pipeline import prepare
+from input_pipeline import puzzles
 from input_pipeline.puzzles import augment
-from input_pipeline.puzzles import sudoku
 
 _ALG = "philox"
 _TAG_PERMUTATION = 1
@@ -450,7 +450,7 @@ class EvalIterator:
 def _pad_eval(arrays: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
   """Pad every feature to `size` rows and add `mask` (False on padding)."""
   n = int(arrays["index"].shape[0])
-  pad_values = {"labels": sudoku.IGNORE_LABEL_ID, "index": -1}
+  pad_values = {"labels": puzzles.IGNORE_LABEL_ID, "index": -1}
   out = {}
   for name, value in arrays.items():
     pad = pad_values.get(name, 0)

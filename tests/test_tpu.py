@@ -6,17 +6,24 @@ The compile tests skip with one line when libtpu (the optional extra `tpu`) is n
 
 import dataclasses
 import math
+import os
+import pathlib
+import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 
+from experiments.common import dry_run
+from experiments.common import errors
 from experiments.common import parallel
 from experiments.common import tpu
+from experiments.trm.configs import v4_64
 from modules import layers
 
 GIB = 2 ** 30
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -361,3 +368,32 @@ def test_layout_constraints_detected(libtpu_loaded):
              for line in tpu.format_report([r]).splitlines())
   with pytest.raises(TypeError, match="Lowered"):
     tpu.hlo_has_layout_constraints(plain.compile())
+
+
+# --------------------------------------------------------------------------------------------------
+# A config's layout against a target (dry_run.tpu_layout: checked before anything compiles).
+
+def test_tpu_layout_checks_devices_per_host_against_the_slice():
+  c = v4_64.get_config()                    # 32 devices, 4 per host (a v4-64's 8 hosts)
+  layout = dry_run.tpu_layout(c, tpu.parse_target("v4-64"))
+  assert (layout.hosts, layout.devices_per_host, layout.per_host_batch,
+          layout.per_device_batch) == (8, 4, 96, 24)
+  c.num_devices, c.global_batch_size = 8, 768
+  with pytest.raises(errors.ConfigError) as e:
+    dry_run.tpu_layout(c, tpu.parse_target("v6e-8"))       # 1 host x 8 chips
+  assert str(e.value) == (
+      "config.devices_per_host=4: the config's per-host data layout is written for 4 devices per "
+      "host but v6e-8 has 8 chips per host (1 host(s)). Fix: pass --config.devices_per_host=8, or a "
+      "--target with 4 chips per host")
+
+
+def test_a_target_with_other_chips_per_host_is_one_line_exit_2_before_compiling():
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run([sys.executable, "-m", "experiments.trm.main", "--config=configs/v4_64.py",
+                         "--dry_run", "--target=v6e-8", "--config.num_devices=8"], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=300)
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+  assert lines[-1].startswith("error: config.devices_per_host=4: ") and "Traceback" not in proc.stderr
+  assert "v6e-8 has 8 chips per host" in lines[-1] and "--config.devices_per_host=8" in lines[-1]

@@ -134,25 +134,11 @@ def _cpu_report(experiment: experiment_lib.Experiment, config: ml_collections.Co
 # TPU targets.
 
 def tpu_layout(config: ml_collections.ConfigDict, target: tpu.Target) -> layout_lib.BatchLayout:
-  """The batch layout of `config` on a TPU slice (every figure checked against the slice)."""
-  if config.num_devices > 0 and config.num_devices != target.num_devices:
-    raise errors.ConfigError(
-        "num_devices", config.num_devices,
-        f"the config is written for {config.num_devices} devices but {target.name} has "
-        f"{target.num_devices} ({target.hosts} hosts x {target.devices_per_host})",
-        f"pass --config.num_devices={target.num_devices} (and a global_batch_size it divides), or "
-        f"the --target with {config.num_devices} devices")
-  if config.global_batch_size % target.num_devices:
-    n = target.num_devices
-    raise errors.ConfigError(
-        "global_batch_size", config.global_batch_size,
-        f"not divisible by the {n} devices of {target.name} ({target.hosts} hosts x "
-        f"{target.devices_per_host})",
-        f"use a multiple of {n}, e.g. --config.global_batch_size="
-        f"{max(n, config.global_batch_size // n * n)}")
+  """The batch layout of `config` on a TPU slice (every figure checked against the slice by
+  layout.batch_layout: num_devices, devices_per_host, the batch's divisibility)."""
   return layout_lib.batch_layout(config, devices=target.num_devices,
                                  devices_per_host=target.devices_per_host, process_index=0,
-                                 platform="tpu", check_num_devices=False)
+                                 platform="tpu", target=target.name)
 
 
 def _per_device(p: experiment_lib.Program) -> tuple:
@@ -197,7 +183,7 @@ def _fixes(experiment, config, target: tpu.Target):
     c = _with(config, apply)
     out.append((label, flags, lambda c=c: compile_for_tpu(experiment, c, target,
                                                           only=("train_step",))[0][0]))
-  per_device = config.global_batch_size // target.num_devices
+  per_device = tpu_layout(config, target).per_device_batch
   if per_device > 1:
     half = per_device // 2 * target.num_devices
     c = _with(config, lambda c: setattr(c, "global_batch_size", half))
@@ -218,6 +204,7 @@ def _chip_hours(report: tpu.Report, target: tpu.Target, steps: int) -> str:
 
 def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -> str:
   target = tpu.parse_target(target_name)
+  tpu_layout(config, target)        # a layout the slice cannot take is one line, before libtpu
   tpu.load_libtpu()
   reports, steps = compile_for_tpu(experiment, config, target)
   text = [f"Dry run of {name} for {target.name}:", tpu.format_report(reports)]
@@ -225,7 +212,7 @@ def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -
   if hours:
     text.append(hours)
   if search:
-    per_device = config.global_batch_size // target.num_devices
+    per_device = tpu_layout(config, target).per_device_batch
 
     def compile_at(b: int) -> tpu.Report:
       c = _with(config, lambda c: setattr(c, "global_batch_size", b * target.num_devices))

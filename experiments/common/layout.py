@@ -65,12 +65,15 @@ class BatchLayout:
 
 def batch_layout(config: Any, *, devices: Optional[int] = None,
                  devices_per_host: Optional[int] = None, process_index: Optional[int] = None,
-                 platform: Optional[str] = None, check_num_devices: bool = True) -> BatchLayout:
+                 platform: Optional[str] = None, check_num_devices: bool = True,
+                 target: Optional[str] = None) -> BatchLayout:
   """The layout of `config` on this run's devices, or on the ones given (dry runs, TPU targets).
 
   Raises errors.ConfigError naming the field, the value and the fix when the config was written for
   another device count (config.num_devices > 0 and `check_num_devices`) or when the batch does not
-  divide over the devices.
+  divide over the devices. `target` (a TPU type such as "v4-64", for the devices given) words the
+  errors for that slice and also checks config.devices_per_host (> 0: the per-host data layout the
+  config is written for) against the slice's chips per host.
   """
   if devices is None:
     devices = jax.device_count()
@@ -90,7 +93,23 @@ def batch_layout(config: Any, *, devices: Optional[int] = None,
     raise errors.ConfigError("devices_per_host", devices_per_host,
                              f"does not divide the {devices} devices", "set the pod's chips per host")
   hosts = devices // devices_per_host
+  slice_ = f"{target} ({hosts} hosts x {devices_per_host})" if target else ""
   wanted = int(config.get("num_devices", -1))
+  if target and check_num_devices and wanted > 0 and wanted != devices:
+    raise errors.ConfigError(
+        "num_devices", wanted,
+        f"the config is written for {wanted} devices but {target} has {devices} ({hosts} hosts x "
+        f"{devices_per_host})",
+        f"pass --config.num_devices={devices} (and a global_batch_size it divides), or the --target "
+        f"with {wanted} devices")
+  per_host_wanted = int(config.get("devices_per_host", -1))
+  if target and per_host_wanted > 0 and per_host_wanted != devices_per_host:
+    raise errors.ConfigError(
+        "devices_per_host", per_host_wanted,
+        f"the config's per-host data layout is written for {per_host_wanted} devices per host but "
+        f"{target} has {devices_per_host} chips per host ({hosts} host(s))",
+        f"pass --config.devices_per_host={devices_per_host}, or a --target with "
+        f"{per_host_wanted} chips per host")
   if check_num_devices and wanted > 0 and wanted != devices:
     raise errors.ConfigError(
         "num_devices", wanted,
@@ -100,8 +119,11 @@ def batch_layout(config: Any, *, devices: Optional[int] = None,
         f"global_batch_size={batch} too), or compile it here with --dry_run")
   if batch % devices:
     raise errors.ConfigError(
-        "global_batch_size", batch, f"not divisible by the {devices} devices",
-        f"use a multiple of {devices}, e.g. {max(devices, batch // devices * devices)}")
+        "global_batch_size", batch,
+        f"not divisible by the {devices} devices" + (f" of {slice_}" if target else ""),
+        f"use a multiple of {devices}, e.g. "
+        + ("--config.global_batch_size=" if target else "")
+        + f"{max(devices, batch // devices * devices)}")
   cpu_tuning = bool(config.get("cpu_tuning", False)) and platform == "cpu"
   return BatchLayout(global_batch=batch, accum=accum, devices=devices, hosts=hosts,
                      devices_per_host=devices_per_host, process_index=process_index,
