@@ -11,15 +11,19 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the nanoGPT tools need torch (pip install '.[torch]')")
 
 from experiments.nanogpt import nanogpt_checkpoint  # noqa: E402
+from experiments.nanogpt import sampling  # noqa: E402
+from experiments.nanogpt.tools import bench  # noqa: E402
 from experiments.nanogpt.tools import torch_reference  # noqa: E402
 from experiments.nanogpt.tools import reference_curve  # noqa: E402
 from experiments.nanogpt.tools import val_eval  # noqa: E402
+from modules import gpt  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -150,3 +154,33 @@ def test_bad_input_is_one_line(tmp_path, capsys):
   assert err.startswith("error: --") and "Fix:" in err and err.count("\n") == 1, err
   with pytest.raises(SystemExit):
     val_eval.main([])                               # nothing to evaluate: argparse's usage error
+
+
+def test_bench_sampling_verdicts_of_each_context_policy():
+  """bench.py's sampling table: whether each policy's greedy tokens equal nanoGPT's crop (the
+  PyTorch loop on the same weights) and the first position where they differ. A tiny GPT with
+  block_size 8 and matrices scaled x 8 (so the argmax depends on the context) decodes 24 tokens,
+  past the block: "exact" (cache or not) is nanoGPT's crop; "chunk" agrees while the context fits
+  and may only differ after it; a crop with one token changed at position 12 is reported there."""
+  cfg = gpt.GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=16, bias=True,
+                      dropout=0.0, dtype="float32")
+  model = gpt.GPTModel(cfg)
+  params = jax.tree.map(lambda x: x * 8 if x.ndim == 2 else x, model.init(jax.random.key(0)))
+  prompt = np.zeros((1, 1), np.int32)
+  crop, source = bench.crop_reference(model, params, prompt, 24)
+  assert source == "nanoGPT's generate loop in PyTorch" and crop.shape == (1, 25)
+  verdicts = bench.greedy_agreement(model, params, prompt, 24, crop)
+  assert [(v[1], v[2]) for v in verdicts] == [(w, c) for _, w, c in bench.POLICIES]
+  assert [v[3:] for v in verdicts[:2]] == [(True, None), (True, None)]      # exact = the crop
+  for _, window, cache, same, first in verdicts[2:]:                      # chunk
+    chunk = sampling.generate(model, params, prompt, 24, temperature=0.0, kv_cache=cache,
+                              window=window)
+    assert same == bool(np.array_equal(chunk, crop))
+    assert first is None or first > cfg.block_size, first                  # the context fits
+    assert same or chunk[0, first] != crop[0, first]
+    assert same or np.array_equal(chunk[0, :first], crop[0, :first])
+  changed = crop.copy()
+  changed[0, 12] = (changed[0, 12] + 1) % cfg.vocab_size
+  verdicts = bench.greedy_agreement(model, params, prompt, 24, changed)
+  assert [v[3:] for v in verdicts[:2]] == [(False, 12), (False, 12)]
+  assert all(v[3] is False and v[4] <= 12 for v in verdicts[2:])

@@ -258,19 +258,45 @@ def _torch_crop(model, params, prompt, new_tokens: int):
   return idx.numpy()
 
 
+POLICIES = (("exact (default)", "exact", True), ("exact", "exact", False),
+            ("chunk (deviation)", "chunk", True), ("chunk (deviation)", "chunk", False))
+"""(table name, sampling window, KV cache) of each context policy the sampling table runs."""
+
+
+def crop_reference(model, params, prompt, new_tokens: int):
+  """(tokens [1, prompt + new_tokens], where they come from): nanoGPT's greedy crop loop in PyTorch,
+  or podlab's exact loop without cache when torch is not installed."""
+  crop = _torch_crop(model, params, prompt, new_tokens)
+  if crop is not None:
+    return crop, "nanoGPT's generate loop in PyTorch"
+  return (sampling.generate(model, params, prompt, new_tokens, temperature=0.0, kv_cache=False),
+          "podlab's exact loop without cache (torch not installed)")
+
+
+def greedy_agreement(model, params, prompt, new_tokens: int, crop) -> list:
+  """For each of POLICIES: (name, window, cache, tokens equal `crop`, first differing position
+  (prompt included) or None), from the policy's greedy (temperature 0) tokens."""
+  out = []
+  for name, window, cache in POLICIES:
+    greedy = np.asarray(sampling.generate(model, params, prompt, new_tokens, temperature=0.0,
+                                          kv_cache=cache, window=window))
+    crop = np.asarray(crop)
+    if greedy.shape != crop.shape:
+      raise ValueError(f"{name}: {greedy.shape} tokens against the crop's {crop.shape}")
+    differ = np.flatnonzero(greedy[0] != crop[0])
+    out.append((name, window, cache, bool(differ.size == 0),
+                int(differ[0]) if differ.size else None))
+  return out
+
+
 def _sampling(run: dict, new_tokens: int, repeats: int) -> None:
   model, params = run["model"], run["params"]
   T = model.config.block_size
   prompt = np.zeros((1, 1), np.int32)
-  crop = _torch_crop(model, params, prompt, new_tokens)
-  crop_src = "nanoGPT's generate loop in PyTorch"
-  if crop is None:
-    crop = sampling.generate(model, params, prompt, new_tokens, temperature=0.0, kv_cache=False)
-    crop_src = "podlab's exact loop without cache (torch not installed)"
-  policies = [("exact (default)", "exact", True), ("exact", "exact", False),
-              ("chunk (deviation)", "chunk", True), ("chunk (deviation)", "chunk", False)]
+  crop, crop_src = crop_reference(model, params, prompt, new_tokens)
+  agreement = greedy_agreement(model, params, prompt, new_tokens, crop)
   rows = []
-  for name, window, cache in policies:
+  for (name, window, cache), (_, _, _, same, first) in zip(POLICIES, agreement):
     kw = dict(temperature=0.8, top_k=200, seed=1337, kv_cache=cache, window=window)
     sampling.generate(model, params, prompt, new_tokens, **kw)        # compile
     times = []
@@ -278,11 +304,7 @@ def _sampling(run: dict, new_tokens: int, repeats: int) -> None:
       t = time.perf_counter()
       sampling.generate(model, params, prompt, new_tokens, **kw)
       times.append(time.perf_counter() - t)
-    greedy = sampling.generate(model, params, prompt, new_tokens, temperature=0.0, kv_cache=cache,
-                               window=window)
-    differ = np.flatnonzero(greedy[0] != crop[0])
-    rows.append((name, cache, float(np.median(times)), bool(differ.size == 0),
-                 int(differ[0]) if differ.size else None))
+    rows.append((name, cache, float(np.median(times)), same, first))
   base = rows[0][2]
   print(f"sampling ({run['name']}): {new_tokens} tokens after a 1-token prompt, batch 1, "
         f"temperature 0.8, top-k 200, block_size {T}; median of {repeats} after compilation; "
