@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 
+from experiments.common import trainer
 from experiments.trm import arc_eval
 from experiments.trm import train
 from experiments.trm.configs import arc1_att
@@ -55,7 +56,23 @@ def test_tiny_arc_run_evaluates_and_writes_a_valid_submission(tmp_path, shared_d
   assert set(first) == {"attempt_1", "attempt_2"}
   assert all(isinstance(v, int) and 0 <= v <= 9 for row in first["attempt_1"] for v in row)
   with open(f"{workdir}/final_eval.json") as f:
-    assert json.load(f)["test"]["pass@2"] == results["pass@2"]
+    final_eval = json.load(f)
+  assert final_eval["test"]["pass@2"] == results["pass@2"]
+
+  # --mode=eval on the trained workdir (what `main.py --mode=eval` runs): the checkpoint of step 3,
+  # pass@K and submission.json equal to those of the training run's final evaluation.
+  os.rename(f"{workdir}/submission.json", f"{workdir}/submission_of_training.json")
+  evaluated = trainer.evaluate(train.TRM(), c, workdir)["test"]
+  with open(f"{workdir}/eval_results.json") as f:
+    written = json.load(f)
+  assert written["step"] == 3 and written["source"] == f"{workdir}/checkpoints"
+  for k in ("pass@1", "pass@2", "pass@5", "pass@10", "pass@100", "pass@1000",
+            "num_test_inputs_voted", "count"):
+    assert written["test"][k] == evaluated[k] == final_eval["test"][k], k
+  with open(f"{workdir}/submission.json") as f:
+    assert json.load(f) == submission
+  with open(f"{workdir}/arc_eval/step_3/submission.json") as f:
+    assert json.load(f) == submission
   # The run used the group-based epoch (docs/trm.md section 4.5), not every stored augmented row.
   meta_dict = datasets.get_metadata("arc_agi", c.dataset.builder_kwargs.to_dict(),
                                     c.dataset.data_dir)
