@@ -188,23 +188,26 @@ class TextData:
                    ds.val_split: text_corpus.load_tokens(builder, ds.val_split)}
     self.train_split, self.val_split = ds.train_split, ds.val_split
 
-  def torch_stream(self, config, *, n_local: int, init_draws: int) -> torch_rng.BatchStream:
-    """nanoGPT's own batch order (config.rng = "torch"): see experiments/nanogpt/torch_rng.py."""
+  def torch_stream(self, config, *, layout: layout_lib.BatchLayout,
+                   init_draws: int) -> torch_rng.BatchStream:
+    """nanoGPT's own batch order (config.rng = "torch"): see experiments/nanogpt/torch_rng.py.
+    The batch figures come from the run's layout."""
     return torch_rng.BatchStream(
         self.tokens[self.train_split], self.tokens[self.val_split],
-        block_size=config.model.block_size, batch_size=config.global_batch_size,
-        grad_accum=config.grad_accum, eval_interval=config.eval_interval,
+        block_size=config.model.block_size, batch_size=layout.global_batch,
+        grad_accum=layout.accum, eval_interval=config.eval_interval,
         eval_iters=config.eval_iters, init_draws=init_draws, seed=config.seed,
-        local_device_count=n_local, process_index=jax.process_index(),
-        process_count=jax.process_count())
+        local_device_count=layout.devices_per_host, process_index=layout.process_index,
+        process_count=layout.hosts)
 
-  def stream(self, split: str, stream: str, *, config, n_local: int, accum: int,
+  def stream(self, split: str, stream: str, *, config, layout: layout_lib.BatchLayout, accum: int,
              start_step: int):
+    """Random-window batches of `split` for this host; the batch figures come from the layout."""
     return text.window_iterator(
         self.tokens[split], block_size=config.model.block_size,
-        global_batch_size=config.global_batch_size, local_device_count=n_local, accum_steps=accum,
-        seed=config.seed, process_index=jax.process_index(), process_count=jax.process_count(),
-        stream=stream, start_step=start_step)
+        global_batch_size=layout.global_batch, local_device_count=layout.devices_per_host,
+        accum_steps=accum, seed=config.seed, process_index=layout.process_index,
+        process_count=layout.hosts, stream=stream, start_step=start_step)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -327,7 +330,7 @@ class NanoGPT(experiment.Experiment):
     n_params = gpt.num_params(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), params)
                               if abstract else params)
     T = model.block_size
-    shape = (n_local, config.grad_accum, layout.per_device_batch, T)
+    shape = (n_local, layout.accum, layout.per_device_batch, T)
     example_batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32) for k in "xy"}
     tokens = layout.global_batch * config.grad_accum * T
     flops = gpt.flops_per_token(model, n_params) * tokens
@@ -358,14 +361,14 @@ class NanoGPT(experiment.Experiment):
         return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)), None
       return experiment.Build(batches=lambda start: iter(()), init=init, **common)
 
-    stream = (data.torch_stream(config, n_local=n_local, init_draws=init_draws)
+    stream = (data.torch_stream(config, layout=layout, init_draws=init_draws)
               if config.rng == "torch" else None)
 
     def batches(start_step: int):
       if stream is not None:
         return (stream.train(k) for k in itertools.count(start_step))
-      return data.stream(data.train_split, "train", config=config, n_local=n_local,
-                         accum=config.grad_accum, start_step=start_step)
+      return data.stream(data.train_split, "train", config=config, layout=layout,
+                         accum=layout.accum, start_step=start_step)
 
     p_eval_step = parallel.pmap_step(make_eval_step(gpt_model), replicated_in=(0,), out_axes=None)
 
@@ -376,7 +379,7 @@ class NanoGPT(experiment.Experiment):
         if stream is not None:
           eval_iter = iter(stream.eval(ctx.step, which))
         else:
-          eval_iter = data.stream(split, name, config=config, n_local=n_local, accum=1,
+          eval_iter = data.stream(split, name, config=config, layout=layout, accum=1,
                                   start_step=ctx.step * config.eval_iters)
         losses = [p_eval_step(ctx.state.params, parallel.shard(next(eval_iter)))
                   for _ in range(config.eval_iters)]

@@ -427,7 +427,9 @@ class TRM(experiment.Experiment):
       data, meta = None, _abstract_metadata(config)
       num_train = _abstract_num_train(config, meta)
     else:
-      data = pipeline.DataSource.from_config(ds, seed=config.seed)
+      data = pipeline.DataSource.from_config(ds, seed=config.seed,
+                                             process_index=layout.process_index,
+                                             process_count=layout.hosts)
       meta = data.metadata()
       num_train = epoch_examples(meta, data.num_examples(ds.train_split))
     model = trm.TRMModel(model_config(config, meta))
@@ -493,7 +495,7 @@ class TRM(experiment.Experiment):
     logging_text = parameter_table(state, model, layout.devices)
 
     def batches(start_step: int):
-      it = data.train_iterator(global_batch_size=config.global_batch_size,
+      it = data.train_iterator(global_batch_size=layout.global_batch,
                                local_device_count=n_local, start_step=start_step)
       return ({k: batch[k] for k in ("inputs", "labels", "puzzle_identifiers")} for batch in it)
 
@@ -508,7 +510,7 @@ class TRM(experiment.Experiment):
 
     def run_test(ctx: experiment.EvalContext) -> Dict[str, float]:
       full = ctx.final or config.eval_subset == 0
-      batches_ = data.eval_batches(ds.test_split, global_batch_size=config.global_batch_size,
+      batches_ = data.eval_batches(ds.test_split, global_batch_size=layout.global_batch,
                                    local_device_count=n_local,
                                    subset_size=0 if full else config.eval_subset)
       parts = []
