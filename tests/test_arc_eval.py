@@ -11,6 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from experiments.common import workdir
 from experiments.trm import arc_eval
 from input_pipeline.puzzles import arc
 
@@ -150,7 +151,7 @@ def test_submission_format(toy, tmp_path):
   assert sub["C"][0]["attempt_1"] == W1.tolist()
   path = str(tmp_path / "submission.json")
   arc_eval.write_json(path, sub)
-  back = arc_eval.read_json(path)
+  back = workdir.read_json(path)
   arc_eval.validate_submission(back, meta)
   assert back == sub and all(isinstance(c, int) for e in back["B"] for g in e.values()
                              for row in g for c in row)

@@ -3,7 +3,8 @@
 A workdir (a local path or gs://...) belongs to one run (see experiments/common/workdir_lock.py):
 
   <workdir>/
-    checkpoints/<step>/      orbax checkpoints (experiments/common/checkpointing.py)
+    checkpoints/<step>/      orbax checkpoints (experiments/common/checkpointing.py); its
+                             replicated/ item holds the state every device shares
     events.out.tfevents.*    TensorBoard scalars, hparams and texts (CLU writers, process 0)
     evals.json               every evaluation so far: {step: {evaluator: {metric: value}}}
     final_eval.json          the final evaluation: {"step": N, evaluator: metrics, ...}
@@ -45,6 +46,14 @@ class Workdir:
   @property
   def checkpoints(self) -> str:
     return self.path("checkpoints")
+
+  def checkpoint(self, step: int) -> str:
+    """One step's checkpoint folder (complete only when checkpointing.find_checkpoint says so)."""
+    return self.path("checkpoints", str(step))
+
+  def replicated(self, step: int) -> str:
+    """The `replicated` item of one step's checkpoint (for checkpointing.read_tree)."""
+    return self.path("checkpoints", str(step), "replicated")
 
   @property
   def evals(self) -> str:

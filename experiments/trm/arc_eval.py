@@ -90,7 +90,7 @@ def _empty_votes() -> dict:
 def _check_votes(votes: Any) -> None:
   if not isinstance(votes, dict) or votes.get("format") != VOTES_FORMAT:
     raise ValueError(f"not ARC votes: expected a dict with format {VOTES_FORMAT!r} as returned by "
-                     "arc_eval.collect / merge (per-host files: arc_eval.read_json)")
+                     "arc_eval.collect / merge (per-host files: workdir.read_json)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -313,10 +313,7 @@ def validate_submission(submission: Any, meta: Optional[arc.ArcMetadata] = None,
 # Files (per-host votes, the submission).
 
 def write_json(path: str, obj: Any) -> None:
-  """Write votes / metrics / a submission as JSON from this process (local or gs://, atomically)."""
+  """Write votes / metrics / a submission as JSON from this process (local or gs://, atomically);
+  read back with experiments/common/workdir.read_json."""
   workdir.write_json(path, obj, every_process=True, compact=True)
 
-
-def read_json(path: str) -> Any:
-  """Read what `write_json` wrote (e.g. another host's votes)."""
-  return workdir.read_json(path)

@@ -34,6 +34,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from experiments.common import errors
+from experiments.common import workdir as workdir_lib
 from experiments.trm import arc_eval
 
 ACT_METRICS = "act_metrics"
@@ -64,7 +65,7 @@ class ArcPassAtK:
       multihost_utils.sync_global_devices(f"podlab_arc_eval_{step}")
     if jax.process_index() != 0:
       return {}
-    parts = [arc_eval.read_json(f"{out_dir}/votes_{i}.json") for i in range(jax.process_count())]
+    parts = [workdir_lib.read_json(f"{out_dir}/votes_{i}.json") for i in range(jax.process_count())]
     merged = arc_eval.merge(parts)
     tasks = None if full else arc_eval.voted_tasks(merged)
     metrics, submission = arc_eval.finalize(self.meta, [merged], tasks=tasks)

@@ -51,6 +51,7 @@ import tensorflow as tf  # noqa: E402  pylint: disable=g-import-not-at-top
 
 from experiments.common import checkpointing  # noqa: E402  pylint: disable=g-import-not-at-top
 from experiments.common import distributed  # noqa: E402  pylint: disable=g-import-not-at-top
+from experiments.common import workdir as workdir_lib  # noqa: E402  pylint: disable=g-import-not-at-top
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 TOTAL_STEPS = 24
@@ -145,7 +146,7 @@ def _signal(proc: subprocess.Popen, sig: int, pid_file: Optional[str]) -> None:
 
 def replicated_state(workdir: str, step: int) -> Dict[str, np.ndarray]:
   """The replicated item of checkpoint `step` as {tree path: numpy array} (no templates needed)."""
-  tree = checkpointing.read_tree(os.path.join(workdir, "checkpoints", str(step), "replicated"))
+  tree = checkpointing.read_tree(workdir_lib.Workdir(workdir).replicated(step))
   flat, _ = jax.tree_util.tree_flatten_with_path(tree)
   return {jax.tree_util.keystr(p): v for p, v in flat}
 
@@ -163,11 +164,12 @@ def train_scalars(workdir: str) -> Dict[str, Dict[int, float]]:
 
 
 def complete_steps(workdir: str) -> List[int]:
-  directory = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(directory):
+  """The steps of the workdir's complete checkpoints (checkpointing.find_checkpoint's test)."""
+  run = workdir_lib.Workdir(workdir)
+  if not os.path.isdir(run.checkpoints):
     return []
-  return sorted(int(n) for n in os.listdir(directory) if n.isdigit()
-                and os.path.exists(os.path.join(directory, n, "_CHECKPOINT_METADATA")))
+  steps = sorted(int(n) for n in os.listdir(run.checkpoints) if n.isdigit())
+  return [s for s in steps if checkpointing.find_checkpoint(run.checkpoint(s)) == (run.checkpoints, s)]
 
 
 def same_arrays(a, b) -> bool:
