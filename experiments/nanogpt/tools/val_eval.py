@@ -64,8 +64,8 @@ def load_workdir(workdir: str) -> Tuple[gpt.GPTConfig, Dict[str, Any], int, str]
   if found is None:
     raise EvalInputError(f"--workdir={workdir}: no complete checkpoint in {run.checkpoints}. Fix: "
                          "train first (rerunning the training command resumes)")
-  ckpt_dir, step = found
-  tree = checkpointing.read_tree(f"{ckpt_dir}/{step}/replicated")
+  _, step = found
+  tree = checkpointing.read_tree(run.replicated(step))
   params = jax.tree.map(np.asarray, tree["state"]["params"])
   config = nanogpt_checkpoint.config_from_args(args, args.get("dtype", "float32"))
   return config, params, step, args.get("vocab", "")
