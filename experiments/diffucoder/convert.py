@@ -60,6 +60,7 @@ Synopsis:
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import sys
@@ -68,6 +69,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
 import numpy as np
 
 from experiments.common import errors
@@ -388,10 +391,14 @@ def saved_config(path: str, config: Optional[dream.DreamConfig] = None) -> dream
 
 def restore_params(path: str, config: Optional[dream.DreamConfig] = None, *,
                    sharding: Optional[jax.sharding.Sharding] = None,
+                   shardings: Optional[dict] = None,
                    log: Optional[Callable[[str], None]] = None) -> dict:
   """Restores params written by `save_params`. With `config`, its architecture must equal the saved
   one and the arrays come back in config.param_dtype with the expected shapes (a saved dtype that
-  differs is cast, and `log`, default absl logging.warning, says so from -> to)."""
+  differs is cast, and `log`, default absl logging.warning, says so from -> to). `sharding`: one
+  sharding for every array (default the first device); `shardings`: a {module: {name: Sharding}}
+  tree instead. Each array is read straight into its sharding (`checkpointing.read_tree(target=)`):
+  a device reads only its block, so no host holds the whole model."""
   # pylint: disable-next=g-import-not-at-top  (orbax and TF: only saving and restoring need them)
   from experiments.common import checkpointing
   path = os.path.abspath(path)
@@ -400,10 +407,43 @@ def restore_params(path: str, config: Optional[dream.DreamConfig] = None, *,
   if saved.param_dtype != config.param_dtype:
     (log or logging.warning)(f"{path}: cast the saved parameters {saved.param_dtype.name} -> "
                              f"{config.param_dtype.name} (config.model.param_dtype)")
-  sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                        dream.param_shapes(config))
+  shapes = dream.param_shapes(config)
+  if shardings is None:
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shardings = jax.tree.map(lambda s: sharding, shapes)
+  target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        shapes, shardings)
   return checkpointing.read_tree(os.path.join(path, "params"), target=target)
+
+
+@functools.lru_cache(maxsize=None)
+def _column_gather(sharding: jax.sharding.Sharding) -> Callable[[jax.Array, jax.Array], jax.Array]:
+  """jit(v[..., order]) whose result lands in `sharding` (one compile per sharding and shape)."""
+  return jax.jit(lambda value, order: jnp.take(value, order, axis=-1), out_shardings=sharding)
+
+
+def restore_sharded(path: str, config: dream.DreamConfig, mesh: jax.sharding.Mesh, *,
+                    log: Optional[Callable[[str], None]] = None) -> dict:
+  """An orbax folder (`save_params`) straight into the model-parallel layout on a (data, model)
+  mesh: every array is restored into its partition spec's NamedSharding (each device reads only its
+  block; no host holds the whole model), then the fused qkv_proj / gate_up_proj columns are put in
+  `dream.model_parallel_layout` order on the devices, one tensor at a time (a gather between the
+  model devices: that tensor is held twice while it runs)."""
+  m = mesh.shape[parallel.MODEL_AXIS]
+  dream.check_model_degree(config, m)
+  specs = dream.param_partition_specs(config, parallel.MODEL_AXIS)
+  shardings = jax.tree.map(lambda s, spec: NamedSharding(mesh, spec), dream.param_shapes(config),
+                           specs)
+  params = restore_params(path, config, shardings=shardings, log=log)
+  for module, p in params.items():
+    for name in list(p):
+      value = p[name]
+      order = dream.model_parallel_layout(module, name, np.arange(value.shape[-1]), config, m)
+      if np.array_equal(order, np.arange(value.shape[-1])):
+        continue
+      p[name] = _column_gather(value.sharding)(value, jnp.asarray(order, jnp.int32))
+      value.delete()
+  return params
 
 
 def is_hf_dir(path: str) -> bool:
@@ -430,8 +470,8 @@ def load_checkpoint(path: str, config: dream.DreamConfig, **kwargs) -> dict:
   """`path` is a Hugging Face folder (load_params) or an orbax folder (restore_params).
 
   With `mesh=` (model parallelism): a Hugging Face folder streams each tensor into its device
-  blocks; an orbax folder is restored to host memory (the model once) and then placed tensor by
-  tensor the same way.
+  blocks; an orbax folder is restored sharded (`restore_sharded`: each device reads its blocks).
+  Neither holds the whole model on a host.
   """
   _check_folder(path)
   if is_hf_dir(path):
@@ -439,14 +479,7 @@ def load_checkpoint(path: str, config: dream.DreamConfig, **kwargs) -> dict:
   mesh = kwargs.get("mesh")
   if mesh is None:
     return restore_params(path, config, log=kwargs.get("log"))
-  host = restore_params(path, config, log=kwargs.get("log"),
-                        sharding=jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0]))
-  place_param = model_parallel_placer(config, mesh)
-  out: Dict[str, Dict[str, jax.Array]] = {}
-  for module in list(host):
-    for name in list(host[module]):
-      out.setdefault(module, {})[name] = place_param(module, name, np.asarray(host[module].pop(name)))
-  return out
+  return restore_sharded(path, config, mesh, log=kwargs.get("log"))
 
 
 # --------------------------------------------------------------------------------------------------
