@@ -59,8 +59,10 @@ Synopsis:
 
 from __future__ import annotations
 
+import argparse
 import collections
 import functools
+import importlib.util
 import json
 import os
 import sys
@@ -73,6 +75,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 import numpy as np
 
+from experiments.common import config_utils
 from experiments.common import errors
 from experiments.common import parallel
 from experiments.common import safetensors_io as st
@@ -196,7 +199,7 @@ def config_from_hf_json(path: str, **overrides) -> dream.DreamConfig:
   try:
     with open(path) as f:
       hf = json.load(f)
-  except (OSError, ValueError) as e:
+  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ConversionError(f"{path}: cannot read the model config ({type(e).__name__}: {e}). Fix: "
                           "pass --config=configs/<model>.py") from None
   missing = [k for k in _HF_FIELDS if k not in hf]
@@ -214,7 +217,7 @@ def config_from_hf_json(path: str, **overrides) -> dream.DreamConfig:
                             "--dtype=bfloat16 (or float32) to cast the weights")
     fields.update(dtype=torch_dtype, param_dtype=torch_dtype)
   fields.update(overrides)
-  return dream.DreamConfig(**fields)
+  return dream_config_from(fields, path)
 
 
 def model_overrides(fields: Dict[str, object]) -> str:
@@ -549,8 +552,6 @@ def write_random_checkpoint(out_dir: str, config: dream.DreamConfig, *, seed: in
 
 def _load_config_file(path: str):
   """`configs/tiny.py[:arg]` (relative to the working directory or this folder) -> ConfigDict."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  from experiments.common import config_utils  # pylint: disable=g-import-not-at-top
   argv = config_utils.resolve_config_argv(["x", f"--config={path}"], os.path.dirname(__file__))
   file_path, _, arg = argv[1].split("=", 1)[1].partition(":")
   spec = importlib.util.spec_from_file_location("_diffucoder_config", file_path)
@@ -559,8 +560,17 @@ def _load_config_file(path: str):
   return mod.get_config(arg or None)
 
 
+def dream_config_from(fields: Dict[str, object], source: str) -> dream.DreamConfig:
+  """DreamConfig.from_dict(fields); a bad field (DreamConfig's ValueError, which names the field,
+  the value and what it must be) becomes a ConversionError naming `source` (one line, exit 2)."""
+  try:
+    return dream.DreamConfig.from_dict(fields)
+  except ValueError as e:
+    raise ConversionError(f"{source}: {e}. Fix: correct that field (or its "
+                          "--config.model. override)") from None
+
+
 def main(argv: Sequence[str]) -> int:
-  import argparse  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(
       prog="python -m experiments.diffucoder.convert",
       description="Hugging Face Dream/DiffuCoder safetensors -> podlab orbax params.")
@@ -596,7 +606,11 @@ def main(argv: Sequence[str]) -> int:
   config, tokens = None, None
   if args.config:
     c = _load_config_file(args.config)
-    config = dream.DreamConfig.from_dict({**c.model.to_dict(), **overrides})
+    try:
+      config = dream_config_from({**c.model.to_dict(), **overrides}, f"--config={args.config}")
+    except errors.USER_ERRORS as e:
+      print(f"error: {e}", file=sys.stderr)
+      return errors.exit_code(e)
     tokens = c.tokens.to_dict()
   if args.write_random:
     if config is None:
@@ -611,9 +625,9 @@ def main(argv: Sequence[str]) -> int:
   try:
     if config is None:
       config = config_from_hf_json(os.path.join(args.hf_dir, CONFIG_JSON), **overrides)
-  except (ConversionError, ValueError) as e:
+  except errors.USER_ERRORS as e:          # podlab's errors: one line; anything else is a bug
     print(f"error: {e}", file=sys.stderr)
-    return 1
+    return errors.exit_code(e)
   start = time.time()
   done = [0]
   total = len(param_sources(config))
@@ -626,9 +640,9 @@ def main(argv: Sequence[str]) -> int:
   try:
     params = load_params(args.hf_dir, config, allow_cast=args.cast or bool(args.dtype),
                          progress=progress, log=log)
-  except ConversionError as e:
+  except errors.USER_ERRORS as e:
     print(f"\nerror: {e}", file=sys.stderr)
-    return 1
+    return errors.exit_code(e)
   print(file=sys.stderr)
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   print(f"loaded {n:,} parameters ({len(jax.tree.leaves(params))} arrays, "
