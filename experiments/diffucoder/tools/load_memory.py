@@ -26,8 +26,13 @@ from typing import Any, Dict, List
 
 from absl import app
 from absl import flags
+import jax
+import numpy as np
 
 from experiments.common import console
+from experiments.common import parallel
+from experiments.diffucoder import convert
+from modules import dream
 
 _DIR = flags.DEFINE_string("dir", "/tmp/dream_load_memory", "Where the random checkpoint is written.")
 _MESHES = flags.DEFINE_list("meshes", ["1x4", "1x8"], "data x model meshes.")
@@ -50,11 +55,6 @@ def _status(field: str) -> int:
 
 def child(mesh_text: str) -> Dict[str, Any]:
   """Loads --dir onto a data x model mesh; returns the memory figures (bytes)."""
-  import jax  # pylint: disable=g-import-not-at-top  (after XLA_FLAGS is set by the parent)
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.common import parallel  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder import convert  # pylint: disable=g-import-not-at-top
-  from modules import dream  # pylint: disable=g-import-not-at-top
   data, model = (int(x) for x in mesh_text.split("x"))
   config = dream.DreamConfig(**CONFIG)
   mesh = parallel.mesh_2d(data, model)
@@ -77,8 +77,6 @@ def main(argv) -> None:
   if _CHILD.value:
     print(json.dumps(child(_CHILD.value)), flush=True)
     return
-  from experiments.diffucoder import convert  # pylint: disable=g-import-not-at-top
-  from modules import dream  # pylint: disable=g-import-not-at-top
   config = dream.DreamConfig(**CONFIG)
   if not os.path.isfile(os.path.join(_DIR.value, "config.json")):
     console.say(f"writing a random {dream.count_params(config) * 2 / 1e9:.2f} GB Dream to {_DIR.value}")
