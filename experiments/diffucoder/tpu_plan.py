@@ -31,7 +31,7 @@ Synopsis (needs libtpu; one compile takes about a minute on 2 CPU cores):
 from __future__ import annotations
 
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence
 
 from absl import app
 from absl import flags
