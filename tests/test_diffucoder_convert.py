@@ -250,7 +250,7 @@ def test_torch_dtype_is_honoured_and_casts_are_logged(tmp_path, capsys):
   np.testing.assert_array_equal(np.asarray(p16["dream/lm_head"]["w"]),
                                 np.asarray(restored["dream/lm_head"]["w"]).astype(jnp.bfloat16))
   # A bfloat16 config on the float32 folder: refused without a cast, with the fix; --cast logs.
-  assert convert.main(["--hf_dir", d, "--config", "configs/tiny.py"]) == 1
+  assert convert.main(["--hf_dir", d, "--config", "configs/tiny.py"]) == 2
   err = capsys.readouterr().err
   assert ("Fix: set config.model.param_dtype to the checkpoint's dtype (--config.model."
           "param_dtype=float32 --config.model.dtype=float32), or cast to bfloat16: "
@@ -273,9 +273,20 @@ def test_torch_dtype_is_honoured_and_casts_are_logged(tmp_path, capsys):
   hf = json.load(open(os.path.join(d, "config.json")))
   hf["torch_dtype"] = "float64"
   json.dump(hf, open(os.path.join(d, "config.json"), "w"))
-  assert convert.main(["--hf_dir", d]) == 1
+  assert convert.main(["--hf_dir", d]) == 2
   assert "torch_dtype='float64' is not one of" in capsys.readouterr().err
   assert convert.main(["--hf_dir", d, "--dtype", "float32"]) == 0
+  capsys.readouterr()
+  # A bad architecture override: one line naming the source, the field, the value and the fix
+  # (exit 2), from config.json + overrides and from --config + overrides alike.
+  assert convert.main(["--hf_dir", d, "--dtype", "float32", "--config.model.num_kv_heads=3"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: {os.path.join(d, 'config.json')}: DreamConfig.num_kv_heads=3: must divide "
+                 "num_heads=4. Fix: correct that field (or its --config.model. override)"]
+  assert convert.main(["--hf_dir", d, "--config", "configs/tiny.py",
+                       "--config.model.num_heads=3"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: --config=configs/tiny.py: DreamConfig.num_heads=3")
 
 
 # --------------------------------------------------------------------------------------------------

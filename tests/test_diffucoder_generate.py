@@ -1,6 +1,7 @@
 """DiffuCoder generation with the tiny random Dream: padding invariance, data parallelism, the
 `generate.run` pipeline (checkpoint + tokenizer + batching + stop ids) and the CLI."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -12,6 +13,9 @@ import numpy as np
 import pytest
 
 from experiments.common import config_utils
+from experiments.common import errors
+from experiments.common import tpu
+from experiments.diffucoder import benchmark
 from experiments.diffucoder import convert
 from experiments.diffucoder import generate
 from experiments.diffucoder import sampling
@@ -172,7 +176,6 @@ def test_cli_writes_jsonl(tmp_path):
 
 
 def test_benchmark_analytic_flops_match_xla_cost_analysis():
-  from experiments.diffucoder import benchmark
   config = benchmark.small_config(hidden=128, layers=2, heads=4, kv_heads=2, vocab=1024,
                                   dtype="float32")
   forward = generate.model_forward(config)
@@ -193,7 +196,6 @@ def test_benchmark_analytic_flops_match_xla_cost_analysis():
 
 @pytest.mark.slow
 def test_benchmark_cell_reports_consistent_numbers():
-  from experiments.diffucoder import benchmark
   config = benchmark.small_config(hidden=32, layers=1, heads=2, kv_heads=1, vocab=64,
                                   dtype="float32")
   params = benchmark._random_params(config)
@@ -206,7 +208,6 @@ def test_benchmark_cell_reports_consistent_numbers():
 
 @pytest.mark.parametrize("name", ["diffucoder_7b_base", "diffucoder_7b_instruct", "dream_7b_base"])
 def test_model_card_configs_offer_harness_and_card_top_k(name):
-  import importlib
   module = importlib.import_module(f"experiments.diffucoder.configs.{name}")
   harness, card = module.get_config(), module.get_config("sampler=card")
   assert module.get_config("sampler=harness").to_dict() == harness.to_dict()
@@ -262,7 +263,6 @@ def test_write_tiny_tokenizer_writes_nothing_before_the_size_check_passes(tmp_pa
 @pytest.mark.slow
 def test_benchmark_compare_decodings_on_given_params():
   """Mode 2 takes any Dream config + params: rows are the Runner's own decodings, scored right."""
-  from experiments.diffucoder import benchmark
   forward, params = _model()
   cfg = dream.tiny_config(dtype="float32", param_dtype="float32")
   prompt, valid = sampling.left_pad([[5, 6, 7, 8], [9, 10, 11, 12]], PAD)
@@ -284,3 +284,36 @@ def test_benchmark_compare_decodings_on_given_params():
     np.testing.assert_allclose(r["tokens_per_s"], 16 / r["seconds"])
   assert rows[0]["agreement"] == rows[0]["speedup"] == 1.0
   assert rows[2]["forwards"] == 2 * 4              # per block: the refresh + 3 cached forwards
+
+
+def test_benchmark_cli_is_an_entry_program_with_one_line_errors():
+  """benchmark.py runs on entry.run_program: two modes at once, or a global batch that does not
+  split over a TPU slice's devices, is one line and exit 2 (checked before any compile)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  for args, line in [
+      (["--compare", "--trained=/nonexistent"],
+       "error: --compare and --trained: two modes at once. Fix: pick one"),
+      (["--dry_run", "--target=v2-8", "--global_batch=3"],
+       "error: --global_batch=3 does not split over the 8 data groups of v2-8 at "
+       "--model_parallel=1. Fix: use a multiple of 8")]:
+    proc = subprocess.run([sys.executable, "-m", "experiments.diffucoder.benchmark", *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == line
+
+
+def test_benchmark_tpu_dry_run_is_generate_dry_runs_program():
+  """`benchmark --dry_run --target=TPU` compiles through tpu_plan.dry_run (generate.py --dry_run's
+  program): here the tiny model's step on a v5e-8 at model_parallel 2, 8 rows of 32 tokens."""
+  try:
+    tpu.load_libtpu()
+  except tpu.LibtpuMissingError as e:
+    pytest.skip(f"needs libtpu: {e}")
+  opts = sampling.SamplerOptions(alg="entropy", temperature=0.4, top_p=0.95)
+  text = benchmark.run_dry_tpu("v5e-8", dream.tiny_config(), global_batch=8, canvas=32,
+                               opts=opts, model_parallel=2)
+  assert "dream sampling step b8 mp2" in text and "v5litepod-8" in text
+  assert "The generation loop runs the step 24 times per batch" in text   # 32 - 8 prompt tokens
+  with pytest.raises(errors.BadInput, match=r"--global_batch=6 does not split over the 4 data "
+                     r"groups of v5litepod-8 at --model_parallel=2. Fix: use a multiple of 4"):
+    benchmark.run_dry_tpu("v5e-8", dream.tiny_config(), global_batch=6, canvas=32, model_parallel=2)

@@ -9,8 +9,10 @@ Four modes:
   #    confidence-threshold parallel decoding, podlab's variant and Fast-dLLM's exact loop:
   #    forwards, seconds, tokens/s, speed-up, agreement
   python -m experiments.diffucoder.benchmark --compare [--checkpoint=DIR]
-  # 3. the 7.6B config's compiled step on N fake CPU devices: memory per device and FLOPs per step
-  python -m experiments.diffucoder.benchmark --dry_run --devices=1,4,8 --global_batch=8 --canvas=512
+  # 3. the 7.6B config's compiled step for a TPU slice (libtpu, as generate.py --dry_run) or, with
+  #    --target=cpu, on N fake CPU devices (XLA:CPU): memory per device and FLOPs per step
+  python -m experiments.diffucoder.benchmark --dry_run --target=v5e-8 --global_batch=8 --canvas=512
+  python -m experiments.diffucoder.benchmark --dry_run --target=cpu --devices=1,4,8 --global_batch=8
   # 4. mode 2 on a TRAINED masked-diffusion model (a workdir of experiments.diffucoder.main; what
   #    `make diffucoder-bench` runs), with the completions' likelihood under the plain model
   python -m experiments.diffucoder.benchmark --trained=workdirs/shakespeare_mdm
@@ -37,7 +39,10 @@ any Dream config and parameters (e.g. a trained one) and returns the rows with t
 `--logit_scale` multiplies the random model's output head: a random model's distributions are nearly
 flat, so confidence thresholds never fire; scaling the logits makes it confident like a trained one.
 
-Mode 3 sets `--xla_force_host_platform_device_count=N` for a child process per N (before JAX starts),
+Mode 3 with a TPU --target (v2-8, v5e-8, ...) compiles the step with `--model_parallel` (default 1)
+for that slice through `tpu_plan.dry_run`, the program and table of `generate.py --dry_run`
+(COMPILER ESTIMATES; a step that does not fit exits 2 naming the degree that does). With
+--target=cpu (or none) it sets `--xla_force_host_platform_device_count=N` for a child process per N (before JAX starts),
 builds the 7.6B parameters abstractly (`jax.eval_shape`, nothing allocated), lowers the pmapped plain
 step (params replicated; global_batch / N rows per device) and prints per device: arguments (weights
 + canvas), temp and output bytes of `memory_analysis()` (XLA CPU's estimate; TPU's differs), and
@@ -59,6 +64,7 @@ Shape glossary: B batch (rows), L canvas length, V vocabulary, N devices (mode 3
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -72,17 +78,20 @@ from experiments.common import console
 
 console.quiet_native_logs()     # before TensorFlow (the data pipeline of mode 4) and XLA load
 
-from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from experiments.common import entry  # noqa: E402
 from experiments.common import errors  # noqa: E402
 from experiments.common import parallel  # noqa: E402
+from experiments.common import tpu  # noqa: E402
 from experiments.common import trainer  # noqa: E402
+from experiments.common import workdir as workdir_lib  # noqa: E402
 from experiments.diffucoder import convert  # noqa: E402
 from experiments.diffucoder import sampling  # noqa: E402
+from experiments.diffucoder import tpu_plan  # noqa: E402
 from experiments.diffucoder import train  # noqa: E402
 from modules import dream  # noqa: E402
 
@@ -93,7 +102,7 @@ def _define_flags() -> None:
   # pylint: disable=global-statement
   global _BATCHES, _CANVASES, _TIMED, _HIDDEN, _LAYERS, _HEADS, _KV_HEADS, _VOCAB, _DTYPE, _ALG
   global _TEMPERATURE, _TOP_P, _COMPARE, _COMPARE_PROMPTS, _PROMPT_LEN, _NEW, _BLOCK, _THRESHOLD
-  global _REPEATS, _LOGIT_SCALE, _DRY_RUN, _DEVICES, _GLOBAL_BATCH, _CANVAS, _PROMPT_FRACTION
+  global _REPEATS, _LOGIT_SCALE, _DEVICES, _GLOBAL_BATCH, _CANVAS, _PROMPT_FRACTION, _MODEL_PARALLEL
   global _JSON_OUT, _CHILD, _CHECKPOINT, _MASK_ID, _TRAINED, _STEPS
   _BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "16", "32"], "Batch sizes.")
   _CANVASES = flags.DEFINE_list("canvases", ["256", "512"], "Canvas lengths.")
@@ -125,8 +134,9 @@ def _define_flags() -> None:
                                     "Dream folder to compare on instead of a random model.")
   _MASK_ID = flags.DEFINE_integer("mask_id", None, "Mode 2 with --checkpoint: the <|mask|> id "
                                   "(default: config.json's mask_token_id).")
-  _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Mode 3: the 7.6B step on fake CPU devices.")
-  _DEVICES = flags.DEFINE_list("devices", ["1", "4", "8"], "Mode 3: device counts.")
+  _DEVICES = flags.DEFINE_list("devices", ["1", "4", "8"], "Mode 3 (--target=cpu): device counts.")
+  _MODEL_PARALLEL = flags.DEFINE_integer("model_parallel", 1, "Mode 3 with --target=TPU: the "
+                                         "model-parallel degree (1, 2 or 4).")
   _GLOBAL_BATCH = flags.DEFINE_integer("global_batch", 8, "Mode 3: rows over all devices.")
   _CANVAS = flags.DEFINE_integer("canvas", 512, "Mode 3: canvas length (prompt + new tokens).")
   _PROMPT_FRACTION = flags.DEFINE_float("prompt_fraction", 0.25, "Prompt share of the canvas.")
@@ -134,6 +144,7 @@ def _define_flags() -> None:
   _CHILD = flags.DEFINE_integer("dry_run_child", 0, "(internal) compile for this many devices.")
 
 GB = 1e9
+EXPERIMENT_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def small_config(hidden=128, layers=2, heads=4, kv_heads=2, vocab=1024, dtype="bfloat16"):
@@ -154,15 +165,7 @@ def sampler_forward(config):
   return forward
 
 
-def analytic_flops(config, batch: int, canvas: int) -> float:
-  """Model FLOPs of one full forward over a [batch, canvas] canvas (2 per multiply-add; matmuls):
-  projections + SwiGLU per layer, attention scores and values (4 L^2 H Dh per layer), the head."""
-  D, F, H, K, Dh = (config.hidden_size, config.intermediate_size, config.num_heads,
-                    config.num_kv_heads, config.head_dim)
-  per_token = config.num_layers * (2 * D * (H + 2 * K) * Dh + 2 * H * Dh * D + 6 * D * F)
-  per_token += 2 * D * config.vocab_size
-  attention = config.num_layers * 4 * canvas * canvas * H * Dh
-  return float(batch) * (canvas * per_token + attention)
+analytic_flops = tpu_plan.analytic_flops      # one forward's model FLOPs (tests and mode 1 use it)
 
 
 def _random_params(config, seed=0):
@@ -321,7 +324,8 @@ def _compare_model():
       config, mask = convert.saved_config(path), None
     mask = _MASK_ID.value if _MASK_ID.value is not None else mask
     if mask is None:
-      raise app.UsageError(f"--checkpoint={path}: no mask_token_id in its config; pass --mask_id")
+      raise errors.BadInput(f"--checkpoint={path}: its config has no mask_token_id. Fix: pass "
+                            "--mask_id=ID (the <|mask|> token's id)")
     params = convert.load_checkpoint(path, config)
     return config, params, int(mask), f"checkpoint {path}"
   config = small_config(_HIDDEN.value, _LAYERS.value, _HEADS.value, _KV_HEADS.value, _VOCAB.value,
@@ -460,8 +464,9 @@ def run_trained(workdir: str) -> List[Dict[str, Any]]:
   P = _PROMPT_LEN.value or int(config.seq_len) - new
   n = _COMPARE_PROMPTS.value or 16
   if P < 1 or P + new > len(val):
-    raise app.UsageError(f"--prompt_len={P} --max_new_tokens={new}: need a prompt of >= 1 token "
-                         f"and prompt + new tokens <= the val split's {len(val)} tokens")
+    raise errors.BadInput(f"--prompt_len={P} --max_new_tokens={new}: a prompt needs >= 1 token and "
+                          f"prompt + new tokens must fit the val split's {len(val)} tokens. Fix: "
+                          "pass a smaller --prompt_len or --max_new_tokens")
   offsets = np.round(np.linspace(0, len(val) - P - new, n)).astype(np.int64)
   prompt = np.stack([val[o:o + P] for o in offsets]).astype(np.int32)
   truth = np.stack([val[o + P:o + P + new] for o in offsets]).astype(np.int32)
@@ -469,7 +474,8 @@ def run_trained(workdir: str) -> List[Dict[str, Any]]:
   rows = trained_table(model, params, prompt, truth, mask_id=int(config.mask_id), new_tokens=new,
                        block_length=_BLOCK.value, threshold=_THRESHOLD.value, steps=steps,
                        repeats=_REPEATS.value)
-  final = (workdir_json(workdir, "final_eval.json") or {}).get("eval", {})
+  final = (workdir_lib.read_json_if_exists(workdir_lib.Workdir(workdir).final_eval)
+           or {}).get("eval", {})
   held = (f"; held-out masked_ce {final['masked_ce']:.4f} vs unigram {final['unigram_ce']:.4f}"
           if final else "")
   print(f"trained masked-diffusion Dream {workdir} at step {step} ({dream.count_params(model):,} "
@@ -489,14 +495,6 @@ def run_trained(workdir: str) -> List[Dict[str, Any]]:
   for r in rows:
     r.pop("tokens")
   return rows
-
-
-def workdir_json(workdir: str, name: str):
-  path = os.path.join(workdir, name)
-  if not os.path.isfile(path):
-    return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
 
 
 def dry_run_child(n: int) -> Dict[str, Any]:
@@ -556,6 +554,8 @@ def run_dry(counts: Sequence[int]) -> List[Dict[str, Any]]:
     proc = subprocess.run(args, env=env, capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(
                               os.path.abspath(__file__)))))
+    if proc.returncode == errors.EXIT_BAD_INPUT:       # the child's one-line error, as ours
+      raise errors.BadInput(proc.stderr.strip().splitlines()[-1].removeprefix("error: "))
     if proc.returncode:
       print(proc.stderr[-3000:], file=sys.stderr)
       raise RuntimeError(f"dry run for {n} devices failed (exit {proc.returncode})")
@@ -573,29 +573,51 @@ def run_dry(counts: Sequence[int]) -> List[Dict[str, Any]]:
   return rows
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  console.quiet_libraries()
+def run_dry_tpu(target_name: str, config: dream.DreamConfig = dream.DIFFUCODER_7B, *,
+                global_batch: int, canvas: int, prompt_fraction: float = 0.25,
+                opts: sampling.SamplerOptions = sampling.SamplerOptions(), model_parallel: int = 1
+                ) -> str:
+  """Mode 3 with --target=TPU: the plain step of `config` (global_batch rows of `canvas` tokens,
+  the first prompt_fraction of them the prompt, `opts`' sampler with steps = new tokens) compiled
+  for the slice by libtpu, through `tpu_plan.dry_run` (generate.py --dry_run's program and table)."""
+  target = tpu.parse_target(target_name)
+  m = int(model_parallel)
+  groups = target.num_devices // m if m >= 1 and target.num_devices % m == 0 else 0
+  if groups and global_batch % groups:
+    raise errors.BadInput(f"--global_batch={global_batch} does not split over the {groups} data "
+                          f"groups of {target.name} at --model_parallel={m}. Fix: use a multiple "
+                          f"of {groups}")
+  start = max(int(canvas * prompt_fraction), 1)
+  opts = dataclasses.replace(opts, steps=canvas - start)
+  return tpu_plan.dry_run(target_name, config, opts, batch_size=global_batch // max(groups, 1),
+                          model_parallel=m, max_new_tokens=canvas - start, prompt=start)
+
+
+def main() -> None:
+  """The program (entry.run_program: the shared flags, one-line errors and exit codes)."""
   if _CHILD.value:
     print(json.dumps(dry_run_child(_CHILD.value)), flush=True)
     return
-  modes = [name for name, on in (("--dry_run", _DRY_RUN.value), ("--compare", _COMPARE.value),
+  target = entry.dry_run_target()
+  modes = [name for name, on in (("--dry_run", target is not None), ("--compare", _COMPARE.value),
                                   ("--trained", bool(_TRAINED.value))) if on]
   if len(modes) > 1:
-    raise app.UsageError(f"{' and '.join(modes)}: pick one mode")
-  try:
-    if _DRY_RUN.value:
-      rows = run_dry([int(n) for n in _DEVICES.value])
-    elif _TRAINED.value:
-      rows = run_trained(_TRAINED.value)
-    elif _COMPARE.value:
-      rows = run_compare()
-    else:
-      rows = run_table()
-  except errors.USER_ERRORS as e:       # podlab's bad-input errors: one line (as entry.py does)
-    print(f"error: {e}", file=sys.stderr, flush=True)
-    sys.exit(errors.exit_code(e))
+    raise errors.BadInput(f"{' and '.join(modes)}: two modes at once. Fix: pick one")
+  if target and target != "cpu":
+    opts = sampling.SamplerOptions(alg=_ALG.value, temperature=_TEMPERATURE.value,
+                                   top_p=_TOP_P.value)
+    print(run_dry_tpu(target, global_batch=_GLOBAL_BATCH.value, canvas=_CANVAS.value,
+                      prompt_fraction=_PROMPT_FRACTION.value, opts=opts,
+                      model_parallel=_MODEL_PARALLEL.value), flush=True)
+    return
+  if target is not None:                  # --dry_run [--target=cpu]: XLA:CPU on fake devices
+    rows = run_dry([int(n) for n in _DEVICES.value])
+  elif _TRAINED.value:
+    rows = run_trained(_TRAINED.value)
+  elif _COMPARE.value:
+    rows = run_compare()
+  else:
+    rows = run_table()
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "w") as f:
       json.dump(rows, f, indent=1)
@@ -603,4 +625,4 @@ def main(argv):
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  entry.run_program(EXPERIMENT_DIR, main, required=())

@@ -59,7 +59,10 @@ Synopsis:
 
 from __future__ import annotations
 
+import argparse
 import collections
+import functools
+import importlib.util
 import json
 import os
 import sys
@@ -68,8 +71,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
 import numpy as np
 
+from experiments.common import config_utils
 from experiments.common import errors
 from experiments.common import parallel
 from experiments.common import safetensors_io as st
@@ -193,7 +199,7 @@ def config_from_hf_json(path: str, **overrides) -> dream.DreamConfig:
   try:
     with open(path) as f:
       hf = json.load(f)
-  except (OSError, ValueError) as e:
+  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ConversionError(f"{path}: cannot read the model config ({type(e).__name__}: {e}). Fix: "
                           "pass --config=configs/<model>.py") from None
   missing = [k for k in _HF_FIELDS if k not in hf]
@@ -211,7 +217,7 @@ def config_from_hf_json(path: str, **overrides) -> dream.DreamConfig:
                             "--dtype=bfloat16 (or float32) to cast the weights")
     fields.update(dtype=torch_dtype, param_dtype=torch_dtype)
   fields.update(overrides)
-  return dream.DreamConfig(**fields)
+  return dream_config_from(fields, path)
 
 
 def model_overrides(fields: Dict[str, object]) -> str:
@@ -388,10 +394,14 @@ def saved_config(path: str, config: Optional[dream.DreamConfig] = None) -> dream
 
 def restore_params(path: str, config: Optional[dream.DreamConfig] = None, *,
                    sharding: Optional[jax.sharding.Sharding] = None,
+                   shardings: Optional[dict] = None,
                    log: Optional[Callable[[str], None]] = None) -> dict:
   """Restores params written by `save_params`. With `config`, its architecture must equal the saved
   one and the arrays come back in config.param_dtype with the expected shapes (a saved dtype that
-  differs is cast, and `log`, default absl logging.warning, says so from -> to)."""
+  differs is cast, and `log`, default absl logging.warning, says so from -> to). `sharding`: one
+  sharding for every array (default the first device); `shardings`: a {module: {name: Sharding}}
+  tree instead. Each array is read straight into its sharding (`checkpointing.read_tree(target=)`):
+  a device reads only its block, so no host holds the whole model."""
   # pylint: disable-next=g-import-not-at-top  (orbax and TF: only saving and restoring need them)
   from experiments.common import checkpointing
   path = os.path.abspath(path)
@@ -400,10 +410,43 @@ def restore_params(path: str, config: Optional[dream.DreamConfig] = None, *,
   if saved.param_dtype != config.param_dtype:
     (log or logging.warning)(f"{path}: cast the saved parameters {saved.param_dtype.name} -> "
                              f"{config.param_dtype.name} (config.model.param_dtype)")
-  sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                        dream.param_shapes(config))
+  shapes = dream.param_shapes(config)
+  if shardings is None:
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shardings = jax.tree.map(lambda s: sharding, shapes)
+  target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        shapes, shardings)
   return checkpointing.read_tree(os.path.join(path, "params"), target=target)
+
+
+@functools.lru_cache(maxsize=None)
+def _column_gather(sharding: jax.sharding.Sharding) -> Callable[[jax.Array, jax.Array], jax.Array]:
+  """jit(v[..., order]) whose result lands in `sharding` (one compile per sharding and shape)."""
+  return jax.jit(lambda value, order: jnp.take(value, order, axis=-1), out_shardings=sharding)
+
+
+def restore_sharded(path: str, config: dream.DreamConfig, mesh: jax.sharding.Mesh, *,
+                    log: Optional[Callable[[str], None]] = None) -> dict:
+  """An orbax folder (`save_params`) straight into the model-parallel layout on a (data, model)
+  mesh: every array is restored into its partition spec's NamedSharding (each device reads only its
+  block; no host holds the whole model), then the fused qkv_proj / gate_up_proj columns are put in
+  `dream.model_parallel_layout` order on the devices, one tensor at a time (a gather between the
+  model devices: that tensor is held twice while it runs)."""
+  m = mesh.shape[parallel.MODEL_AXIS]
+  dream.check_model_degree(config, m)
+  specs = dream.param_partition_specs(config, parallel.MODEL_AXIS)
+  shardings = jax.tree.map(lambda s, spec: NamedSharding(mesh, spec), dream.param_shapes(config),
+                           specs)
+  params = restore_params(path, config, shardings=shardings, log=log)
+  for module, p in params.items():
+    for name in list(p):
+      value = p[name]
+      order = dream.model_parallel_layout(module, name, np.arange(value.shape[-1]), config, m)
+      if np.array_equal(order, np.arange(value.shape[-1])):
+        continue
+      p[name] = _column_gather(value.sharding)(value, jnp.asarray(order, jnp.int32))
+      value.delete()
+  return params
 
 
 def is_hf_dir(path: str) -> bool:
@@ -430,8 +473,8 @@ def load_checkpoint(path: str, config: dream.DreamConfig, **kwargs) -> dict:
   """`path` is a Hugging Face folder (load_params) or an orbax folder (restore_params).
 
   With `mesh=` (model parallelism): a Hugging Face folder streams each tensor into its device
-  blocks; an orbax folder is restored to host memory (the model once) and then placed tensor by
-  tensor the same way.
+  blocks; an orbax folder is restored sharded (`restore_sharded`: each device reads its blocks).
+  Neither holds the whole model on a host.
   """
   _check_folder(path)
   if is_hf_dir(path):
@@ -439,14 +482,7 @@ def load_checkpoint(path: str, config: dream.DreamConfig, **kwargs) -> dict:
   mesh = kwargs.get("mesh")
   if mesh is None:
     return restore_params(path, config, log=kwargs.get("log"))
-  host = restore_params(path, config, log=kwargs.get("log"),
-                        sharding=jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0]))
-  place_param = model_parallel_placer(config, mesh)
-  out: Dict[str, Dict[str, jax.Array]] = {}
-  for module in list(host):
-    for name in list(host[module]):
-      out.setdefault(module, {})[name] = place_param(module, name, np.asarray(host[module].pop(name)))
-  return out
+  return restore_sharded(path, config, mesh, log=kwargs.get("log"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -516,8 +552,6 @@ def write_random_checkpoint(out_dir: str, config: dream.DreamConfig, *, seed: in
 
 def _load_config_file(path: str):
   """`configs/tiny.py[:arg]` (relative to the working directory or this folder) -> ConfigDict."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  from experiments.common import config_utils  # pylint: disable=g-import-not-at-top
   argv = config_utils.resolve_config_argv(["x", f"--config={path}"], os.path.dirname(__file__))
   file_path, _, arg = argv[1].split("=", 1)[1].partition(":")
   spec = importlib.util.spec_from_file_location("_diffucoder_config", file_path)
@@ -526,8 +560,17 @@ def _load_config_file(path: str):
   return mod.get_config(arg or None)
 
 
+def dream_config_from(fields: Dict[str, object], source: str) -> dream.DreamConfig:
+  """DreamConfig.from_dict(fields); a bad field (DreamConfig's ValueError, which names the field,
+  the value and what it must be) becomes a ConversionError naming `source` (one line, exit 2)."""
+  try:
+    return dream.DreamConfig.from_dict(fields)
+  except ValueError as e:
+    raise ConversionError(f"{source}: {e}. Fix: correct that field (or its "
+                          "--config.model. override)") from None
+
+
 def main(argv: Sequence[str]) -> int:
-  import argparse  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(
       prog="python -m experiments.diffucoder.convert",
       description="Hugging Face Dream/DiffuCoder safetensors -> podlab orbax params.")
@@ -563,7 +606,11 @@ def main(argv: Sequence[str]) -> int:
   config, tokens = None, None
   if args.config:
     c = _load_config_file(args.config)
-    config = dream.DreamConfig.from_dict({**c.model.to_dict(), **overrides})
+    try:
+      config = dream_config_from({**c.model.to_dict(), **overrides}, f"--config={args.config}")
+    except errors.USER_ERRORS as e:
+      print(f"error: {e}", file=sys.stderr)
+      return errors.exit_code(e)
     tokens = c.tokens.to_dict()
   if args.write_random:
     if config is None:
@@ -578,9 +625,9 @@ def main(argv: Sequence[str]) -> int:
   try:
     if config is None:
       config = config_from_hf_json(os.path.join(args.hf_dir, CONFIG_JSON), **overrides)
-  except (ConversionError, ValueError) as e:
+  except errors.USER_ERRORS as e:          # podlab's errors: one line; anything else is a bug
     print(f"error: {e}", file=sys.stderr)
-    return 1
+    return errors.exit_code(e)
   start = time.time()
   done = [0]
   total = len(param_sources(config))
@@ -593,9 +640,9 @@ def main(argv: Sequence[str]) -> int:
   try:
     params = load_params(args.hf_dir, config, allow_cast=args.cast or bool(args.dtype),
                          progress=progress, log=log)
-  except ConversionError as e:
+  except errors.USER_ERRORS as e:
     print(f"\nerror: {e}", file=sys.stderr)
-    return 1
+    return errors.exit_code(e)
   print(file=sys.stderr)
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   print(f"loaded {n:,} parameters ({len(jax.tree.leaves(params))} arrays, "

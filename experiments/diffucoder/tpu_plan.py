@@ -14,6 +14,8 @@ setting) each step fixes one token per row, so tokens/s = batch / step time.
 
   python -m experiments.diffucoder.tpu_plan --target=v5e-8 --batch=8            # smallest degree
   python -m experiments.diffucoder.tpu_plan --target=v2-8 --batch=1 --model_parallel=4
+  # the instruct configs' sampler (temperature 0.4, top_p 0.95) instead of greedy decoding
+  python -m experiments.diffucoder.tpu_plan --target=v2-8 --batch=8 --sampler=top_p
   # a whole block of Fast-dLLM's loop (dual KV cache, threshold 0.9, blocks of 32): memory only
   python -m experiments.diffucoder.tpu_plan --target=v5e-8 --batch=8 --model_parallel=2 --block
 
@@ -29,7 +31,7 @@ Synopsis (needs libtpu; one compile takes about a minute on 2 CPU cores):
 from __future__ import annotations
 
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -43,7 +45,6 @@ from experiments.common import distributed
 from experiments.common import errors
 from experiments.common import parallel
 from experiments.common import tpu
-from experiments.diffucoder import benchmark
 from experiments.diffucoder import sampling
 from modules import dream
 
@@ -53,12 +54,30 @@ CANVAS = PROMPT + NEW
 MASK_ID = 151666                    # <|mask|> (the id only fixes the program's constants)
 TARGETS = ("v2-8", "v3-8", "v5litepod-8", "v4-8")
 BATCHES = (1, 8, 32)
+SAMPLERS = {
+    "greedy": sampling.SamplerOptions(steps=NEW, alg="entropy"),
+    # the instruct configs' sampler (temperature 0.4, top_p 0.95): the top-p filter sorts each row's
+    # full vocabulary, which a model-parallel step gathers first (docs/diffucoder.md section 9.1)
+    "top_p": sampling.SamplerOptions(steps=NEW, alg="entropy", temperature=0.4, top_p=0.95),
+}
+"""The samplers a plan row compiles: greedy decoding and the instruct configs' top_p 0.95."""
 
 
 def _forward(model):
   def forward(params, tokens, valid, positions, context=None, return_kv=False):
     return model.apply(params, tokens, valid, positions, context, return_kv)
   return forward
+
+
+def analytic_flops(config: dream.DreamConfig, batch: int, canvas: int) -> float:
+  """Model FLOPs of one full forward over a [batch, canvas] canvas (2 per multiply-add; matmuls):
+  projections + SwiGLU per layer, attention scores and values (4 L^2 H Dh per layer), the head."""
+  D, F, H, K, Dh = (config.hidden_size, config.intermediate_size, config.num_heads,
+                    config.num_kv_heads, config.head_dim)
+  per_token = config.num_layers * (2 * D * (H + 2 * K) * Dh + 2 * H * Dh * D + 6 * D * F)
+  per_token += 2 * D * config.vocab_size
+  attention = config.num_layers * 4 * canvas * canvas * H * Dh
+  return float(batch) * (canvas * per_token + attention)
 
 
 def data_groups(target: tpu.Target, batch: int, model_parallel: int) -> int:
@@ -154,6 +173,14 @@ def lower_block(target: tpu.Target, batch: int, model_parallel: int,
                      put((), jnp.int32, P()))
 
 
+def sampler_options(sampler: str) -> sampling.SamplerOptions:
+  """SAMPLERS[sampler]; a ConfigError naming the choices for an unknown name."""
+  if sampler not in SAMPLERS:
+    raise config_utils.ConfigError("sampler", sampler, "is not a plan sampler",
+                                   f"use one of {', '.join(SAMPLERS)}")
+  return SAMPLERS[sampler]
+
+
 def compile_block(target: tpu.Target, batch: int, model_parallel: int,
                   config: dream.DreamConfig = dream.DREAM_7B) -> tpu.Report:
   """`lower_block`'s Report: per-device HBM (the FLOPs and step time are not estimated: the number
@@ -166,23 +193,27 @@ def compile_block(target: tpu.Target, batch: int, model_parallel: int,
 
 
 def compile_step(target: tpu.Target, batch: int, model_parallel: int,
-                 config: dream.DreamConfig = dream.DREAM_7B) -> tpu.Report:
+                 config: dream.DreamConfig = dream.DREAM_7B, sampler: str = "greedy") -> tpu.Report:
   """The step's Report: per-device HBM need vs capacity, and tokens/s at the predicted step time
-  (analytic FLOPs of the forward per device; one token per row per step)."""
+  (analytic FLOPs of the forward per device; one token per row per step). `sampler`: a SAMPLERS
+  key."""
+  opts = sampler_options(sampler)
   groups = data_groups(target, batch, model_parallel)
   used = groups * model_parallel
   t0 = time.perf_counter()
-  lowered = lower_step(target, batch, model_parallel, config)
+  lowered = lower_step(target, batch, model_parallel, config, opts)
+  tag = "" if sampler == "greedy" else f" {sampler} {opts.top_p}"
   report = tpu.compile_report(
-      lowered, target=target, name=f"dream 7b sampling step b{batch} mp{model_parallel}",
-      analytic_flops_per_device=benchmark.analytic_flops(config, batch, CANVAS) / used,
+      lowered, target=target, name=f"dream 7b sampling step{tag} b{batch} mp{model_parallel}",
+      analytic_flops_per_device=analytic_flops(config, batch, CANVAS) / used,
       items_per_step=batch, item_name="tokens")
   report.compile_s = time.perf_counter() - t0
   return report
 
 
 def smallest_fitting(target: tpu.Target, batch: int, config: dream.DreamConfig = dream.DREAM_7B,
-                     log: Callable[[str], None] = lambda line: None) -> List[tpu.Report]:
+                     log: Callable[[str], None] = lambda line: None,
+                     sampler: str = "greedy") -> List[tpu.Report]:
   """Compiles the step at model_parallel 1, 2, 4... (valid degrees that leave the batch splittable)
   until one fits; returns every report made (the last fits, unless none does)."""
   reports = []
@@ -192,9 +223,9 @@ def smallest_fitting(target: tpu.Target, batch: int, config: dream.DreamConfig =
     groups = target.num_devices // m
     if batch >= groups and batch % groups:
       continue
-    r = compile_step(target, batch, m, config)
+    r = compile_step(target, batch, m, config, sampler)
     reports.append(r)
-    log(f"{target.name} batch {batch} model_parallel {m}: "
+    log(f"{target.name} {sampler} batch {batch} model_parallel {m}: "
         f"{'fits' if r.fits else 'does not fit'} ({tpu._gib(r.need_bytes)} GiB of "  # pylint: disable=protected-access
         f"{r.target.usable_hbm_bytes_per_device / tpu.GIB:.2f} per device), compile "
         f"{r.compile_s:.0f} s")
@@ -234,7 +265,7 @@ def dry_run(target_name: Optional[str], config: dream.DreamConfig, opts: samplin
                     prompt=prompt, new=max_new_tokens)
   report = tpu.compile_report(
       step, target=target, name=f"dream sampling step b{batch} mp{m}",
-      analytic_flops_per_device=benchmark.analytic_flops(config, batch, canvas) / target.num_devices,
+      analytic_flops_per_device=analytic_flops(config, batch, canvas) / target.num_devices,
       items_per_step=batch, item_name="tokens")
   report.compile_s = time.perf_counter() - t0
   reports = [report]
@@ -272,31 +303,39 @@ def dry_run(target_name: Optional[str], config: dream.DreamConfig, opts: samplin
 def _define_flags() -> None:
   """The CLI flags, defined only when this module is the program, so that importing it (make
   tpu-check, tests) cannot clash with other modules' flags (e.g. dry_run's --target)."""
-  global _TARGET, _BATCH, _MODEL_PARALLEL, _BLOCK  # pylint: disable=global-statement
+  global _TARGET, _BATCH, _MODEL_PARALLEL, _BLOCK, _SAMPLER  # pylint: disable=global-statement
   _TARGET = flags.DEFINE_multi_string("target", list(TARGETS), "TPU slices (e.g. v5e-8).")
   _BATCH = flags.DEFINE_multi_integer("batch", [1, 8], "Global batches (rows).")
   _MODEL_PARALLEL = flags.DEFINE_integer("model_parallel", 0,
                                          "Compile only this degree (0: the smallest that fits).")
   _BLOCK = flags.DEFINE_bool("block", False, "With --model_parallel: compile a whole Fast-dLLM "
                              "block (dual cache, threshold 0.9) instead of the plain step.")
+  _SAMPLER = flags.DEFINE_multi_enum("sampler", ["greedy"], list(SAMPLERS),
+                                     "The step's sampler: greedy (entropy, argmax) and/or top_p "
+                                     "(the instruct configs': temperature 0.4, top_p 0.95).")
 
 
 def run(targets: Sequence[str], batches: Sequence[int], model_parallel: int = 0,
-        log: Callable[[str], None] = print, block: bool = False) -> List[tpu.Report]:
-  """Reports of every (target, batch): the smallest fitting degree, or `model_parallel` only (the
-  plain step, or with `block` a whole Fast-dLLM block)."""
+        log: Callable[[str], None] = print, block: bool = False,
+        samplers: Sequence[str] = ("greedy",)) -> List[tpu.Report]:
+  """Reports of every (target, sampler, batch): the smallest fitting degree, or `model_parallel`
+  only (the plain step, or with `block` a whole Fast-dLLM block, whose sampler is FAST_DLLM's)."""
+  for sampler in samplers:
+    sampler_options(sampler)
   if block and not model_parallel:
     raise config_utils.ConfigError("model_parallel", model_parallel, "--block compiles one degree",
                                    "pass --model_parallel=1, 2 or 4 with --block")
   reports = []
   for name in targets:
     target = tpu.parse_target(name)
-    for batch in batches:
-      if model_parallel:
-        compile_fn = compile_block if block else compile_step
-        reports.append(compile_fn(target, batch, model_parallel))
-      else:
-        reports.extend(smallest_fitting(target, batch, log=log))
+    for sampler in (("greedy",) if block else samplers):
+      for batch in batches:
+        if block:
+          reports.append(compile_block(target, batch, model_parallel))
+        elif model_parallel:
+          reports.append(compile_step(target, batch, model_parallel, sampler=sampler))
+        else:
+          reports.extend(smallest_fitting(target, batch, log=log, sampler=sampler))
   return reports
 
 
@@ -306,7 +345,7 @@ def main(argv: Sequence[str]) -> None:
   distributed.choose_platforms()          # the host backend is the CPU; libtpu only compiles
   tpu.load_libtpu()
   reports = run(_TARGET.value, _BATCH.value, _MODEL_PARALLEL.value,
-                log=lambda line: console.say(line), block=_BLOCK.value)
+                log=lambda line: console.say(line), block=_BLOCK.value, samplers=_SAMPLER.value)
   print(tpu.format_report(reports), flush=True)
 
 

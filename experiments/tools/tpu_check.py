@@ -7,14 +7,17 @@ r"""`make tpu-check`: every pod config compiled for its TPU target by the TPU co
 Rows: TRM's v4_64 pod config for each of the five recipes (v4-64), nanoGPT's v4_32 (GPT-2 124M on a
 v4-32), GPT-2 XL finetuning (configs/finetune_shakespeare.py:gpt2-xl) on a v4-8 and a v5e-8, and
 DiffuCoder / Dream 7.6B sampling (experiments/diffucoder/tpu_plan.py: one sampler step at canvas 512)
-on a v2-8, v3-8, v5e-8 and v4-8 at batch 1, 8 and 32, each at the smallest model-parallel degree
-that fits (the rows of the degrees tried before it say by how much they do not). Each config is built abstractly (no data, no weights) and its training and evaluation steps
+on a v2-8, v3-8, v5e-8 and v4-8 at batch 1, 8 and 32, with greedy decoding and with the instruct
+configs' sampler (temperature 0.4, top_p 0.95), each at the smallest model-parallel degree that fits
+(the rows of the degrees tried before it say by how much they do not). Each config is built abstractly (no data, no weights) and its training and evaluation steps
 are compiled as the pod runs them (experiments/common/dry_run.py). Every figure is a COMPILER
 ESTIMATE, not a measurement. The TRM Sudoku-MLP row also gives the chip-hours of the published run
 (65,104 steps at global batch 768) at the predicted step time.
 
 Needs libtpu (`pip install -e '.[tpu]'`, which `make` installs). ARC recipes count their puzzle ids
-from the ARC JSON files: --arc_dir (default ../shared/data/arc).
+from the ARC JSON files: --arc_dir (default ../shared/data/arc); where that folder is missing (a
+fresh clone without the shared data) their rows are skipped with a one-line reason and the rest
+still run.
 """
 
 from __future__ import annotations
@@ -56,15 +59,26 @@ class Check:
   arg: Optional[str]
   target: Optional[str] = None                 # default: the config's own target
   overrides: Callable[[Any], None] = lambda c: None
+  skip: Callable[[], Optional[str]] = lambda: None   # a reason not to compile it (missing data)
 
 
 def _arc(c) -> None:
   c.dataset.manual_dir = _ARC_DIR.value
 
 
+def missing_arc_reason(arc_dir: str) -> Optional[str]:
+  """Why the ARC rows cannot be built (their puzzle-id counts read the ARC JSON files), or None."""
+  if os.path.isdir(arc_dir):
+    return None
+  return (f"{arc_dir} does not exist (the ARC-AGI JSON files); pass --arc_dir=DIR to compile these "
+          "rows")
+
+
 CHECKS = [
     *[Check(f"trm v4_64 {r}", trm_train.TRM, "experiments.trm.configs.v4_64", f"recipe={r}",
-            overrides=_arc if r.startswith("arc") else (lambda c: None))
+            overrides=_arc if r.startswith("arc") else (lambda c: None),
+            skip=(lambda: missing_arc_reason(_ARC_DIR.value)) if r.startswith("arc") else
+            (lambda: None))
       for r in ("sudoku_mlp", "sudoku_att", "maze_att", "arc1_att", "arc2_att")],
     Check("nanogpt v4_32 gpt2_124m", nanogpt_train.NanoGPT, "experiments.nanogpt.configs.v4_32",
           None),
@@ -83,9 +97,10 @@ class ProgramCheck:
 
 
 PROGRAM_CHECKS = [
-    ProgramCheck(f"diffucoder 7b sampling {t}",
-                 lambda log, t=t: tpu_plan.run([t], tpu_plan.BATCHES, log=log))
-    for t in tpu_plan.TARGETS]
+    ProgramCheck(f"diffucoder 7b sampling {sampler} {t}",
+                 lambda log, t=t, sampler=sampler: tpu_plan.run([t], tpu_plan.BATCHES, log=log,
+                                                                samplers=(sampler,)))
+    for sampler in tpu_plan.SAMPLERS for t in tpu_plan.TARGETS]
 
 
 def run_program_checks(checks: Sequence[ProgramCheck], log=print) -> List[tpu.Report]:
@@ -105,6 +120,10 @@ def run_checks(checks: Sequence[Check], log=print) -> List[tpu.Report]:
   """Compiles every check; returns the reports (names prefixed with the check's label)."""
   reports = []
   for check in checks:
+    reason = check.skip()
+    if reason:
+      log(f"{check.label}: skipped: {reason}")
+      continue
     config = importlib.import_module(check.config_module).get_config(check.arg)
     check.overrides(config)
     target = tpu.parse_target(check.target or config.target)

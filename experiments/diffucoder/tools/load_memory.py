@@ -11,6 +11,9 @@ the data axis) plus about one tensor; reading the whole checkpoint into host mem
 the model once more.
 
   python -m experiments.diffucoder.tools.load_memory --dir=/tmp/dream_1g --meshes=1x4,1x8
+  # the same from an orbax folder (convert --out; written once from --dir, into <dir>_orbax): the
+  # sharded restore of `convert.load_checkpoint(..., mesh=)`
+  python -m experiments.diffucoder.tools.load_memory --dir=/tmp/dream_1g --meshes=1x4 --format=orbax
 
 The table: mesh, model GB (the weights' bytes), device GB (what the devices hold), peak delta GB,
 extra = peak delta - device GB (the loader's own host memory), largest tensor GB.
@@ -26,13 +29,21 @@ from typing import Any, Dict, List
 
 from absl import app
 from absl import flags
+import jax
+import numpy as np
 
+from experiments.common import checkpointing  # noqa: F401  (orbax and TF loaded before the baseline)
 from experiments.common import console
+from experiments.common import parallel
+from experiments.diffucoder import convert
+from modules import dream
 
 _DIR = flags.DEFINE_string("dir", "/tmp/dream_load_memory", "Where the random checkpoint is written.")
 _MESHES = flags.DEFINE_list("meshes", ["1x4", "1x8"], "data x model meshes.")
 _SHARDS = flags.DEFINE_integer("shards", 4, "Safetensors files of the checkpoint.")
 _CHILD = flags.DEFINE_string("child", "", "(internal) load on this mesh and print JSON.")
+_FORMAT = flags.DEFINE_enum("format", "safetensors", ["safetensors", "orbax"],
+                            "Load the safetensors folder --dir, or its orbax copy <dir>_orbax.")
 
 # About 1.02 GB in bfloat16: 24 layers of a D 1024 / F 4096 Dream with a 64K vocabulary.
 CONFIG = dict(vocab_size=65536, hidden_size=1024, intermediate_size=4096, num_layers=24,
@@ -50,11 +61,6 @@ def _status(field: str) -> int:
 
 def child(mesh_text: str) -> Dict[str, Any]:
   """Loads --dir onto a data x model mesh; returns the memory figures (bytes)."""
-  import jax  # pylint: disable=g-import-not-at-top  (after XLA_FLAGS is set by the parent)
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.common import parallel  # pylint: disable=g-import-not-at-top
-  from experiments.diffucoder import convert  # pylint: disable=g-import-not-at-top
-  from modules import dream  # pylint: disable=g-import-not-at-top
   data, model = (int(x) for x in mesh_text.split("x"))
   config = dream.DreamConfig(**CONFIG)
   mesh = parallel.mesh_2d(data, model)
@@ -62,7 +68,10 @@ def child(mesh_text: str) -> Dict[str, Any]:
   with open("/proc/self/clear_refs", "w") as f:
     f.write("5")                                                     # reset VmHWM to VmRSS
   before = _status("VmRSS")
-  params = convert.load_params(_DIR.value, config, mesh=mesh)
+  if _FORMAT.value == "orbax":
+    params = convert.load_checkpoint(orbax_dir(), config, mesh=mesh)
+  else:
+    params = convert.load_params(_DIR.value, config, mesh=mesh)
   jax.block_until_ready(params)
   peak = _status("VmHWM")
   leaves = jax.tree.leaves(dream.param_shapes(config))
@@ -72,24 +81,31 @@ def child(mesh_text: str) -> Dict[str, Any]:
               largest_tensor_gb=max(a.size * a.dtype.itemsize for a in leaves) / 1e9)
 
 
+def orbax_dir() -> str:
+  return _DIR.value.rstrip("/") + "_orbax"
+
+
 def main(argv) -> None:
   del argv
   if _CHILD.value:
     print(json.dumps(child(_CHILD.value)), flush=True)
     return
-  from experiments.diffucoder import convert  # pylint: disable=g-import-not-at-top
-  from modules import dream  # pylint: disable=g-import-not-at-top
   config = dream.DreamConfig(**CONFIG)
   if not os.path.isfile(os.path.join(_DIR.value, "config.json")):
     console.say(f"writing a random {dream.count_params(config) * 2 / 1e9:.2f} GB Dream to {_DIR.value}")
     convert.write_random_checkpoint(_DIR.value, config, num_shards=_SHARDS.value)
+  if _FORMAT.value == "orbax" and not os.path.isdir(orbax_dir()):
+    console.say(f"writing its orbax copy to {orbax_dir()}")
+    convert.save_params(convert.load_params(_DIR.value, config, place=np.asarray), orbax_dir(),
+                        config)
   rows: List[Dict[str, Any]] = []
   for mesh in _MESHES.value:
     data, model = (int(x) for x in mesh.split("x"))
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={data * model}")
     proc = subprocess.run([sys.executable, "-m", "experiments.diffucoder.tools.load_memory",
-                           f"--dir={_DIR.value}", f"--child={mesh}"], env=env, capture_output=True,
+                           f"--dir={_DIR.value}", f"--child={mesh}", f"--format={_FORMAT.value}"],
+                          env=env, capture_output=True,
                           text=True, check=False)
     if proc.returncode:
       raise RuntimeError(f"mesh {mesh}: the child failed:\n{proc.stderr[-3000:]}")

@@ -1,0 +1,35 @@
+"""`make tpu-check` (experiments/tools/tpu_check.py) without compiling: which rows it has, and that a
+missing ARC folder skips the ARC rows with one line instead of losing the table."""
+
+import os
+
+from experiments.diffucoder import tpu_plan
+from experiments.tools import tpu_check
+
+
+def test_missing_arc_folder_skips_those_rows_with_one_line(tmp_path):
+  def must_not_build():
+    raise AssertionError("a skipped check was built")
+  missing = str(tmp_path / "no_arc")
+  check = tpu_check.Check("trm v4_64 arc1_att", must_not_build, "experiments.trm.configs.v4_64",
+                          "recipe=arc1_att", skip=lambda: tpu_check.missing_arc_reason(missing))
+  lines = []
+  assert tpu_check.run_checks([check], log=lines.append) == []
+  assert lines == [f"trm v4_64 arc1_att: skipped: {missing} does not exist (the ARC-AGI JSON "
+                   "files); pass --arc_dir=DIR to compile these rows"]
+  os.makedirs(missing)
+  assert tpu_check.missing_arc_reason(missing) is None
+
+
+def test_arc_rows_are_the_ones_that_can_skip():
+  arc = [c for c in tpu_check.CHECKS if "arc" in c.label]
+  assert [c.label for c in arc] == ["trm v4_64 arc1_att", "trm v4_64 arc2_att"]
+  others = [c for c in tpu_check.CHECKS if "arc" not in c.label]
+  assert all(c.skip() is None for c in others)
+
+
+def test_diffucoder_rows_cover_greedy_and_top_p_on_every_target():
+  labels = [c.label for c in tpu_check.PROGRAM_CHECKS]
+  assert labels == [f"diffucoder 7b sampling {s} {t}" for s in ("greedy", "top_p")
+                    for t in tpu_plan.TARGETS]
+  assert tpu_plan.SAMPLERS["top_p"].top_p == 0.95 and tpu_plan.SAMPLERS["greedy"].temperature == 0
