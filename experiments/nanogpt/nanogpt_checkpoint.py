@@ -29,6 +29,10 @@ import re
 import sys
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from experiments.common import console
+
+console.quiet_native_logs()     # CLI: before the data pipeline imports TensorFlow (its oneDNN notice)
+
 from absl import flags
 import jax
 import jax.numpy as jnp

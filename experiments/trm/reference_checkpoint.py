@@ -83,6 +83,10 @@ import re
 import sys
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from experiments.common import console
+
+console.quiet_native_logs()     # CLI: before TensorFlow (via checkpointing) and XLA load (its oneDNN notice)
+
 from absl import logging
 import haiku as hk
 import jax

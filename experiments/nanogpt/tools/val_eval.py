@@ -28,6 +28,10 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from experiments.common import console
+
+console.quiet_native_logs()     # CLI: before TensorFlow (via the data pipeline) and XLA load (its oneDNN notice)
+
 import jax
 import jax.numpy as jnp
 import numpy as np
