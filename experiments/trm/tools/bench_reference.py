@@ -33,7 +33,8 @@ Command lines:
   python -m experiments.trm.tools.bench_reference --quick             # smoke: hidden 32, batch 4
 
 Flags: --models=mlp,att  --dtypes=float32,bfloat16  --batches=64,256  --steps=3  --block=1
-  --hidden=0 (the recipe's 512)  --quick  --no_keep_heap  --json_out=PATH
+  --hidden=0 (the recipe's 512)  --quick  --no_keep_heap  --no_fast_grad  --no_reference
+  --json_out=PATH
 At the recipe size one step takes 10-40 s per framework on a 2-core CPU: narrow the cells.
 """
 
@@ -182,16 +183,22 @@ def _pcts(times: Sequence[float]) -> Dict[str, float]:
 
 
 def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int = 1,
-             hidden: Optional[int] = None) -> Dict[str, Any]:
-  """Compiles podlab's step, builds the reference's, runs them in alternating blocks; one row."""
+             hidden: Optional[int] = None, fast_grad: bool = True,
+             reference: bool = True) -> Dict[str, Any]:
+  """Compiles podlab's step, builds the reference's, runs them in alternating blocks; one row.
+  `fast_grad=False`: podlab without the CPU matmul forms (config.cpu_tuning off); `reference=False`:
+  podlab alone (the reference's columns NaN)."""
   reset_ok = bench.reset_peak_rss()
   label = f"{model} {dtype} batch {batch}"
-  config = bench.recipe_config(model, dtype, hidden=hidden, per_device_batch=batch)
+  tuning = None if fast_grad else False
+  config = bench.recipe_config(model, dtype, hidden=hidden, per_device_batch=batch,
+                               cpu_tuning=tuning)
   _log(f"{label}: compiling podlab's pmapped step ...")
-  setup = bench.compile_step(model, dtype, batch, hidden=hidden)
-  _log(f"{label}: compiled in {setup.compile_s:.1f} s (fast_grad {setup.cfg.fast_grad}); "
-       f"building the reference's step")
-  t_step, t_batch, t_carry = reference_step(setup, config)
+  setup = bench.compile_step(model, dtype, batch, hidden=hidden, cpu_tuning=tuning)
+  _log(f"{label}: compiled in {setup.compile_s:.1f} s (fast_grad {setup.cfg.fast_grad})"
+       + ("; building the reference's step" if reference else ""))
+  if reference:
+    t_step, t_batch, t_carry = reference_step(setup, config)
   state, carry, p_batch, device_index = setup.args
   setup.args = (None, None, p_batch, device_index)        # donated below
   times: Dict[str, List[float]] = {"podlab": [], "ref": []}
@@ -207,6 +214,8 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
     t_carry, _ = t_step(t_carry, t_batch)
 
   runs = {"podlab": podlab_once, "ref": ref_once}
+  if not reference:
+    del runs["ref"]
   for name, fn in runs.items():                            # one untimed step each
     t0 = time.perf_counter()
     fn()
@@ -222,7 +231,10 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
       _log(f"{label}: round {r + 1}/{steps} {name}: "
            + ", ".join(f"{t:.3f}" for t in times[name][-block:]) + " s")
   del state, carry
-  row: Dict[str, Any] = {"model": model, "dtype": dtype, "batch": setup.global_batch}
+  row: Dict[str, Any] = {"model": model, "dtype": dtype, "batch": setup.global_batch,
+                         "fast_grad": setup.cfg.fast_grad}
+  nan = float("nan")
+  row.update({f"ref_{k}": nan for k in ("ms", "p10", "p90", "ex_s", "heap_GB")})
   for name in runs:
     p = _pcts(times[name])
     row.update({f"{name}_ms": p["ms"], f"{name}_p10": p["p10"], f"{name}_p90": p["p90"],
@@ -261,6 +273,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--quick", action="store_true",
                   help="smoke run: hidden 32, batch 4, 2 blocks (flags given explicitly still win)")
   ap.add_argument("--no_keep_heap", action="store_true", help="glibc's default heap behaviour")
+  ap.add_argument("--no_fast_grad", action="store_true",
+                  help="podlab without the CPU matmul forms (config.cpu_tuning=False)")
+  ap.add_argument("--no_reference", action="store_true",
+                  help="podlab alone (to compare podlab variants; the reference's columns are NaN)")
   ap.add_argument("--json_out", default="")
   args = ap.parse_args(argv)
   given = {a.split("=")[0] for a in argv}
@@ -303,13 +319,15 @@ def main(argv: Sequence[str]) -> int:
     for dtype in args.dtypes:
       for b in args.batches:
         rows.append(run_cell(model, dtype, int(b), steps=args.steps, block=args.block,
-                             hidden=args.hidden or None))
+                             hidden=args.hidden or None, fast_grad=not args.no_fast_grad,
+                             reference=not args.no_reference))
   print()
   print(f"TRM training step, podlab vs the reference (PyTorch), Sudoku recipes"
         f"{f' at hidden {args.hidden}' if args.hidden else ''}; {args.steps} alternating block(s) "
         f"of {args.block} step(s) each after one untimed step")
   for line in header:
     print(line)
+  print(f"podlab fast_grad (the CPU matmul forms): {'off' if args.no_fast_grad else 'on'}")
   print(bench.format_table(rows, COLUMNS))
   if args.json_out:
     with open(args.json_out, "w") as fh:
