@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # single-threaded XLA compilation, so two run side by side); PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv test test-slow run bench params faults clean-venv bazel-test
+.PHONY: venv test test-slow run bench bench-throughput params faults clean-venv bazel-test
 RUN_WORKDIR ?= workdirs/cpu_demo
 
 venv: $(STAMP)
@@ -37,11 +37,20 @@ params: $(STAMP)
 	$(PY) -m experiments.trm.tools.params
 
 BENCH_ARGS ?=
-# Benchmarks the real TRM training step (Sudoku TRM-MLP/Att): compile s, ms/step, examples/s, RSS,
-# compiled memory, analytic FLOP/s vs the measured matmul peak. Hours at full size on a CPU; narrow it
-# with BENCH_ARGS='--models=mlp --dtypes=bfloat16 --batches=64', smoke test with BENCH_ARGS=--quick.
+# podlab's real TRM training step beside the reference's PyTorch step (Sudoku TRM-MLP/Att, float32
+# and bfloat16, batch 64 and 256), alternating in one process: median ms, p10-p90, examples/s, peak
+# heap, podlab/reference speed; the header names the CPU and whether it has native bfloat16. Hours at
+# full size on a 2-core CPU: narrow it with BENCH_ARGS='--models=mlp --dtypes=float32 --batches=64
+# --steps=3', smoke test with BENCH_ARGS=--quick.
 bench: $(STAMP)
-	$(PY) -m experiments.trm.tools.bench $(BENCH_ARGS)
+	$(PY) -m experiments.trm.tools.bench_reference $(BENCH_ARGS)
+
+THROUGHPUT_ARGS ?=
+# podlab's step alone (the earlier `make bench`): compile s, ms/step, examples/s, RSS, compiled
+# memory, analytic FLOP/s vs the measured matmul peak, the largest batch that fits. Narrow it with
+# THROUGHPUT_ARGS='--models=mlp --dtypes=bfloat16 --batches=64', smoke test with THROUGHPUT_ARGS=--quick.
+bench-throughput: $(STAMP)
+	$(PY) -m experiments.trm.tools.bench $(THROUGHPUT_ARGS)
 
 FAULT_ARGS ?=
 # Fault injection: R trials of train -> SIGKILL (at a random step or during a checkpoint save) or

@@ -288,13 +288,15 @@ class SwiGLU(hk.Module):
     inner_size: explicit F (e.g. 18944 for Dream).
     dtype: compute dtype.
     param_dtype: storage dtype of the weights (float32 default).
+    fast_grad: `Linear.fast_grad` for both projections (a CPU target only: `layout.cpu_tuning`).
   Parameters: `gate_up_proj/w` [D, 2F] (first half gate, second half up), `down_proj/w` [F, D].
   """
 
   def __init__(self, *, expansion: float = 4.0, inner_size: Optional[int] = None,
                dtype: DTypeLike = jnp.bfloat16, name: Optional[str] = None,
-               param_dtype: DTypeLike = jnp.float32):
+               param_dtype: DTypeLike = jnp.float32, fast_grad: bool = False):
     super().__init__(name=name)
+    self.fast_grad = fast_grad
     self.expansion = expansion
     self.inner_size = inner_size
     self.dtype = jnp.dtype(dtype)
@@ -304,10 +306,10 @@ class SwiGLU(hk.Module):
     width = x.shape[-1]
     inner = self.inner_size or swiglu_width(width, self.expansion)
     gate_up = Linear(2 * inner, dtype=self.dtype, param_dtype=self.param_dtype,
-                     name="gate_up_proj")(x)                     # [..., 2F]
+                     name="gate_up_proj", fast_grad=self.fast_grad)(x)   # [..., 2F]
     gate, up = jnp.split(gate_up, 2, axis=-1)
     return Linear(width, dtype=self.dtype, param_dtype=self.param_dtype,
-                  name="down_proj")(jax.nn.silu(gate) * up)
+                  name="down_proj", fast_grad=self.fast_grad)(jax.nn.silu(gate) * up)
 
 
 class Attention(hk.Module):
@@ -328,6 +330,7 @@ class Attention(hk.Module):
   this call's own S keys, so `mask` is then [.., S, C + S]; `return_kv=True` also returns this call's
   own (k, v) [B, S, K, Dh] after RoPE (used by Dream's block-wise KV cache).
   param_dtype: storage dtype of the weights (float32 default).
+  fast_grad: `Linear.fast_grad` for the two projections (a CPU target only: `layout.cpu_tuning`).
   """
 
   def __init__(self, *, num_heads: int, head_dim: int, num_kv_heads: Optional[int] = None,
@@ -335,8 +338,10 @@ class Attention(hk.Module):
                dtype: DTypeLike = jnp.bfloat16,
                qkv_w_init: Optional[hk.initializers.Initializer] = None,
                out_w_init: Optional[hk.initializers.Initializer] = None,
-               name: Optional[str] = None, param_dtype: DTypeLike = jnp.float32):
+               name: Optional[str] = None, param_dtype: DTypeLike = jnp.float32,
+               fast_grad: bool = False):
     super().__init__(name=name)
+    self.fast_grad = fast_grad
     self.num_heads = num_heads
     self.head_dim = head_dim
     self.num_kv_heads = num_kv_heads or num_heads
@@ -359,7 +364,7 @@ class Attention(hk.Module):
     H, K, Dh = self.num_heads, self.num_kv_heads, self.head_dim
     qkv = Linear((H + 2 * K) * Dh, with_bias=self.qkv_bias, dtype=self.dtype,
                  w_init=self.qkv_w_init, param_dtype=self.param_dtype,
-                 name="qkv_proj")(x)                             # [B, S, (H+2K) Dh]
+                 name="qkv_proj", fast_grad=self.fast_grad)(x)   # [B, S, (H+2K) Dh]
     qkv = qkv.reshape(B, S, H + 2 * K, Dh)
     q, k, v = qkv[:, :, :H], qkv[:, :, H:H + K], qkv[:, :, H + K:]  # [B, S, H|K, Dh]
     if rope is not None:
@@ -371,7 +376,8 @@ class Attention(hk.Module):
       v_all = jnp.concatenate([kv_context[1].astype(v.dtype), v], axis=1)
     out = dot_product_attention(q, k_all, v_all, mask=mask, causal=self.causal)  # [B, S, H, Dh]
     out = Linear(D, with_bias=self.out_bias, dtype=self.dtype, w_init=self.out_w_init,
-                 param_dtype=self.param_dtype, name="o_proj")(out.reshape(B, S, H * Dh))
+                 param_dtype=self.param_dtype, name="o_proj",
+                 fast_grad=self.fast_grad)(out.reshape(B, S, H * Dh))
     return (out, (k, v)) if return_kv else out
 
 

@@ -75,6 +75,11 @@ class TRMConfig:
   remat: recompute each block's activations in the backward pass instead of storing them (same numbers,
     about a third more compute, several times less memory: what lets batch 768 fit in 24 GB).
     Not in the reference (an implementation choice with no effect on results); off by default.
+  fast_grad: the CPU matmul forms of `layers.matmul` in every projection (SwiGLU, attention, the
+    mlp_t token mix, lm and q heads): weight gradients as row-major matmuls and, in bfloat16,
+    bfloat16 backward operands. For a CPU TARGET only: the trainer sets it from `layout.cpu_tuning`
+    (a TPU compile never carries it). Float32 results are the same sums in another order; off by
+    default.
   """
   seq_len: int
   vocab_size: int
@@ -95,6 +100,7 @@ class TRMConfig:
   halt_max_steps: int = 16
   halt_exploration_prob: float = 0.1
   remat: bool = False
+  fast_grad: bool = False
 
   def __post_init__(self):
     def bad(field, value, fix):
@@ -154,14 +160,16 @@ class TRMBlock(hk.Module):
     cfg = self.config                                            # h: [B, S, D]
     eps = cfg.rms_norm_eps
     if cfg.mlp_t:
-      mix = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp_t")
+      mix = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp_t",
+                          fast_grad=cfg.fast_grad)
       mixed = jnp.swapaxes(mix(jnp.swapaxes(h, 1, 2)), 1, 2)    # SwiGLU over S: [B, D, S] -> [B, S, D]
       h = layers.rms_norm(h + mixed, axis=1, eps=eps)            # normalise over the SEQUENCE axis
     else:
       attn = layers.Attention(num_heads=cfg.num_heads, head_dim=cfg.head_dim, causal=False,
-                              dtype=cfg.dtype, name="self_attn")
+                              dtype=cfg.dtype, name="self_attn", fast_grad=cfg.fast_grad)
       h = layers.rms_norm(h + attn(h, rope=rope), eps=eps)
-    mlp = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp")
+    mlp = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp",
+                        fast_grad=cfg.fast_grad)
     return layers.rms_norm(h + mlp(h), eps=eps)
 
 
@@ -207,9 +215,11 @@ class TRMInner(hk.Module):
       self.embed_pos = layers.Embed(cfg.total_len, D, init_std=1.0 / math.sqrt(D), dtype=cfg.dtype,
                                     name="embed_pos")
     self.lm_head = layers.Linear(cfg.vocab_size, dtype=cfg.dtype, name="lm_head",
-                                 w_init=layers.TruncatedNormal(1.0 / math.sqrt(D)))
+                                 w_init=layers.TruncatedNormal(1.0 / math.sqrt(D)),
+                                 fast_grad=cfg.fast_grad)
     self.q_head = layers.Linear(2, with_bias=True, dtype=cfg.dtype, name="q_head",
-                                w_init=jnp.zeros, b_init=hk.initializers.Constant(-5.0))
+                                w_init=jnp.zeros, b_init=hk.initializers.Constant(-5.0),
+                                fast_grad=cfg.fast_grad)
     self.L_level = ReasoningNet(cfg, name="L_level")
 
   def initial_latents(self) -> Tuple[jax.Array, jax.Array]:

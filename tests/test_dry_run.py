@@ -67,12 +67,16 @@ def test_tiny_trm_and_gpt_compile_for_a_slice(target):
     assert "COMPILER ESTIMATES" in text and target in text
 
 
-def test_the_cpu_matmul_path_is_only_in_cpu_programs():
-  """The same GPT step lowered for the CPU (cpu_tuning on) pins layouts; for a TPU it does not."""
-  config = _gpt(4 * jax.local_device_count())
+@pytest.mark.parametrize("family", ["gpt", "trm"])
+def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
+  """The same GPT / TRM step lowered for the CPU (cpu_tuning on) carries fast_grad and pins layouts;
+  for a TPU it does not (the switch is the TARGET platform, not this process's backend)."""
+  make, experiment = {"gpt": (_gpt, gpt_train.NanoGPT), "trm": (_trm, trm_train.TRM)}[family]
+  config = make(4 * jax.local_device_count())
   cpu = layout_lib.batch_layout(config, platform="cpu")
   assert cpu.cpu_tuning
-  b = gpt_train.NanoGPT().build(config, cpu, abstract=True)
+  b = experiment().build(config, cpu, abstract=True)
+  assert b.model_config.fast_grad
   p = dry_run.programs(b, config, cpu)["train_step"]
   lowered = parallel.pmap_step(p.fn, replicated_in=p.replicated_in, out_axes=p.out_axes
                                ).lower(*p.args)
@@ -80,7 +84,8 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs():
   t = tpu.parse_target("v4-8")
   on_tpu = dry_run.tpu_layout(config, t)
   assert not on_tpu.cpu_tuning
-  b = gpt_train.NanoGPT().build(config, on_tpu, abstract=True)
+  b = experiment().build(config, on_tpu, abstract=True)
+  assert not b.model_config.fast_grad
   p = dry_run.programs(b, config, on_tpu)["train_step"]
   assert not tpu.hlo_has_layout_constraints(
       tpu.lower_pmap(p.fn, t, dry_run._per_device(p), replicated_in=p.replicated_in,  # pylint: disable=protected-access

@@ -21,8 +21,13 @@ PAGE = 4096
 CHILD = r"""
 import ctypes, resource, sys, threading
 from experiments.common import host_malloc
-applied = host_malloc.keep_heap() if sys.argv[1] == "keep" else False
 libc = ctypes.CDLL("libc.so.6")
+applied = host_malloc.keep_heap() if sys.argv[1] == "keep" else False
+if sys.argv[1] == "trim_1gib":          # the earlier setting: no mmap, one arena, trim above 1 GiB
+  libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+  for param, value in ((host_malloc.M_TRIM_THRESHOLD, 1 << 30), (host_malloc.M_MMAP_MAX, 0),
+                       (host_malloc.M_ARENA_MAX, 1)):
+    assert libc.mallopt(param, value) == 1
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
 libc.free.argtypes = (ctypes.c_void_p,)
 n = int(sys.argv[2])
@@ -47,8 +52,8 @@ print(int(applied), faults[0])
 """
 
 
-def _second_step_faults(mode: str) -> tuple:
-  out = subprocess.run([sys.executable, "-c", CHILD, mode, str(BLOCK)], cwd=REPO, check=True,
+def _second_step_faults(mode: str, block: int = BLOCK) -> tuple:
+  out = subprocess.run([sys.executable, "-c", CHILD, mode, str(block)], cwd=REPO, check=True,
                        capture_output=True, text=True, timeout=60).stdout.split()
   return int(out[0]), int(out[1])
 
@@ -62,6 +67,22 @@ def test_keep_heap_reuses_a_freed_80_mib_block_without_page_faults():
   applied, faults = _second_step_faults("default")
   assert applied == 0
   assert faults > 0.9 * pages           # glibc's default: mmap + munmap every time, 20,480 faults
+
+
+@pytest.mark.skipif(not host_malloc.is_glibc(), reason="host_malloc only acts on glibc (Linux)")
+def test_keep_heap_never_trims_a_freed_block_over_1_gib():
+  """TRM's per-step scratch at the recipe size is ~10 GB: with a finite trim threshold (1 GiB
+  before) glibc returns the freed block to the OS and the next step faults every page in again.
+  keep_heap() never trims, so a 1.5 GiB block comes back without faults."""
+  block = 3 << 29                       # 1.5 GiB
+  pages = block // PAGE                 # 393,216
+  applied, faults = _second_step_faults("keep", block)
+  assert applied == 1
+  assert faults < 0.01 * pages          # measured: 0
+  _, faults = _second_step_faults("trim_1gib", block)
+  assert faults > 0.9 * pages           # trimmed on free: every page faults again
+  _, faults = _second_step_faults("default", block)
+  assert faults > 0.9 * pages           # glibc's default: mmap + munmap
 
 
 @pytest.mark.skipif(not host_malloc.is_glibc(), reason="host_malloc only acts on glibc (Linux)")

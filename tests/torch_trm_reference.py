@@ -13,6 +13,12 @@ the reasoning module (hidden + injection, then the blocks), the inner model (inp
 16-slot prefix and sqrt(D) scaling, learned/rope/none positions, T-1 gradient-free cycles then one with
 gradient, lm head, Q head, H_init/L_init buffers) and the ACT wrapper in evaluation mode.
 
+The reference's TRAINING step is `TrainStep` (section 2 losses, section 4 optimizers): the ACT
+wrapper in training mode (Q-halting with exploration), stablemax cross-entropy in float64 and the
+Q-halt BCE, `(total / global_batch).backward()`, AdamATan2 on every parameter and sparse SignSGD on
+the puzzle table's rows, each with the warm-up + cosine learning rate of the 1-based step, then the
+EMA. `experiments/trm/tools/bench_reference.py` times it beside podlab's step.
+
 Synopsis:
 
   import torch
@@ -132,6 +138,12 @@ class PuzzleEmbedding(nn.Module):
     self.dtype = dtype
 
   def forward(self, ids: Tensor) -> Tensor:
+    if self.training and torch.is_grad_enabled():
+      # The reference's training path: the batch's rows copied into a leaf that receives the
+      # gradient (`local_weights`, with the ids in `local_ids`) for the sparse SignSGD.
+      self.local_ids = ids.long()
+      self.local_weights = self.weights[self.local_ids].detach().requires_grad_(True)
+      return self.local_weights.to(self.dtype)
     return self.weights[ids.long()].to(self.dtype)
 
 
@@ -339,3 +351,174 @@ def randomize_(trm: TorchTRM, seed: int, q_std: float = 0.3, table_std: float = 
     for buf in (inner.H_init, inner.L_init):
       buf.copy_(trunc_normal_(torch.empty(D), 1.0, gen).to(buf.dtype))
   return trm
+
+
+# --------------------------------------------------------------------------------------------------
+# The reference's training step (docs/trm.md sections 2 and 4).
+
+IGNORE_LABEL_ID = -100
+
+
+def log_stablemax(x: Tensor, dim: int = -1) -> Tensor:
+  s = torch.where(x < 0, 1 / (1 - x + 1e-30), x + 1)
+  return torch.log(s / torch.sum(s, dim=dim, keepdim=True))
+
+
+def stablemax_cross_entropy(logits: Tensor, labels: Tensor,
+                            ignore_index: int = IGNORE_LABEL_ID) -> Tensor:
+  """Per-token -log_stablemax at the label, computed in float64, 0 at ignored positions."""
+  logprobs = log_stablemax(logits.to(torch.float64), dim=-1)
+  valid = labels != ignore_index
+  safe = torch.where(valid, labels, 0).long()
+  picked = torch.gather(logprobs, index=safe.unsqueeze(-1), dim=-1).squeeze(-1)
+  return -torch.where(valid, picked, 0)
+
+
+def act_loss(logits: Tensor, labels: Tensor, q_halt: Tensor) -> Tuple[Tensor, Dict[str, Tensor]]:
+  """The reference's ACTLossHead: total = lm_loss + 0.5 * q_halt_loss (continue loss off)."""
+  with torch.no_grad():
+    mask = labels != IGNORE_LABEL_ID
+    counts = mask.sum(-1)
+    divisor = counts.clamp_min(1).unsqueeze(-1)
+    correct = mask & (torch.argmax(logits, dim=-1) == labels)
+    exact = correct.sum(-1) == counts
+  lm_loss = (stablemax_cross_entropy(logits, labels) / divisor).sum()
+  q_halt_loss = F.binary_cross_entropy_with_logits(q_halt, exact.to(q_halt.dtype), reduction="sum")
+  return lm_loss + 0.5 * q_halt_loss, {"lm_loss": lm_loss.detach(),
+                                       "q_halt_loss": q_halt_loss.detach()}
+
+
+def warmup_cosine_lr(step: int, base_lr: float, warmup_steps: int, total_steps: int,
+                     min_ratio: float = 1.0, num_cycles: float = 0.5) -> float:
+  """The reference's cosine_schedule_with_warmup_lr_lambda of the 1-based step."""
+  if step < warmup_steps:
+    return base_lr * float(step) / float(max(1, warmup_steps))
+  progress = float(step - warmup_steps) / float(max(1, total_steps - warmup_steps))
+  return base_lr * (min_ratio + max(0.0, (1 - min_ratio) * 0.5
+                                    * (1.0 + math.cos(math.pi * float(num_cycles) * 2.0 * progress))))
+
+
+class AdamATan2(torch.optim.Optimizer):
+  """p *= 1 - lr wd; m, v as Adam; p -= lr atan2(m / (1 - b1^t), sqrt(v) / sqrt(1 - b2^t))."""
+
+  def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.95), weight_decay: float = 0.1):
+    super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+  @torch.no_grad()
+  def step(self, closure=None):
+    for group in self.param_groups:
+      lr, wd, (b1, b2) = group["lr"], group["weight_decay"], group["betas"]
+      for p in group["params"]:
+        if p.grad is None:
+          continue
+        st = self.state[p]
+        if not st:
+          st["step"] = 0
+          st["exp_avg"] = torch.zeros_like(p)
+          st["exp_avg_sq"] = torch.zeros_like(p)
+        st["step"] += 1
+        t = st["step"]
+        g = p.grad
+        p.mul_(1 - lr * wd)
+        st["exp_avg"].lerp_(g, 1 - b1)
+        st["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
+        direction = torch.atan2(st["exp_avg"] / (1 - b1 ** t),
+                                st["exp_avg_sq"].sqrt() / math.sqrt(1 - b2 ** t))
+        p.add_(direction, alpha=-lr)
+
+
+def sparse_signsgd_(weights: Tensor, ids: Tensor, grads: Tensor, lr: float, wd: float) -> None:
+  """The reference's _sparse_emb_signsgd_dist on one process: duplicate ids' gradients summed."""
+  with torch.no_grad():
+    uniq, inv = ids.unique(return_inverse=True)
+    summed = torch.zeros((uniq.shape[0], grads.shape[1]), dtype=grads.dtype)
+    summed.scatter_add_(0, inv.unsqueeze(-1).expand(-1, grads.shape[1]), grads)
+    p = weights[uniq]
+    p.mul_(1.0 - lr * wd).add_(torch.sign(summed), alpha=-lr)
+    weights[uniq] = p
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """The optimisation fields of the reference (names as podlab's config)."""
+  global_batch_size: int
+  lr: float = 1e-4
+  puzzle_emb_lr: float = 1e-2
+  weight_decay: float = 0.1
+  puzzle_emb_weight_decay: float = 0.1
+  beta1: float = 0.9
+  beta2: float = 0.95
+  lr_warmup_steps: int = 2000
+  total_steps: int = 65104
+  lr_min_ratio: float = 1.0
+  halt_exploration_prob: float = 0.1
+  ema_rate: Optional[float] = None          # None: no EMA (the recipes use 0.999)
+
+
+class TrainStep:
+  """One optimizer step of the reference: `carry, metrics = step(carry, batch)`.
+
+  The ACT wrapper in training mode (reset halted slots, the inner model, steps + 1, halted on
+  steps >= halt_max_steps or q_halt > 0, exploration with probability halt_exploration_prob from
+  `generator`), `act_loss` / global batch backward, AdamATan2 (every parameter), sparse SignSGD (the
+  puzzle table's batch rows), both at the schedule's rate of the 1-based step, then the EMA.
+  `carry` starts as `trm.model.initial_carry(batch)`.
+  """
+
+  def __init__(self, trm: TorchTRM, config: TrainConfig, seed: int = 0):
+    self.trm, self.config = trm, config
+    self.act = trm.model
+    self.act.train()
+    self.cfg = self.act.cfg
+    self.step_count = 0
+    self.adam = AdamATan2(self.act.inner.parameters(), lr=config.lr,
+                          betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
+    self.generator = torch.Generator().manual_seed(seed)
+    self.ema = None
+    if config.ema_rate is not None:
+      self.ema = {k: v.detach().clone() for k, v in self.act.inner.named_parameters()}
+
+  def forward(self, carry: Carry, batch: Dict[str, Tensor]):
+    cfg, inner = self.cfg, self.act.inner
+    halted = carry.halted
+    flag = halted.view(-1, 1, 1)
+    z_H = torch.where(flag, inner.H_init.to(cfg.dtype), carry.z_H)
+    z_L = torch.where(flag, inner.L_init.to(cfg.dtype), carry.z_L)
+    steps = torch.where(halted, torch.zeros_like(carry.steps), carry.steps)
+    data = {k: torch.where(halted.view((-1,) + (1,) * (batch[k].ndim - 1)), batch[k], v)
+            for k, v in carry.current_data.items()}
+    z_H, z_L, logits, q_halt, q_cont = inner(z_H, z_L, data)
+    with torch.no_grad():
+      steps = steps + 1
+      new_halted = steps >= cfg.halt_max_steps
+      if cfg.halt_max_steps > 1:
+        new_halted = new_halted | (q_halt > 0)
+        explore = torch.rand(q_halt.shape, generator=self.generator) < (
+            self.config.halt_exploration_prob)
+        min_steps = explore * torch.randint(2, cfg.halt_max_steps + 1, steps.shape,
+                                            generator=self.generator)
+        new_halted = new_halted & (steps >= min_steps)
+    return Carry(z_H, z_L, steps, new_halted, data), logits, q_halt, q_cont
+
+  def __call__(self, carry: Carry, batch: Dict[str, Tensor]):
+    c, inner = self.config, self.act.inner
+    self.step_count += 1
+    carry, logits, q_halt, _ = self.forward(carry, batch)
+    loss, metrics = act_loss(logits, carry.current_data["labels"], q_halt)
+    ((1 / c.global_batch_size) * loss).backward()
+    lr = warmup_cosine_lr(self.step_count, c.lr, c.lr_warmup_steps, c.total_steps, c.lr_min_ratio)
+    for group in self.adam.param_groups:
+      group["lr"] = lr
+    if hasattr(inner, "puzzle_emb"):
+      emb = inner.puzzle_emb
+      emb_lr = warmup_cosine_lr(self.step_count, c.puzzle_emb_lr, c.lr_warmup_steps, c.total_steps,
+                                c.lr_min_ratio)
+      sparse_signsgd_(emb.weights, emb.local_ids, emb.local_weights.grad, emb_lr,
+                      c.puzzle_emb_weight_decay)
+    self.adam.step()
+    self.adam.zero_grad(set_to_none=True)
+    if self.ema is not None:
+      with torch.no_grad():
+        for k, v in self.act.inner.named_parameters():
+          self.ema[k].mul_(c.ema_rate).add_(v.detach(), alpha=1 - c.ema_rate)
+    return carry, metrics

@@ -10,8 +10,10 @@ third of the step. It also made the step cost super-linear in depth: the scratch
 (27 MiB) stays below the 32 MiB cap and is reused from the heap, that of 3-4 layers is not.
 
 `keep_heap()` sets glibc's M_MMAP_MAX = 0 (no mmap'd chunks: large requests come from the heap too),
-M_TRIM_THRESHOLD = 1 GiB (freed heap memory is kept for the next step instead of being returned to
-the OS) and M_ARENA_MAX = 1 (threads created afterwards share the main heap: a thread arena cannot
+M_TRIM_THRESHOLD = SIZE_MAX (the heap is never trimmed: freed memory is kept for the next step
+instead of being returned to the OS, however large; a 1 GiB threshold still returned TRM's ~10 GB
+per-step scratch at the recipe size, which was then page-faulted in again every step) and
+M_ARENA_MAX = 1 (threads created afterwards share the main heap: a thread arena cannot
 hold a block over 64 MiB and falls back to a fresh mmap whatever M_MMAP_MAX says). Numerics are
 unchanged (it only changes where the bytes live); the price is that the process keeps the memory it
 has freed (up to its peak). Threads that already have their own arena keep it, so scratch buffers
@@ -38,7 +40,9 @@ import platform
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
 M_ARENA_MAX = -8
-TRIM_THRESHOLD_BYTES = 1 << 30
+# mallopt takes an int; glibc stores M_TRIM_THRESHOLD as a size_t, so -1 is SIZE_MAX: never trim
+# (glibc's malloc.c: do_set_trim_threshold(size_t)). INT_MAX (2 GiB) would still trim a 10 GB block.
+TRIM_THRESHOLD_NEVER = -1
 
 _applied = False
 
@@ -61,7 +65,7 @@ def keep_heap() -> bool:
   libc = ctypes.CDLL("libc.so.6")
   libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
   libc.mallopt.restype = ctypes.c_int
-  ok = libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
+  ok = libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_NEVER) == 1
   ok = ok and libc.mallopt(M_MMAP_MAX, 0) == 1
   ok = ok and libc.mallopt(M_ARENA_MAX, 1) == 1
   _applied = ok

@@ -54,6 +54,7 @@ from clu import periodic_actions
 from experiments.common import checkpointing
 from experiments.common import config_utils
 from experiments.common import console
+from experiments.common import cpu_features
 from experiments.common import errors
 from experiments.common import experiment as experiment_lib
 from experiments.common import host_malloc
@@ -410,6 +411,16 @@ def restore_params(experiment: Experiment, config: ml_collections.ConfigDict,
   return step, b.get_params(state)
 
 
+def compute_dtype(model_config: Any) -> str:
+  """The model config's compute dtype name ("bfloat16", "float32"; "" when it has none): TRM's
+  `forward_dtype`, else a `dtype` field (GPT, Dream)."""
+  dtype = getattr(model_config, "forward_dtype", None) or getattr(model_config, "dtype", None)
+  try:
+    return "" if dtype is None else jnp.dtype(dtype).name
+  except TypeError:
+    return str(dtype)
+
+
 class _Run:
   """One training or evaluation run (the state of `train_and_evaluate` / `evaluate`)."""
 
@@ -422,6 +433,10 @@ class _Run:
     if layout.cpu_tuning:
       host_malloc.keep_heap()     # CPU only: no page faults on XLA's per-step scratch
     self.b = experiment.build(config, layout)
+    if layout.platform == "cpu":  # a bfloat16 config on a CPU without native bfloat16: say so once
+      notice = cpu_features.bf16_notice(compute_dtype(self.b.model_config))
+      if notice:
+        logging.warning("%s", notice)
     self.p_step = parallel_train_step(self.b.train_step, config.nonfinite)
     self.device_index = parallel.shard(parallel.device_indices())
     self.ckpt = checkpointing.CheckpointManager(

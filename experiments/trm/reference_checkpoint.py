@@ -131,7 +131,8 @@ PUBLISHED_PARAM_COUNTS = {
 
 # Fields no weight shape reveals; the help text and `inspect` say so.
 NOT_INFERABLE = ("H_cycles", "L_cycles", "halt_max_steps", "num_heads", "halt_exploration_prob",
-                 "forward_dtype", "rms_norm_eps", "rope_theta", "remat")
+                 "forward_dtype", "rms_norm_eps", "rope_theta", "remat",
+                 "fast_grad")
 
 
 class ReferenceCheckpointError(errors.FormatError):

@@ -95,12 +95,15 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   evaluators_lib.names(config)
 
 
-def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any]) -> trm.TRMConfig:
-  """TRMConfig from the config's model fields and the dataset's metadata."""
+def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any],
+                 fast_grad: bool = False) -> trm.TRMConfig:
+  """TRMConfig from the config's model fields and the dataset's metadata; `fast_grad`: the CPU
+  matmul forms (set from `layout.cpu_tuning`, i.e. by the TARGET platform)."""
   fields = dict(config.model.to_dict())
   try:
     return trm.TRMConfig(seq_len=int(metadata["seq_len"]), vocab_size=int(metadata["vocab_size"]),
-                         num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]), **fields)
+                         num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]),
+                         fast_grad=fast_grad, **fields)
   except ValueError as e:   # TRMConfig names the field, the value and the fix
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 
@@ -432,7 +435,7 @@ class TRM(experiment.Experiment):
                                              process_count=layout.hosts)
       meta = data.metadata()
       num_train = epoch_examples(meta, data.num_examples(ds.train_split))
-    model = trm.TRMModel(model_config(config, meta))
+    model = trm.TRMModel(model_config(config, meta, fast_grad=layout.cpu_tuning))
     if num_train is None:      # a dry run of an unprepared dataset without size knobs
       total_steps, eval_every = max(int(config.total_steps), 0), 1
     else:

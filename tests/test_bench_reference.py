@@ -1,0 +1,54 @@
+"""`python -m experiments.trm.tools.bench_reference --quick` (make bench's smoke run): podlab's TRM
+step and the reference's PyTorch step timed side by side at hidden 32. Checks the table's header and
+structure and that every cell is a number (times are printed, never asserted)."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from experiments.trm.tools import bench_reference  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_quick_run_prints_a_side_by_side_table(tmp_path):
+  out = tmp_path / "bench.json"
+  proc = subprocess.run([sys.executable, "-m", "experiments.trm.tools.bench_reference", "--quick",
+                         f"--json_out={out}"], cwd=REPO, capture_output=True, text=True,
+                        timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  text = proc.stdout
+  assert "TRM training step, podlab vs the reference (PyTorch)" in text
+  assert "native bfloat16: " in text and "usable cores" in text
+  assert "torch.set_num_threads(" in text
+  lines = text.splitlines()
+  head = next(i for i, line in enumerate(lines) if line.split()[:3] == ["model", "dtype", "batch"])
+  assert lines[head].split() == list(bench_reference.COLUMNS)
+  assert set(lines[head + 1].replace(" ", "")) == {"-"}
+  cells = lines[head + 2].split()
+  assert cells[:2] == ["mlp", "float32"]
+  numbers = [float(c.replace(",", "")) for c in cells[2:]]
+  assert all(n == n and n > 0 for n in numbers), cells        # no NaN, all positive
+  saved = json.loads(out.read_text())
+  (row,) = saved["rows"]
+  assert row["podlab_p10"] <= row["podlab_ms"] <= row["podlab_p90"]
+  assert row["ref_p10"] <= row["ref_ms"] <= row["ref_p90"]
+  assert row["speed_ratio"] == pytest.approx(row["podlab_ex_s"] / row["ref_ex_s"])
+  assert row["podlab_ex_s"] == pytest.approx(row["batch"] / (row["podlab_ms"] / 1e3))
+  assert saved["header"][0].startswith("CPU: ")
+
+
+def test_flags_are_checked_and_quick_is_narrowed():
+  a = bench_reference.parse_args(["--quick"])
+  assert (a.hidden, a.batches, a.models, a.dtypes, a.steps) == (32, ["4"], ["mlp"], ["float32"], 2)
+  a = bench_reference.parse_args(["--quick", "--models=mlp,att", "--steps=1"])
+  assert a.models == ["mlp", "att"] and a.steps == 1 and a.hidden == 32
+  a = bench_reference.parse_args([])
+  assert (a.models, a.dtypes, a.batches) == (["mlp", "att"], ["float32", "bfloat16"], ["64", "256"])
+  for bad in (["--models=gpt"], ["--dtypes=float16"], ["--batches=0"], ["--steps=0"]):
+    with pytest.raises(SystemExit):
+      bench_reference.parse_args(bad)
