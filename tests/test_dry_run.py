@@ -106,6 +106,8 @@ def test_compiler_flops_against_the_analytic_count():
   assert trm.flops_source == "analytic"
 
 
+# ~40 s (several TPU compiles)
+@pytest.mark.slow
 def test_a_program_too_big_for_a_v5e_chip_names_the_need_and_the_fix_that_fits(capsys):
   """Attention scores of 256 sequences of 1024 tokens per chip need ~25 GiB: more than a v5e
   chip's 16 GiB. The tool exits naming the chip and the need, and finds that half the batch fits."""

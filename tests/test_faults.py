@@ -35,6 +35,8 @@ def _cmd(workdir, data_dir, processes=1):
   return faults.command(str(workdir), str(data_dir), processes, 2, str(workdir / "logs"), EXTRA)
 
 
+# ~125 s: `make faults` runs the same trials; kept out of `make test`'s 15-minute budget
+@pytest.mark.slow
 def test_kill_during_save_then_sigterm_then_resume_is_bitwise_identical(tmp_path):
   env = faults.environment(1, 2)
   data_dir = tmp_path / "tfds"
@@ -202,6 +204,8 @@ def test_nonfinite_option_is_validated(tmp_path):
     trainer.check_config(train.TRM(), _smoke(tmp_path, nonfinite="ignore"))
 
 
+# ~110 s (two processes, twice); kept out of `make test`'s 15-minute budget
+@pytest.mark.slow
 def test_two_process_sigterm_stops_every_host_at_one_step_and_resumes_exactly(tmp_path):
   """2 processes x 2 devices through launch/local.sh: SIGTERM reaches process 0 only; JAX's
   preemption service makes both stop after the same step and save it; the rerun ends bitwise equal

@@ -37,6 +37,8 @@ def _crop_loop(model, params, prompt, n):
   return np.array(rows, np.int32)
 
 
+# ~50 s; the default past the block is also checked (shorter) by test_prompt_longer_than_the_block
+@pytest.mark.slow
 def test_default_equals_nanogpt_crop_at_2_5x_the_block(small_model):
   model, params = small_model
   prompt = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
