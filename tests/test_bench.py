@@ -61,6 +61,8 @@ def test_analytic_flops_real_att_matches_shape_formula():
   assert f.forward + f.backward == f.total
 
 
+# ~12 s; @slow to keep `make test` under 15 minutes (`make bench-throughput` runs it for real)
+@pytest.mark.slow
 def test_table_at_tiny_size():
   rows, search, peaks = bench.run_benchmark(
       ["mlp"], ["float32"], ["2"], steps=1, hidden=32, matmul_size=64, matmul_reps=1)

@@ -15,6 +15,8 @@ from experiments.trm.tools import bench_reference  # noqa: E402
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+# ~28 s (torch and XLA steps); @slow to keep `make test` under 15 minutes (`make bench` runs it for real)
+@pytest.mark.slow
 def test_quick_run_prints_a_side_by_side_table(tmp_path):
   out = tmp_path / "bench.json"
   proc = subprocess.run([sys.executable, "-m", "experiments.trm.tools.bench_reference", "--quick",
