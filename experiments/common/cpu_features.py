@@ -24,6 +24,9 @@ import statistics
 import time
 from typing import Callable, FrozenSet, Optional
 
+import jax
+import jax.numpy as jnp
+
 CPUINFO = "/proc/cpuinfo"
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -83,9 +86,6 @@ def describe(text: Optional[str] = None) -> str:
 def bf16_slowdown(size: int = 256, reps: int = 5) -> float:
   """Median time of a [size, size] bfloat16 matmul (float32 accumulation, as the models' matmuls)
   over the float32 one, on JAX's default device: > 1 means bfloat16 is slower here."""
-  import jax                      # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp         # pylint: disable=import-outside-toplevel
-
   def median_s(dtype) -> float:
     a = jnp.ones((size, size), dtype)
     dot = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
