@@ -102,15 +102,29 @@ def _matmul_fwd(x, w, dtype, w_transposed):
                                            jnp.zeros((0,), w.dtype))
 
 
+def _at_b(a: jax.Array, b: jax.Array) -> jax.Array:
+  """a^T b for a [N, I], b [N, J] -> float32 [I, J], through a row-major copy of the NARROWER of a^T
+  and b^T (a transposed copy costs ~ its size, and far more than linearly once it leaves the caches:
+  on the dev CPU [10368, 256] -> [256, 10368] took 10-16 ms, [10368, 64] 0.6 ms)."""
+  if b.shape[1] < a.shape[1]:
+    at_b_t = _dot(_row_major_transpose(b), a, 0)               # [J, N] [N, I]
+    if a.dtype != jnp.float32:
+      # Keeps XLA from folding the transpose into the dot: a bfloat16 dot of that form has no CPU
+      # kernel in XLA 0.10.2 ("Unsupported element type for DotThunk").
+      at_b_t = jax.lax.optimization_barrier(at_b_t)
+    return at_b_t.T
+  return _dot(_row_major_transpose(a), b, 0)                   # [I, N] [N, J]
+
+
 def _matmul_bwd(dtype, w_transposed, res, g):                  # g: [N, O] float32
   xc, wc, x_like, w_like = res
   gc = g.astype(dtype)
   if w_transposed:                                             # w [O, I]
     dx = _dot(gc, wc, 0)                                       # [N, O] [O, I]
-    dw = _dot(_row_major_transpose(gc), xc, 0)                 # [O, N] [N, I]
+    dw = _at_b(gc, xc)                                         # [O, N] [N, I]
   else:                                                        # w [I, O]
     dx = _dot(gc, wc, 1)                                       # [N, O] [I, O]^T
-    dw = _dot(_row_major_transpose(xc), gc, 0)                 # [I, N] [N, O]
+    dw = _at_b(xc, gc)                                         # [I, N] [N, O]
   return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
 
 
@@ -136,6 +150,46 @@ def matmul(x: jax.Array, w: jax.Array, dtype: DTypeLike, *, fast_grad: bool = Fa
   return _dot(x.astype(name), w.astype(name), int(w_transposed))
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _wt_matmul(w: jax.Array, x: jax.Array, dtype: str) -> jax.Array:
+  return _dot(_row_major_transpose(w.astype(dtype)), x.astype(dtype), 0)
+
+
+def _wt_matmul_fwd(w, x, dtype):
+  wc, xc = w.astype(dtype), x.astype(dtype)
+  return (_dot(_row_major_transpose(wc), xc, 0),
+          (wc, xc, jnp.zeros((0,), w.dtype), jnp.zeros((0,), x.dtype)))
+
+
+def _wt_matmul_bwd(dtype, res, g):                            # g: [O, N] float32
+  wc, xc, w_like, x_like = res
+  gc = g.astype(dtype)
+  dx = _dot(wc, gc, 0)                                         # [I, O] [O, N] -> [I, N]
+  dw_t = _dot(gc, xc, 1)                                       # [O, N] [I, N]^T -> [O, I]
+  return dw_t.T.astype(w_like.dtype), dx.astype(x_like.dtype)
+
+
+_wt_matmul.defvjp(_wt_matmul_fwd, _wt_matmul_bwd)
+
+
+def wt_matmul(w: jax.Array, x: jax.Array, dtype: DTypeLike, *, fast_grad: bool = False) -> jax.Array:
+  """w^T [O, I] @ x [I, N] -> float32 [O, N] for w [I, O]: a projection of FEATURE-MAJOR
+  activations (features on the rows, the N tokens contiguous), operands cast to `dtype`, float32
+  accumulation. The same products as `matmul(x.T, w).T`.
+
+  `fast_grad` (a CPU target only, as in `matmul`): every matmul of the value and the gradient reads
+  row-major operands and never a transposed left one: w^T is materialised ([O, I], small), dx = w @ g,
+  dw^T = g @ x^T (both operands' contracted axis contiguous), and bfloat16 backward operands stay
+  bfloat16. With N large and I, O small (TRM's token mix: I = the sequence) no activation is ever
+  transposed.
+  """
+  name = jnp.dtype(dtype).name
+  if fast_grad and x.ndim == 2:
+    return _wt_matmul(w, x, name)
+  return jax.lax.dot_general(w.astype(name), x.astype(name), (((0,), (0,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+
+
 class Linear(hk.Module):
   """y = x @ w (+ b) with float32 parameters cast to `dtype` at use.
 
@@ -150,6 +204,8 @@ class Linear(hk.Module):
       first. False = plain autodiff.
     output_dtype: dtype of the result (and of the bias add); default `dtype`. float32 with a
       bfloat16 `dtype` = torch-autocast style: bfloat16 matmul operands, float32 activations.
+    feature_major: the input is [D, N] (features on the rows) and the result [output_size, N]
+      (`wt_matmul`); the same parameters and products as the default [N, D] -> [N, output_size].
   Parameters: `w` [D, output_size], `b` [output_size] (float32).
   """
 
@@ -157,9 +213,10 @@ class Linear(hk.Module):
                w_init: Optional[hk.initializers.Initializer] = None,
                b_init: Optional[hk.initializers.Initializer] = None, name: Optional[str] = None,
                param_dtype: DTypeLike = jnp.float32, fast_grad: bool = False,
-               output_dtype: Optional[DTypeLike] = None):
+               output_dtype: Optional[DTypeLike] = None, feature_major: bool = False):
     super().__init__(name=name)
     self.fast_grad = fast_grad
+    self.feature_major = feature_major
     self.output_dtype = jnp.dtype(output_dtype or dtype)
     self.output_size = output_size
     self.with_bias = with_bias
@@ -169,9 +226,15 @@ class Linear(hk.Module):
     self.param_dtype = jnp.dtype(param_dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:                # [..., D] -> [..., output_size]
-    fan_in = x.shape[-1]
+    fan_in = x.shape[0] if self.feature_major else x.shape[-1]
     w = hk.get_parameter("w", [fan_in, self.output_size], self.param_dtype,
                          init=self.w_init or fan_in_init(fan_in))
+    if self.feature_major:                                       # [D, N] -> [output_size, N]
+      y = wt_matmul(w, x, self.dtype, fast_grad=self.fast_grad)
+      if self.with_bias:
+        b = hk.get_parameter("b", [self.output_size], self.param_dtype, init=self.b_init)
+        y = y.astype(self.output_dtype) + b.astype(self.output_dtype)[:, None]
+      return y.astype(self.output_dtype)
     if self.fast_grad:
       y = matmul(x.reshape(-1, fan_in), w, self.dtype, fast_grad=True).reshape(
           x.shape[:-1] + (self.output_size,))
@@ -289,27 +352,33 @@ class SwiGLU(hk.Module):
     dtype: compute dtype.
     param_dtype: storage dtype of the weights (float32 default).
     fast_grad: `Linear.fast_grad` for both projections (a CPU target only: `layout.cpu_tuning`).
+    feature_major: x is [D, N] and so is the result (`Linear.feature_major`); same parameters.
   Parameters: `gate_up_proj/w` [D, 2F] (first half gate, second half up), `down_proj/w` [F, D].
   """
 
   def __init__(self, *, expansion: float = 4.0, inner_size: Optional[int] = None,
                dtype: DTypeLike = jnp.bfloat16, name: Optional[str] = None,
-               param_dtype: DTypeLike = jnp.float32, fast_grad: bool = False):
+               param_dtype: DTypeLike = jnp.float32, fast_grad: bool = False,
+               feature_major: bool = False):
     super().__init__(name=name)
     self.fast_grad = fast_grad
+    self.feature_major = feature_major
     self.expansion = expansion
     self.inner_size = inner_size
     self.dtype = jnp.dtype(dtype)
     self.param_dtype = jnp.dtype(param_dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:                # [..., D] -> [..., D]
-    width = x.shape[-1]
+    axis = 0 if self.feature_major else -1                       # feature_major: [D, N] -> [D, N]
+    width = x.shape[axis]
     inner = self.inner_size or swiglu_width(width, self.expansion)
     gate_up = Linear(2 * inner, dtype=self.dtype, param_dtype=self.param_dtype,
-                     name="gate_up_proj", fast_grad=self.fast_grad)(x)   # [..., 2F]
-    gate, up = jnp.split(gate_up, 2, axis=-1)
+                     name="gate_up_proj", fast_grad=self.fast_grad,
+                     feature_major=self.feature_major)(x)       # [..., 2F] (or [2F, N])
+    gate, up = jnp.split(gate_up, 2, axis=axis)
     return Linear(width, dtype=self.dtype, param_dtype=self.param_dtype,
-                  name="down_proj", fast_grad=self.fast_grad)(jax.nn.silu(gate) * up)
+                  name="down_proj", fast_grad=self.fast_grad,
+                  feature_major=self.feature_major)(jax.nn.silu(gate) * up)
 
 
 class Attention(hk.Module):

@@ -80,6 +80,14 @@ class TRMConfig:
     bfloat16 backward operands. For a CPU TARGET only: the trainer sets it from `layout.cpu_tuning`
     (a TPU compile never carries it). Float32 results are the same sums in another order; off by
     default.
+  seq_major: (mlp_t models; a CPU target only, set with fast_grad from `layout.cpu_tuning`) the
+    recursion holds z_H, z_L and the input embedding as [S, B, D]: the token mix is then a
+    projection of feature-major rows (`layers.wt_matmul`: [S, B*D] in, no transposes) and the
+    channel SwiGLU works on [S*B, D] rows as before; one transpose in and out per ACT step instead
+    of two per block plus the backward's. The same products, summed in another order. Off by default.
+  unroll: the cycle with gradient's n z_L updates written out instead of a loop (a CPU target only,
+    set with fast_grad): a loop with gradient stores every iteration's residuals into stacked
+    buffers, an unrolled one keeps them in place. Bitwise the same operations. Off by default.
   """
   seq_len: int
   vocab_size: int
@@ -101,6 +109,8 @@ class TRMConfig:
   halt_exploration_prob: float = 0.1
   remat: bool = False
   fast_grad: bool = False
+  seq_major: bool = False
+  unroll: bool = False
 
   def __post_init__(self):
     def bad(field, value, fix):
@@ -141,6 +151,11 @@ class TRMConfig:
     return self.prefix_len + self.seq_len
 
   @property
+  def seq_first(self) -> bool:
+    """True when the recursion runs on [S, B, D] latents (`seq_major` with an mlp_t model)."""
+    return self.seq_major and self.mlp_t
+
+  @property
   def dtype(self) -> jnp.dtype:
     return jnp.dtype(self.forward_dtype)
 
@@ -157,9 +172,15 @@ class TRMBlock(hk.Module):
     self.config = config
 
   def __call__(self, h: jax.Array, rope: Optional[Tuple[jax.Array, jax.Array]]) -> jax.Array:
-    cfg = self.config                                            # h: [B, S, D]
+    cfg = self.config                                            # h: [B, S, D] ([S, B, D]: seq_first)
     eps = cfg.rms_norm_eps
-    if cfg.mlp_t:
+    if cfg.seq_first:
+      S, B, D = h.shape
+      mix = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp_t",
+                          fast_grad=cfg.fast_grad, feature_major=True)
+      mixed = mix(h.reshape(S, B * D)).reshape(S, B, D)         # SwiGLU over S on [S, B*D] rows
+      h = layers.rms_norm(h + mixed, axis=0, eps=eps)            # normalise over the SEQUENCE axis
+    elif cfg.mlp_t:
       mix = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp_t",
                           fast_grad=cfg.fast_grad)
       mixed = jnp.swapaxes(mix(jnp.swapaxes(h, 1, 2)), 1, 2)    # SwiGLU over S: [B, D, S] -> [B, S, D]
@@ -249,11 +270,15 @@ class TRMInner(hk.Module):
       return None
     return layers.rope_tables(jnp.arange(cfg.total_len), head_dim=cfg.head_dim, theta=cfg.rope_theta)
 
-  def latent_recursion(self, z_H, z_L, x, rope):
+  def latent_recursion(self, z_H, z_L, x, rope, unroll=False):
     """One cycle: n times z_L = net(z_L, z_H + x); then z_H = net(z_H, z_L)."""
     def l_step(_, z_l):
       return self.L_level(z_l, z_H + x, rope)
-    z_L = hk.fori_loop(0, self.config.L_cycles, l_step, z_L)
+    if unroll:
+      for i in range(self.config.L_cycles):
+        z_L = l_step(i, z_L)
+    else:
+      z_L = hk.fori_loop(0, self.config.L_cycles, l_step, z_L)
     z_H = self.L_level(z_H, z_L, rope)
     return z_H, z_L
 
@@ -263,6 +288,8 @@ class TRMInner(hk.Module):
     x = self.input_embeddings(inputs, puzzle_rows)               # [B, S, D]
     rope = self.rope()
     z_H, z_L = jax.lax.stop_gradient(z_H), jax.lax.stop_gradient(z_L)  # the carry is a constant
+    if cfg.seq_first:                                            # [B, S, D] -> [S, B, D]
+      x, z_H, z_L = (jnp.swapaxes(a, 0, 1) for a in (x, z_H, z_L))
     if cfg.H_cycles > 1:
       # T-1 cycles WITHOUT gradient: parameters and inputs enter as constants, so no residuals are
       # stored and nothing flows back through these cycles.
@@ -271,9 +298,14 @@ class TRMInner(hk.Module):
         def cycle(_, z):
           return self.latent_recursion(*z, x_const, rope)
         z_H, z_L = hk.fori_loop(0, cfg.H_cycles - 1, cycle, (z_H, z_L))
-    z_H, z_L = self.latent_recursion(z_H, z_L, x, rope)          # the cycle WITH gradient
-    logits = self.lm_head(z_H)[:, cfg.prefix_len:]               # [B, L, V]
-    q = self.q_head(z_H[:, 0]).astype(jnp.float32)               # [B, 2]
+    z_H, z_L = self.latent_recursion(z_H, z_L, x, rope, unroll=cfg.unroll)  # the cycle WITH gradient
+    if cfg.seq_first:
+      logits = jnp.swapaxes(self.lm_head(z_H[cfg.prefix_len:]), 0, 1)  # [L, B, V] -> [B, L, V]
+      q = self.q_head(z_H[0]).astype(jnp.float32)                # [B, 2]
+      z_H, z_L = jnp.swapaxes(z_H, 0, 1), jnp.swapaxes(z_L, 0, 1)  # back to [B, S, D]
+    else:
+      logits = self.lm_head(z_H)[:, cfg.prefix_len:]             # [B, L, V]
+      q = self.q_head(z_H[:, 0]).astype(jnp.float32)             # [B, 2]
     return (jax.lax.stop_gradient(z_H), jax.lax.stop_gradient(z_L), logits, q[:, 0], q[:, 1])
 
 

@@ -77,6 +77,8 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
   assert cpu.cpu_tuning
   b = experiment().build(config, cpu, abstract=True)
   assert b.model_config.fast_grad
+  if family == "trm":
+    assert b.model_config.seq_major and b.model_config.unroll
   p = dry_run.programs(b, config, cpu)["train_step"]
   lowered = parallel.pmap_step(p.fn, replicated_in=p.replicated_in, out_axes=p.out_axes
                                ).lower(*p.args)
@@ -86,6 +88,8 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
   assert not on_tpu.cpu_tuning
   b = experiment().build(config, on_tpu, abstract=True)
   assert not b.model_config.fast_grad
+  if family == "trm":
+    assert not (b.model_config.seq_major or b.model_config.unroll)
   p = dry_run.programs(b, config, on_tpu)["train_step"]
   assert not tpu.hlo_has_layout_constraints(
       tpu.lower_pmap(p.fn, t, dry_run._per_device(p), replicated_in=p.replicated_in,  # pylint: disable=protected-access

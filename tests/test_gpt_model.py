@@ -244,6 +244,57 @@ def test_fast_grad_matmul_gradients_match_numpy(dtype, tol, w_transposed):
     np.testing.assert_allclose(gx, plain[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype,tol", [("float32", 2e-5), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("fast", [True, False])
+def test_wt_matmul_value_and_gradients_match_numpy(dtype, tol, fast):
+  """layers.wt_matmul(w, x) = w^T x for feature-major x [I, N]: value and both gradients of
+  sum(c * w^T x) against float64 NumPy, with the CPU form (fast_grad) and plain autodiff."""
+  rng = np.random.default_rng(1)
+  x = rng.standard_normal((40, 96)).astype(np.float32)          # [I, N]
+  w = rng.standard_normal((40, 24)).astype(np.float32) * 0.2   # [I, O]
+  c = rng.standard_normal((24, 96)).astype(np.float32)          # [O, N]
+
+  def loss(w, x):
+    y = layers.wt_matmul(w, x, dtype, fast_grad=fast)
+    assert y.dtype == jnp.float32 and y.shape == (24, 96)
+    return jnp.sum(c * y)
+
+  val, (gw, gx) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(w, x)
+  want_y = f64(w).T @ f64(x)
+  np.testing.assert_allclose(float(val), np.sum(f64(c) * want_y), rtol=tol)
+  want_gx, want_gw = f64(w) @ f64(c), f64(x) @ f64(c).T
+  np.testing.assert_allclose(f64(gx), want_gx, atol=tol * np.abs(want_gx).max())
+  np.testing.assert_allclose(f64(gw), want_gw, atol=tol * np.abs(want_gw).max())
+  assert gw.dtype == jnp.float32 and gx.dtype == jnp.float32
+  # The same products as the row-major form matmul(x^T, w)^T.
+  y_rows = layers.matmul(jnp.asarray(x).T, w, dtype, fast_grad=fast).T
+  np.testing.assert_allclose(layers.wt_matmul(w, x, dtype, fast_grad=fast), y_rows,
+                             rtol=1e-6, atol=1e-6)
+
+
+def test_feature_major_swiglu_equals_the_row_major_one():
+  """SwiGLU(feature_major=True) on x^T [D, N] has the same parameters as the row-major SwiGLU and
+  returns its result transposed (float32, fast_grad on and off), gradients included."""
+  x = jax.random.normal(jax.random.key(0), (50, 24), jnp.float32)          # [N, D]
+
+  def make(feature_major, fast):
+    def f(v):
+      return layers.SwiGLU(expansion=2.0, dtype=jnp.float32, fast_grad=fast,
+                           feature_major=feature_major, name="mix")(v)
+    return hk.without_apply_rng(hk.transform(f))
+
+  params = make(False, False).init(jax.random.key(1), x)
+  ref = make(False, False).apply(params, x)
+  for fast in (False, True):
+    fm = make(True, fast)
+    assert jax.tree.map(jnp.shape, fm.init(jax.random.key(1), x.T)) == jax.tree.map(jnp.shape, params)
+    np.testing.assert_allclose(fm.apply(params, x.T).T, ref, rtol=1e-5, atol=1e-5)
+    g_ref = jax.grad(lambda p: jnp.sum(make(False, False).apply(p, x) ** 2))(params)
+    g = jax.grad(lambda p: jnp.sum(fm.apply(p, x.T) ** 2))(params)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+
+
 def test_gelu_exact_matches_erf_formula():
   x = np.linspace(-8.0, 8.0, 4001).astype(np.float32)
   np.testing.assert_allclose(f64(layers.gelu_exact(jnp.asarray(x))), np_gelu(f64(x)), atol=2e-6)

@@ -552,3 +552,49 @@ def test_fast_grad_equals_autodiff_in_float32_and_keeps_bfloat16_tolerances(mlp_
     # Measured: err_fast within 1% of err_plain for every weight (0.7-22% relative L2 error).
     assert err_fast < 1.25 * err_plain + 0.01, (jax.tree_util.keystr(path), err_fast, err_plain)
     assert np.corrcoef(ref, fast)[0, 1] > np.corrcoef(ref, plain)[0, 1] - 0.005
+
+
+@pytest.mark.parametrize("fast_grad", [False, True], ids=["autodiff", "fast_grad"])
+def test_seq_major_and_unroll_equal_the_reference_layout(fast_grad):
+  """seq_major (the [S, B, D] recursion of mlp_t models) and unroll (the cycle with gradient written
+  out) are CPU forms of the same computation: float32 value, logits, latents and every gradient
+  equal the reference layout's to float32 rounding; an attention model ignores seq_major; bfloat16
+  stays within the float32-vs-bfloat16 tolerances."""
+  cfg = dataclasses.replace(TINY, mlp_t=True, pos_encodings="none")
+  model = trm.TRMModel(cfg)
+  params, state = jax.jit(model.init)(jax.random.key(0))
+  params = set_q_head(params, bias=0.1, w_scale=0.1)
+  table = jax.random.normal(jax.random.key(1), (cfg.num_puzzle_identifiers, 64), jnp.float32)
+  batch = make_batch(cfg, 3, seed=4)
+  v0, l0, (g0, r0) = _value_and_grads(cfg, params, state, table, batch, jnp.float32)
+  for fields in (dict(seq_major=True), dict(unroll=True), dict(seq_major=True, unroll=True)):
+    c = dataclasses.replace(cfg, fast_grad=fast_grad, **fields)
+    assert c.seq_first == c.seq_major
+    v1, l1, (g1, r1) = _value_and_grads(c, params, state, table, batch, jnp.float32)
+    np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
+    np.testing.assert_allclose(f64(l1), f64(l0), rtol=1e-5, atol=1e-5 * np.abs(f64(l0)).max())
+    for (path, a), b in zip(jax.tree.leaves_with_path(g1), jax.tree.leaves(g0)):
+      scale = np.abs(f64(b)).max()
+      np.testing.assert_allclose(f64(a), f64(b), rtol=1e-4, atol=1e-5 * scale,
+                                 err_msg=f"{fields} {jax.tree_util.keystr(path)}")
+    np.testing.assert_allclose(f64(r1), f64(r0), rtol=1e-4, atol=1e-5 * np.abs(f64(r0)).max())
+    # The latents come back in the carry's [B, S, D] layout.
+    m = trm.TRMModel(c)
+    shape = (3, c.total_len, c.hidden_size)
+    z = jnp.broadcast_to(m.latents(state)[0].astype(jnp.float32), shape)
+    rows = table[batch["puzzle_identifiers"]]
+    out0 = model.inner(params, state, z, z, batch["inputs"], rows)
+    out1 = m.inner(params, state, z, z, batch["inputs"], rows)
+    for a, b in zip(out1, out0):
+      assert a.shape == b.shape
+      np.testing.assert_allclose(f64(a), f64(b), rtol=1e-5, atol=1e-5 * np.abs(f64(b)).max())
+  att = dataclasses.replace(TINY, seq_major=True)
+  assert not att.seq_first                                      # attention keeps [B, S, D]
+
+  c16 = dataclasses.replace(cfg, forward_dtype="bfloat16")
+  _, l16, _ = _value_and_grads(dataclasses.replace(c16, fast_grad=fast_grad, seq_major=True,
+                                                   unroll=True), params, state, table, batch,
+                               jnp.bfloat16)
+  a, b = f64(l0), f64(l16)
+  assert np.abs(a - b).max() < 0.1 * np.abs(a).max() + 0.05
+  assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.99

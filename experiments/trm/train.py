@@ -98,12 +98,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any],
                  fast_grad: bool = False) -> trm.TRMConfig:
   """TRMConfig from the config's model fields and the dataset's metadata; `fast_grad`: the CPU
-  matmul forms (set from `layout.cpu_tuning`, i.e. by the TARGET platform)."""
+  matmul forms, the sequence-major mlp_t recursion and the unrolled cycle with gradient (all set
+  from `layout.cpu_tuning`, i.e. by the TARGET platform)."""
   fields = dict(config.model.to_dict())
   try:
     return trm.TRMConfig(seq_len=int(metadata["seq_len"]), vocab_size=int(metadata["vocab_size"]),
                          num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]),
-                         fast_grad=fast_grad, **fields)
+                         fast_grad=fast_grad, seq_major=fast_grad, unroll=fast_grad, **fields)
   except ValueError as e:   # TRMConfig names the field, the value and the fix
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 
