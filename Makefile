@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # single-threaded XLA compilation, so two run side by side); PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv test test-slow run bench bench-throughput params faults clean-venv bazel-test
+.PHONY: venv test test-slow run bench bench-throughput profile params faults clean-venv bazel-test
 RUN_WORKDIR ?= workdirs/cpu_demo
 
 venv: $(STAMP)
@@ -51,6 +51,14 @@ THROUGHPUT_ARGS ?=
 # THROUGHPUT_ARGS='--models=mlp --dtypes=bfloat16 --batches=64', smoke test with THROUGHPUT_ARGS=--quick.
 bench-throughput: $(STAMP)
 	$(PY) -m experiments.trm.tools.bench $(THROUGHPUT_ARGS)
+
+PROFILE_ARGS ?=
+# Where TRM's training step spends its time, per operation of the compiled program (a jax.profiler
+# trace joined with the optimized HLO): ms, calls, matmul GFLOP and GFLOP/s against this CPU's
+# measured peak, overlap. Default: make run's model; PROFILE_ARGS='--model=att --dtype=float32
+# --batch=64 --steps=1 --warmup=1' for a recipe.
+profile: $(STAMP)
+	$(PY) -m experiments.trm.tools.profile_step $(PROFILE_ARGS)
 
 FAULT_ARGS ?=
 # Fault injection: R trials of train -> SIGKILL (at a random step or during a checkpoint save) or

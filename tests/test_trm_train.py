@@ -180,6 +180,24 @@ def test_config_errors_name_field_value_and_fix():
     train.model_config(c, sudoku.METADATA)
 
 
+def test_cpu_forms_pick_the_model_fields_and_never_reach_a_tpu_program():
+  c = cpu_demo.get_config("smoke")
+  on = train.model_config(c, sudoku.METADATA, fast_grad=True)           # "all"
+  assert (on.fast_grad, on.seq_major, on.unroll) == (True, True, True)
+  c.cpu_forms = "seq_major, unroll"
+  some = train.model_config(c, sudoku.METADATA, fast_grad=True)
+  assert (some.fast_grad, some.seq_major, some.unroll) == (False, True, True)
+  c.cpu_forms = "none"
+  none = train.model_config(c, sudoku.METADATA, fast_grad=True)
+  assert not (none.fast_grad or none.seq_major or none.unroll)
+  c.cpu_forms = "all"
+  tpu = train.model_config(c, sudoku.METADATA, fast_grad=False)         # not a CPU target
+  assert not (tpu.fast_grad or tpu.seq_major or tpu.unroll)
+  c.cpu_forms = "fast_grad,seqmajor"
+  with pytest.raises(config_utils.ConfigError, match=r"cpu_forms.*seqmajor.*seq_major"):
+    trainer.check_config(train.TRM(), c)
+
+
 def test_config_path_resolves_inside_the_experiment(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   argv = config_utils.resolve_config_argv(["main", "--config=configs/v4_64.py:batch=6144"], TRM_DIR)

@@ -19,7 +19,7 @@ Synopsis (tests call it with a tiny config):
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -92,19 +92,37 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise E("ema_rate", config.ema_rate, "must be in [0, 1)", "use 0.999 (the reference)")
   if config.eval_subset < 0:
     raise E("eval_subset", config.eval_subset, "must be >= 0", "use 0 (full test set) or a size")
+  cpu_forms(config)
   evaluators_lib.names(config)
+
+
+CPU_FORMS = ("fast_grad", "seq_major", "unroll")
+
+
+def cpu_forms(config: ml_collections.ConfigDict) -> Tuple[str, ...]:
+  """The CPU forms named by config.cpu_forms ("all", "none" or a comma list of CPU_FORMS)."""
+  text = str(config.get("cpu_forms", "all")).strip()
+  if text == "all":
+    return CPU_FORMS
+  names = tuple(n.strip() for n in text.split(",") if n.strip() and n.strip() != "none")
+  bad = [n for n in names if n not in CPU_FORMS]
+  if bad:
+    raise errors.ConfigError("cpu_forms", text, f"unknown form(s) {bad}",
+                             f"use 'all', 'none' or a comma list of {', '.join(CPU_FORMS)}")
+  return names
 
 
 def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any],
                  fast_grad: bool = False) -> trm.TRMConfig:
-  """TRMConfig from the config's model fields and the dataset's metadata; `fast_grad`: the CPU
-  matmul forms, the sequence-major mlp_t recursion and the unrolled cycle with gradient (all set
-  from `layout.cpu_tuning`, i.e. by the TARGET platform)."""
+  """TRMConfig from the config's model fields and the dataset's metadata. `fast_grad` (set from
+  `layout.cpu_tuning`, i.e. by the TARGET platform) turns on the CPU forms config.cpu_forms names:
+  the CPU matmul forms, the sequence-major mlp_t recursion, the unrolled cycle with gradient."""
   fields = dict(config.model.to_dict())
+  forms = {name: fast_grad and name in cpu_forms(config) for name in CPU_FORMS}
   try:
     return trm.TRMConfig(seq_len=int(metadata["seq_len"]), vocab_size=int(metadata["vocab_size"]),
                          num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]),
-                         fast_grad=fast_grad, seq_major=fast_grad, unroll=fast_grad, **fields)
+                         **forms, **fields)
   except ValueError as e:   # TRMConfig names the field, the value and the fix
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 

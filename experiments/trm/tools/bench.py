@@ -114,10 +114,11 @@ def _log(msg: str) -> None:
 # Configs.
 
 def recipe_config(model: str, dtype: str, *, hidden: Optional[int] = None, remat: bool = False,
-                  per_device_batch: int = 64,
-                  cpu_tuning: Optional[bool] = None) -> ml_collections.ConfigDict:
+                  per_device_batch: int = 64, cpu_tuning: Optional[bool] = None,
+                  cpu_forms: Optional[str] = None) -> ml_collections.ConfigDict:
   """The real Sudoku recipe config ("mlp" or "att") with compute dtype, remat, optional hidden size;
-  `cpu_tuning` False turns the CPU-only forms (fast_grad) off (None: the config's own, on)."""
+  `cpu_tuning` False turns the CPU-only forms off (None: the config's own, on); `cpu_forms` picks
+  some of them (config.cpu_forms: "all", "none" or a comma list)."""
   if model not in RECIPES:
     raise ValueError(f"unknown model {model!r}; use one of {sorted(RECIPES)}")
   c = RECIPES[model]()
@@ -130,6 +131,8 @@ def recipe_config(model: str, dtype: str, *, hidden: Optional[int] = None, remat
   c.total_steps = REFERENCE_TOTAL_STEPS
   if cpu_tuning is not None:
     c.cpu_tuning = bool(cpu_tuning)
+  if cpu_forms is not None:
+    c.cpu_forms = cpu_forms
   trainer.check_config(train.TRM(), c)
   return c
 
@@ -232,10 +235,12 @@ def random_batch(n_local: int, per_device: int, seed: int = 0) -> Dict[str, np.n
 
 
 def compile_step(model: str, dtype: str, per_device_batch: int, *, remat: bool = False,
-                 hidden: Optional[int] = None, cpu_tuning: Optional[bool] = None) -> StepSetup:
+                 hidden: Optional[int] = None, cpu_tuning: Optional[bool] = None,
+                 cpu_forms: Optional[str] = None) -> StepSetup:
   """Builds state/carry/batch as `train.train_and_evaluate` does and AOT-compiles the pmapped step."""
   config = recipe_config(model, dtype, hidden=hidden, remat=remat,
-                         per_device_batch=per_device_batch, cpu_tuning=cpu_tuning)
+                         per_device_batch=per_device_batch, cpu_tuning=cpu_tuning,
+                         cpu_forms=cpu_forms)
   n_local = jax.local_device_count()
   _, b = trainer.build(train.TRM(), config, abstract=True)       # the trainer's own step and state
   cfg = b.model_config

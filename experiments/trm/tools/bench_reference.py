@@ -4,7 +4,8 @@ Per cell (model mlp/att, compute dtype, batch), both steps are built from the sa
 the same starting weights (podlab's init, exported to the reference's state_dict):
   podlab      the trainer's real pmapped step (experiments/trm/tools/bench.py `compile_step`: AdamATan2,
               EMA, sparse SignSGD, the non-finite guard), state and carry fed back and donated; on a
-              CPU target with config.cpu_tuning (the recipes' default) it carries fast_grad.
+              CPU target with config.cpu_tuning (the recipes' default) it carries the CPU forms
+              (config.cpu_forms).
   reference   tests/torch_trm_reference.py `TrainStep`: the reference's model code in PyTorch eager,
               the ACT wrapper in training mode, float64 stablemax + Q-halt loss, backward, AdamATan2
               and SignSGD at the scheduled rates, EMA; parity with podlab's step is checked by
@@ -34,6 +35,7 @@ Command lines:
 
 Flags: --models=mlp,att  --dtypes=float32,bfloat16  --batches=64,256  --steps=3  --block=1
   --hidden=0 (the recipe's 512)  --quick  --no_keep_heap  --no_fast_grad  --no_reference
+  --cpu_forms=all (or none, or a comma list of fast_grad,seq_major,unroll: which CPU forms podlab uses)
   --json_out=PATH
 At the recipe size one step takes 10-40 s per framework on a 2-core CPU: narrow the cells.
 """
@@ -184,18 +186,20 @@ def _pcts(times: Sequence[float]) -> Dict[str, float]:
 
 def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int = 1,
              hidden: Optional[int] = None, fast_grad: bool = True,
-             reference: bool = True) -> Dict[str, Any]:
+             reference: bool = True, cpu_forms: Optional[str] = None) -> Dict[str, Any]:
   """Compiles podlab's step, builds the reference's, runs them in alternating blocks; one row.
-  `fast_grad=False`: podlab without the CPU matmul forms (config.cpu_tuning off); `reference=False`:
-  podlab alone (the reference's columns NaN)."""
+  `fast_grad=False`: podlab without the CPU forms (config.cpu_tuning off); `cpu_forms`: some of
+  them (config.cpu_forms); `reference=False`: podlab alone (the reference's columns NaN)."""
   reset_ok = bench.reset_peak_rss()
   label = f"{model} {dtype} batch {batch}"
   tuning = None if fast_grad else False
   config = bench.recipe_config(model, dtype, hidden=hidden, per_device_batch=batch,
-                               cpu_tuning=tuning)
+                               cpu_tuning=tuning, cpu_forms=cpu_forms)
   _log(f"{label}: compiling podlab's pmapped step ...")
-  setup = bench.compile_step(model, dtype, batch, hidden=hidden, cpu_tuning=tuning)
-  _log(f"{label}: compiled in {setup.compile_s:.1f} s (fast_grad {setup.cfg.fast_grad})"
+  setup = bench.compile_step(model, dtype, batch, hidden=hidden, cpu_tuning=tuning,
+                             cpu_forms=cpu_forms)
+  _log(f"{label}: compiled in {setup.compile_s:.1f} s (fast_grad {setup.cfg.fast_grad}, seq_major "
+       f"{setup.cfg.seq_major}, unroll {setup.cfg.unroll})"
        + ("; building the reference's step" if reference else ""))
   if reference:
     t_step, t_batch, t_carry = reference_step(setup, config)
@@ -232,7 +236,8 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
            + ", ".join(f"{t:.3f}" for t in times[name][-block:]) + " s")
   del state, carry
   row: Dict[str, Any] = {"model": model, "dtype": dtype, "batch": setup.global_batch,
-                         "fast_grad": setup.cfg.fast_grad}
+                         "fast_grad": setup.cfg.fast_grad, "seq_major": setup.cfg.seq_major,
+                         "unroll": setup.cfg.unroll}
   nan = float("nan")
   row.update({f"ref_{k}": nan for k in ("ms", "p10", "p90", "ex_s", "heap_GB")})
   for name in runs:
@@ -275,6 +280,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--no_keep_heap", action="store_true", help="glibc's default heap behaviour")
   ap.add_argument("--no_fast_grad", action="store_true",
                   help="podlab without the CPU matmul forms (config.cpu_tuning=False)")
+  ap.add_argument("--cpu_forms", default="all",
+                  help="which CPU forms podlab uses: all, none or a comma list of "
+                       "fast_grad,seq_major,unroll (config.cpu_forms)")
   ap.add_argument("--no_reference", action="store_true",
                   help="podlab alone (to compare podlab variants; the reference's columns are NaN)")
   ap.add_argument("--json_out", default="")
@@ -320,14 +328,15 @@ def main(argv: Sequence[str]) -> int:
       for b in args.batches:
         rows.append(run_cell(model, dtype, int(b), steps=args.steps, block=args.block,
                              hidden=args.hidden or None, fast_grad=not args.no_fast_grad,
-                             reference=not args.no_reference))
+                             reference=not args.no_reference, cpu_forms=args.cpu_forms))
   print()
   print(f"TRM training step, podlab vs the reference (PyTorch), Sudoku recipes"
         f"{f' at hidden {args.hidden}' if args.hidden else ''}; {args.steps} alternating block(s) "
         f"of {args.block} step(s) each after one untimed step")
   for line in header:
     print(line)
-  print(f"podlab fast_grad (the CPU matmul forms): {'off' if args.no_fast_grad else 'on'}")
+  print(f"podlab CPU forms (config.cpu_forms): "
+        f"{'off (cpu_tuning False)' if args.no_fast_grad else args.cpu_forms}")
   print(bench.format_table(rows, COLUMNS))
   if args.json_out:
     with open(args.json_out, "w") as fh:
