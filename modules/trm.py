@@ -87,7 +87,8 @@ class TRMConfig:
     of two per block plus the backward's. The same products, summed in another order. Off by default.
   unroll: the cycle with gradient's n z_L updates written out instead of a loop (a CPU target only,
     set with fast_grad): a loop with gradient stores every iteration's residuals into stacked
-    buffers, an unrolled one keeps them in place. Bitwise the same operations. Off by default.
+    buffers, an unrolled one keeps them in place. The same operations; XLA fuses them differently,
+    so results agree to float32 rounding. Off by default.
   """
   seq_len: int
   vocab_size: int

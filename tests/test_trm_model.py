@@ -489,6 +489,16 @@ def test_float32_and_bfloat16_compute_agree(tiny):
 # --------------------------------------------------------------------------------------------------
 
 
+def _cpu_form_case(cfg):
+  """The model, weights (a non-trivial q_head), latents, puzzle table and batch the CPU-form tests
+  compare on."""
+  model = trm.TRMModel(cfg)
+  params, state = jax.jit(model.init)(jax.random.key(0))
+  params = set_q_head(params, bias=0.1, w_scale=0.1)
+  table = jax.random.normal(jax.random.key(1), (cfg.num_puzzle_identifiers, 64), jnp.float32)
+  return model, params, state, table, make_batch(cfg, 3, seed=4)
+
+
 def _value_and_grads(cfg, params, state, table, batch, dtype):
   model = trm.TRMModel(cfg)
   rows = table[batch["puzzle_identifiers"]]
@@ -515,11 +525,7 @@ def test_fast_grad_equals_autodiff_in_float32_and_keeps_bfloat16_tolerances(mlp_
   bfloat16 stays within the float32-vs-bfloat16 tolerances of test_float32_and_bfloat16_compute_agree
   and its gradients as close to float32's as plain autodiff's bfloat16 gradients are."""
   cfg = dataclasses.replace(TINY, mlp_t=mlp_t, pos_encodings="none" if mlp_t else "rope")
-  model = trm.TRMModel(cfg)
-  params, state = jax.jit(model.init)(jax.random.key(0))
-  params = set_q_head(params, bias=0.1, w_scale=0.1)
-  table = jax.random.normal(jax.random.key(1), (cfg.num_puzzle_identifiers, 64), jnp.float32)
-  batch = make_batch(cfg, 3, seed=4)
+  model, params, state, table, batch = _cpu_form_case(cfg)
 
   v0, l0, (g0, r0) = _value_and_grads(cfg, params, state, table, batch, jnp.float32)
   v1, l1, (g1, r1) = _value_and_grads(dataclasses.replace(cfg, fast_grad=True), params, state,
@@ -561,11 +567,7 @@ def test_seq_major_and_unroll_equal_the_reference_layout(fast_grad):
   equal the reference layout's to float32 rounding; an attention model ignores seq_major; bfloat16
   stays within the float32-vs-bfloat16 tolerances."""
   cfg = dataclasses.replace(TINY, mlp_t=True, pos_encodings="none")
-  model = trm.TRMModel(cfg)
-  params, state = jax.jit(model.init)(jax.random.key(0))
-  params = set_q_head(params, bias=0.1, w_scale=0.1)
-  table = jax.random.normal(jax.random.key(1), (cfg.num_puzzle_identifiers, 64), jnp.float32)
-  batch = make_batch(cfg, 3, seed=4)
+  model, params, state, table, batch = _cpu_form_case(cfg)
   v0, l0, (g0, r0) = _value_and_grads(cfg, params, state, table, batch, jnp.float32)
   for fields in (dict(seq_major=True), dict(unroll=True), dict(seq_major=True, unroll=True)):
     c = dataclasses.replace(cfg, fast_grad=fast_grad, **fields)
