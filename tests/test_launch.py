@@ -306,6 +306,14 @@ def test_watch_relaunches_after_a_preemption_and_the_run_resumes_exactly(referen
 # --------------------------------------------------------------------------------------------------
 # The launcher's behaviour with the stand-in trainer (seconds each).
 
+def _terminal_signals():
+  """In the child before exec: SIGINT delivered and handled by default, as from a terminal. A test
+  process can carry a blocked or ignored SIGINT into its children (a library's threads, the
+  profiler's handlers), and bash cannot trap a signal ignored on entry."""
+  signal.pthread_sigmask(signal.SIG_SETMASK, [])
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_detaches_and_attach_follows_the_run_to_its_end(tmp_path):
   env = _env(tmp_path)
   release = tmp_path / "release"          # the run holds at step 5 until the checks below are done
@@ -313,7 +321,7 @@ def test_ctrl_c_detaches_and_attach_follows_the_run_to_its_end(tmp_path):
                                   *_steps_args(tmp_path, "--steps=40", "--interval=0.2",
                                                "--hold-at=5", f"--release-file={release}")),
                          env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, start_new_session=True)
+                         text=True, start_new_session=True, preexec_fn=_terminal_signals)
   seen = []
   for line in pod.stdout:
     seen.append(line)
@@ -327,6 +335,12 @@ def test_ctrl_c_detaches_and_attach_follows_the_run_to_its_end(tmp_path):
     # or under load since): say what was still running before failing.
     ps = subprocess.run(["ps", "-o", "pid,pgid,stat,etime,args", "-g", str(pod.pid)],
                         capture_output=True, text=True).stdout
+    try:
+      with open(f"/proc/{pod.pid}/status") as fh:
+        ps += "pod.sh " + " ".join(l.strip() for l in fh if l.startswith(("SigBlk", "SigIgn",
+                                                                        "SigCgt", "SigPnd", "ShdPnd")))
+    except OSError:
+      pass
     os.killpg(pod.pid, signal.SIGKILL)
     seen.append(pod.communicate()[0])
     pytest.fail("pod.sh did not exit within 120 s of Ctrl-C. Still running:\n" + ps

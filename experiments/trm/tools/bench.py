@@ -238,9 +238,14 @@ def compile_step(model: str, dtype: str, per_device_batch: int, *, remat: bool =
                  hidden: Optional[int] = None, cpu_tuning: Optional[bool] = None,
                  cpu_forms: Optional[str] = None) -> StepSetup:
   """Builds state/carry/batch as `train.train_and_evaluate` does and AOT-compiles the pmapped step."""
-  config = recipe_config(model, dtype, hidden=hidden, remat=remat,
-                         per_device_batch=per_device_batch, cpu_tuning=cpu_tuning,
-                         cpu_forms=cpu_forms)
+  return compile_config_step(recipe_config(model, dtype, hidden=hidden, remat=remat,
+                                           per_device_batch=per_device_batch,
+                                           cpu_tuning=cpu_tuning, cpu_forms=cpu_forms))
+
+
+def compile_config_step(config: ml_collections.ConfigDict) -> StepSetup:
+  """`compile_step` for any TRM config (e.g. configs/cpu_demo.py's), on a random Sudoku-shaped batch."""
+  per_device_batch = config.global_batch_size // jax.local_device_count()
   n_local = jax.local_device_count()
   _, b = trainer.build(train.TRM(), config, abstract=True)       # the trainer's own step and state
   cfg = b.model_config

@@ -58,7 +58,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import jax  # noqa: E402
 
 from experiments.common import host_malloc  # noqa: E402
-from experiments.common import parallel  # noqa: E402
 from experiments.common import trainer  # noqa: E402
 from experiments.trm import train  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
@@ -226,20 +225,7 @@ def _setup(args: argparse.Namespace) -> bench.StepSetup:
   config.cpu_tuning = tuning
   config.cpu_forms = args.cpu_forms
   trainer.check_config(train.TRM(), config)
-  _, b = trainer.build(train.TRM(), config, abstract=True)
-  state, carry = b.init()
-  state, carry = parallel.replicate(state), parallel.shard(carry)
-  n_local = jax.local_device_count()
-  per_device = config.global_batch_size // n_local
-  batch = parallel.shard(bench.random_batch(n_local, per_device, config.seed))
-  device_index = parallel.shard(parallel.device_indices())
-  p_step = trainer.parallel_train_step(b.train_step, config.nonfinite)
-  t0 = time.perf_counter()
-  compiled = p_step.lower(state, carry, batch, device_index).compile()
-  return bench.StepSetup(cfg=b.model_config, per_device_batch=per_device,
-                         global_batch=config.global_batch_size, compiled=compiled,
-                         compile_s=time.perf_counter() - t0, memory={},
-                         args=(state, carry, batch, device_index))
+  return bench.compile_config_step(config)
 
 
 def _run(setup: bench.StepSetup, n: int) -> List[float]:
