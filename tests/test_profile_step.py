@@ -77,3 +77,18 @@ def test_bad_flags_name_the_fix():
     profile_step.parse_args(["--model=demo", "--dtype=bfloat16"])
   with pytest.raises(SystemExit):
     profile_step.parse_args(["--steps=0"])
+
+
+def test_a_long_operation_counts_every_short_one_beside_it(tmp_path):
+  """One 1 ms operation beside 100 short ones on another thread: its overlap is their summed time,
+  however many operations started in between."""
+  events = [{"ph": "X", "name": "long.1", "pid": 1, "tid": 1, "ts": 0, "dur": 1000}]
+  events += [{"ph": "X", "name": f"short.{k}", "pid": 1, "tid": 2, "ts": 5 + 9 * k, "dur": 4}
+             for k in range(100)]
+  path = tmp_path / "perfetto_trace.json.gz"
+  with gzip.open(path, "wt") as fh:
+    json.dump({"traceEvents": events}, fh)
+  rows, _ = profile_step.profile_table(profile_step.parse_trace(str(path)), {}, steps=1)
+  by_name = {r["op"]: r for r in rows}
+  assert by_name["long"]["overlap"] == pytest.approx(400 / 1000)
+  assert by_name["short"]["overlap"] == pytest.approx(1.0)

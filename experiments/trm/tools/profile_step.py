@@ -161,12 +161,18 @@ def profile_table(ops: Sequence[Op], index: Dict[str, HloOp], steps: int) -> Tup
   """Rows grouped by (shape, source), per step, sorted by ms; and the header's totals."""
   groups: Dict[Tuple[str, str], Dict[str, float]] = {}
   ends = [o.end for o in ops]
+  reach = []                        # reach[j]: the latest end among ops[0..j] (ops sorted by start)
+  for e in ends:
+    reach.append(max(e, reach[-1]) if reach else e)
   for i, o in enumerate(ops):
     h = index.get(o.name, HloOp("?", re.sub(r"\.\d+$", "", o.name), 0.0))
     g = groups.setdefault((h.shape, h.source), {"us": 0.0, "calls": 0, "flops": 0.0, "ov": 0.0})
     dur = o.end - o.start
     shared = 0.0
-    for p in ops[max(0, i - 64):]:
+    first = i                       # the earliest op that can still be running when o starts
+    while first > 0 and reach[first - 1] > o.start:
+      first -= 1
+    for p in ops[first:]:
       if p.start >= o.end:
         break
       if p is not o and p.tid != o.tid and p.end > o.start:
