@@ -410,9 +410,11 @@ class TRMModel:
     z = jnp.zeros((1, cfg.total_len, cfg.hidden_size), cfg.dtype)
     rows = jnp.zeros((1, cfg.emb_ndim), jnp.float32) if cfg.prefix_len else None
     params_rng, latents_rng = jax.random.split(rng)
-    params, inner_state = self._inner.init(params_rng, z, z, batch["inputs"], rows)
+    # Compiled as one program: the same values as running the forward op by op (which compiles each
+    # primitive on its own: 3.8 s for make run's model on the dev CPU, 1.7 s jitted).
+    params, inner_state = jax.jit(self._inner.init)(params_rng, z, z, batch["inputs"], rows)
     assert not inner_state, inner_state
-    _, state = self._latents.init(latents_rng)
+    _, state = jax.jit(self._latents.init)(latents_rng)
     return params, state
 
   def init_puzzle_table(self) -> jax.Array:

@@ -79,6 +79,7 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
   assert b.model_config.fast_grad
   if family == "trm":
     assert b.model_config.seq_major and b.model_config.unroll
+    assert b.compiler_options == parallel.CPU_DOTS_ONLY      # cpu_forms "all" has split_reduce
   p = dry_run.programs(b, config, cpu)["train_step"]
   lowered = parallel.pmap_step(p.fn, replicated_in=p.replicated_in, out_axes=p.out_axes
                                ).lower(*p.args)
@@ -90,6 +91,7 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
   assert not b.model_config.fast_grad
   if family == "trm":
     assert not (b.model_config.seq_major or b.model_config.unroll)
+  assert not b.compiler_options                               # no XLA:CPU option in a TPU program
   p = dry_run.programs(b, config, on_tpu)["train_step"]
   assert not tpu.hlo_has_layout_constraints(
       tpu.lower_pmap(p.fn, t, dry_run._per_device(p), replicated_in=p.replicated_in,  # pylint: disable=protected-access

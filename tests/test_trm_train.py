@@ -190,7 +190,14 @@ def test_cpu_forms_pick_the_model_fields_and_never_reach_a_tpu_program():
   c.cpu_forms = "none"
   none = train.model_config(c, sudoku.METADATA, fast_grad=True)
   assert not (none.fast_grad or none.seq_major or none.unroll)
+  assert train.compiler_options(c, cpu_tuning=True) == {}               # no split_reduce
+  c.cpu_forms = "split_reduce"
+  only = train.model_config(c, sudoku.METADATA, fast_grad=True)
+  assert not (only.fast_grad or only.seq_major or only.unroll)
+  assert train.compiler_options(c, cpu_tuning=True) == parallel.CPU_DOTS_ONLY
   c.cpu_forms = "all"
+  assert train.compiler_options(c, cpu_tuning=True) == parallel.CPU_DOTS_ONLY
+  assert train.compiler_options(c, cpu_tuning=False) == {}               # not a CPU target
   tpu = train.model_config(c, sudoku.METADATA, fast_grad=False)         # not a CPU target
   assert not (tpu.fast_grad or tpu.seq_major or tpu.unroll)
   c.cpu_forms = "fast_grad,seqmajor"

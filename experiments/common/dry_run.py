@@ -86,14 +86,16 @@ def programs(b: experiment_lib.Build, config: ml_collections.ConfigDict,
   return out
 
 
-def compile_program(p: experiment_lib.Program, *, devices: Optional[Sequence[Any]] = None):
-  """(compiled, seconds): `pmap(p.fn)` over `devices` (default: this host's), arguments widened."""
+def compile_program(p: experiment_lib.Program, *, devices: Optional[Sequence[Any]] = None,
+                    compiler_options: Optional[Dict[str, str]] = None):
+  """(compiled, seconds): `pmap(p.fn)` over `devices` (default: this host's), arguments widened,
+  with the Build's XLA `compiler_options` (CPU targets only)."""
   n = len(devices) if devices is not None else jax.local_device_count()
   args = tuple(a if i in p.replicated_in else widen(a, n) for i, a in enumerate(p.args))
   fn = parallel.pmap_step(p.fn, replicated_in=p.replicated_in, out_axes=p.out_axes,
                           donate_argnums=p.donate_argnums, devices=devices)
   t0 = time.perf_counter()
-  compiled = fn.lower(*args).compile()
+  compiled = fn.lower(*args).compile(compiler_options=dict(compiler_options or {}) or None)
   return compiled, time.perf_counter() - t0
 
 
@@ -114,7 +116,7 @@ def _cpu_report(experiment: experiment_lib.Experiment, config: ml_collections.Co
   if b.summary:
     rows += [("model", line) for line in b.summary.splitlines()]
   for pname, p in programs(b, config, layout).items():
-    compiled, seconds = compile_program(p)
+    compiled, seconds = compile_program(p, compiler_options=dict(b.compiler_options))
     mem = compiled.memory_analysis()
     text = f"compile {seconds:.1f} s"
     if mem is not None:

@@ -122,6 +122,9 @@ class Build:
     on_start: called once with the workdir and the start step before training (extra files).
     init: `() -> (state, device_state)` with real values, for an `abstract` build (benchmarks
       compile and run the real step on synthetic batches without reading data).
+    compiler_options: XLA options for the training and evaluation steps' compiles
+      (`parallel.pmap_step`); experiments set them for a CPU target only (`layout.cpu_tuning`), so
+      a TPU program never carries them.
   """
   state: Any
   train_step: Callable[..., Any]
@@ -147,6 +150,7 @@ class Build:
   results: Optional[Callable[[Mapping[str, Scalars], Mapping[int, Any]], Dict[str, Any]]] = None
   on_start: Optional[Callable[[workdir_lib.Workdir, int], None]] = None
   init: Optional[Callable[[], Tuple[Any, Any]]] = None
+  compiler_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 class Experiment:

@@ -93,9 +93,44 @@ def first_local(x: Any) -> np.ndarray:
   return np.asarray(x)
 
 
+CPU_DOTS_ONLY = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+"""XLA compiler options for a CPU program: YNNPACK (XLA:CPU's matmul library) gets single dots only,
+never a dot fused with the reduction after it. XLA 0.10.2's default also fuses a dot with a following
+reduce (e.g. a projection, the residual add and RMSNorm's sum of squares in one YNNPACK fusion), and
+those fused kernels ran at a third to a half of the plain dot's rate on the dev CPU (docs/benchmarks.md).
+Options of one compile (`pmap_step(compiler_options=...)`), not of the process: other programs keep
+XLA's defaults."""
+
+
+class _CompiledOnCall:
+  """A pmapped function compiled ahead of time with XLA `compiler_options`, once per argument
+  signature (tree structure, shapes, dtypes), on its first call with that signature. Traced calls
+  (`jax.eval_shape`) go to the pmapped function; `lower` is its own (callers compiling by hand pass
+  `compiler_options` themselves)."""
+
+  def __init__(self, pmapped: Callable[..., Any], compiler_options: dict):
+    self._pmapped = pmapped
+    self.compiler_options = dict(compiler_options)
+    self.lower = pmapped.lower
+    self._compiled = {}
+
+  def __call__(self, *args):
+    leaves, tree = jax.tree.flatten(args)
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+      return self._pmapped(*args)            # traced (jax.eval_shape, an outer jit): no compile
+    key = (tree, tuple((np.shape(x), np.dtype(getattr(x, "dtype", np.result_type(x))))
+                       for x in leaves))
+    compiled = self._compiled.get(key)
+    if compiled is None:
+      compiled = self._pmapped.lower(*args).compile(compiler_options=self.compiler_options)
+      self._compiled[key] = compiled
+    return compiled(*args)
+
+
 def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_axes: Any = 0,
               donate_argnums: Sequence[int] = (),
-              devices: Optional[Sequence[Any]] = None) -> Callable[..., Any]:
+              devices: Optional[Sequence[Any]] = None,
+              compiler_options: Optional[dict] = None) -> Callable[..., Any]:
   """`jax.pmap(fn)` over local devices (or `devices`) with axis name `AXIS`.
 
   Args:
@@ -107,11 +142,18 @@ def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_
     donate_argnums: arguments whose buffers may be reused for outputs (state updated in place).
     devices: the devices to map over, in order (default: this process's devices, as `jax.pmap`);
       `experiments.common.tpu` passes a TPU topology's devices to compile for a whole slice.
+    compiler_options: XLA options for this step's compiles (e.g. `CPU_DOTS_ONLY`; callers pass
+      them only for a CPU target). The step is then compiled ahead of time on its first call per
+      argument signature. Single-process only: with several processes the options are not applied
+      (JAX's ahead-of-time pmap has no host-local to global conversion) and the step is plain.
   """
   num_args = len(inspect.signature(fn).parameters)
   in_axes = tuple(None if i in replicated_in else 0 for i in range(num_args))
-  return jax.pmap(fn, axis_name=AXIS, in_axes=in_axes, out_axes=out_axes,
-                  donate_argnums=tuple(donate_argnums), devices=devices)
+  pmapped = jax.pmap(fn, axis_name=AXIS, in_axes=in_axes, out_axes=out_axes,
+                     donate_argnums=tuple(donate_argnums), devices=devices)
+  if compiler_options and jax.process_count() == 1:
+    return _CompiledOnCall(pmapped, compiler_options)
+  return pmapped
 
 
 def device_indices() -> np.ndarray:

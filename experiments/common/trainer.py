@@ -175,13 +175,15 @@ def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransforma
 
 def parallel_train_step(train_step: Callable[..., Any], nonfinite: str, *,
                         devices: Optional[Sequence[Any]] = None,
-                        donate: bool = True) -> Callable[..., Any]:
+                        donate: bool = True,
+                        compiler_options: Optional[Mapping[str, str]] = None
+                        ) -> Callable[..., Any]:
   """`guarded_step` pmapped: state replicated (in and out), per-device state and batch sharded,
   state and per-device state donated (`donate=False` keeps the inputs, e.g. for tests that reuse
-  them)."""
+  them); `compiler_options`: the Build's XLA options (`parallel.pmap_step`)."""
   return parallel.pmap_step(guarded_step(train_step, nonfinite), replicated_in=(0,),
                             out_axes=(None, 0, 0), donate_argnums=(0, 1) if donate else (),
-                            devices=devices)
+                            devices=devices, compiler_options=dict(compiler_options or {}))
 
 
 def _per_device_specs(tree: Any) -> Any:
@@ -437,7 +439,8 @@ class _Run:
       notice = cpu_features.bf16_notice(compute_dtype(self.b.model_config))
       if notice:
         logging.warning("%s", notice)
-    self.p_step = parallel_train_step(self.b.train_step, config.nonfinite)
+    self.p_step = parallel_train_step(self.b.train_step, config.nonfinite,
+                                      compiler_options=self.b.compiler_options)
     self.device_index = parallel.shard(parallel.device_indices())
     self.ckpt = checkpointing.CheckpointManager(
         wd.checkpoints, max_to_keep=config.keep_checkpoints,

@@ -96,7 +96,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   evaluators_lib.names(config)
 
 
-CPU_FORMS = ("fast_grad", "seq_major", "unroll")
+CPU_FORMS = ("fast_grad", "seq_major", "unroll", "split_reduce")
+"""config.cpu_forms' names: the first three are TRMConfig fields (model forms); split_reduce is the
+XLA compiler option `parallel.CPU_DOTS_ONLY` for the training and evaluation steps."""
+MODEL_FORMS = CPU_FORMS[:3]
 
 
 def cpu_forms(config: ml_collections.ConfigDict) -> Tuple[str, ...]:
@@ -118,13 +121,19 @@ def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any],
   `layout.cpu_tuning`, i.e. by the TARGET platform) turns on the CPU forms config.cpu_forms names:
   the CPU matmul forms, the sequence-major mlp_t recursion, the unrolled cycle with gradient."""
   fields = dict(config.model.to_dict())
-  forms = {name: fast_grad and name in cpu_forms(config) for name in CPU_FORMS}
+  forms = {name: fast_grad and name in cpu_forms(config) for name in MODEL_FORMS}
   try:
     return trm.TRMConfig(seq_len=int(metadata["seq_len"]), vocab_size=int(metadata["vocab_size"]),
                          num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]),
                          **forms, **fields)
   except ValueError as e:   # TRMConfig names the field, the value and the fix
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
+
+
+def compiler_options(config: ml_collections.ConfigDict, cpu_tuning: bool) -> Dict[str, str]:
+  """XLA options of the training and evaluation steps: `parallel.CPU_DOTS_ONLY` for a CPU target
+  (`layout.cpu_tuning`) when config.cpu_forms includes split_reduce; none otherwise."""
+  return dict(parallel.CPU_DOTS_ONLY) if cpu_tuning and "split_reduce" in cpu_forms(config) else {}
 
 
 def epoch_examples(metadata: Dict[str, Any], num_train_rows: int) -> int:
@@ -496,8 +505,9 @@ class TRM(experiment.Experiment):
       return {"params": state.ema if config.ema else state.params,
               "model_state": state.model_state, "puzzle_table": state.puzzle_table}
 
+    options = compiler_options(config, layout.cpu_tuning)
     common = dict(
-        state=state, device_state=device_state, train_step=make_train_step(model, adam, sign, config,
+        compiler_options=options, state=state, device_state=device_state, train_step=make_train_step(model, adam, sign, config,
                                                                            b),
         total_steps=total_steps, example_batch=example_batch,
         train_scalars=functools.partial(train_scalars, config, total_steps), progress=PROGRESS,
@@ -526,7 +536,7 @@ class TRM(experiment.Experiment):
             data.name, data.data_dir, data.builder_kwargs)))
     p_eval_step = parallel.pmap_step(
         make_eval_step(model, b, sharded=shard, predictions=bool(scorers)),
-        replicated_in=(0, 1) if shard else (0, 1, 2), out_axes=0)
+        replicated_in=(0, 1) if shard else (0, 1, 2), out_axes=0, compiler_options=options)
     device_index = parallel.shard(parallel.device_indices())
     num_test = data.num_examples(ds.test_split)
 

@@ -255,7 +255,8 @@ def compile_config_step(config: ml_collections.ConfigDict) -> StepSetup:
   device_index = parallel.shard(parallel.device_indices())
   p_step = trainer.parallel_train_step(b.train_step, config.nonfinite)
   t0 = time.perf_counter()
-  compiled = p_step.lower(state, carry, batch, device_index).compile()
+  compiled = p_step.lower(state, carry, batch, device_index).compile(
+      compiler_options=dict(b.compiler_options) or None)         # the trainer's XLA options
   compile_s = time.perf_counter() - t0
   return StepSetup(cfg=cfg, per_device_batch=per_device_batch,
                    global_batch=per_device_batch * n_local, compiled=compiled, compile_s=compile_s,

@@ -35,7 +35,7 @@ Command lines:
 
 Flags: --models=mlp,att  --dtypes=float32,bfloat16  --batches=64,256  --steps=3  --block=1
   --hidden=0 (the recipe's 512)  --quick  --no_keep_heap  --no_fast_grad  --no_reference
-  --cpu_forms=all (or none, or a comma list of fast_grad,seq_major,unroll: which CPU forms podlab uses)
+  --cpu_forms=all (or none, or a comma list of fast_grad,seq_major,unroll,split_reduce: which CPU forms podlab uses)
   --json_out=PATH
 At the recipe size one step takes 10-40 s per framework on a 2-core CPU: narrow the cells.
 """
@@ -282,7 +282,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                   help="podlab without the CPU matmul forms (config.cpu_tuning=False)")
   ap.add_argument("--cpu_forms", default="all",
                   help="which CPU forms podlab uses: all, none or a comma list of "
-                       "fast_grad,seq_major,unroll (config.cpu_forms)")
+                       "fast_grad,seq_major,unroll,split_reduce (config.cpu_forms)")
   ap.add_argument("--no_reference", action="store_true",
                   help="podlab alone (to compare podlab variants; the reference's columns are NaN)")
   ap.add_argument("--json_out", default="")

@@ -32,7 +32,8 @@ Command lines:
 
 Flags: --model=demo|mlp|att  --dtype=float32|bfloat16 (recipes; demo is float32)  --batch=0 (0: the
   config's, 64 for the recipes)  --steps=3  --warmup=5  --top=30  --cpu_tuning=true|false
-  --hidden=0 (recipes: 0 = 512)  --cpu_forms=all (none, or a comma list of fast_grad,seq_major,unroll)
+  --hidden=0 (recipes: 0 = 512)  --cpu_forms=all (none, or a comma list of fast_grad,seq_major,unroll,
+  split_reduce)
 
 Functions (tests call them): `parse_trace`, `hlo_index`, `profile_table`, `format_profile`.
 """
@@ -258,7 +259,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--top", type=int, default=30)
   ap.add_argument("--cpu_tuning", default="true", choices=["true", "false"])
   ap.add_argument("--cpu_forms", default="all",
-                  help="all, none or a comma list of fast_grad,seq_major,unroll (config.cpu_forms)")
+                  help="all, none or a comma list of fast_grad,seq_major,unroll,split_reduce "
+                       "(config.cpu_forms)")
   args = ap.parse_args(argv)
   args.cpu_tuning = args.cpu_tuning == "true"
   if args.model == "demo" and args.dtype != "float32":
