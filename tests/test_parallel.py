@@ -1,5 +1,6 @@
 """parallel.pmap_step with XLA compiler options (`CPU_DOTS_ONLY`, TRM's split_reduce CPU form)."""
 
+import concurrent.futures
 import re
 
 import jax
@@ -58,3 +59,18 @@ def test_a_step_with_compiler_options_compiles_once_per_signature_and_keeps_the_
   assert len(p._compiled) == 2                                  # pylint: disable=protected-access
   plain = parallel.pmap_step(_step, replicated_in=(0,), out_axes=(None, 0))
   assert not hasattr(plain, "compiler_options")                 # no options: jax.pmap itself
+
+
+def test_precompile_from_shapes_serves_the_first_call():
+  w, x = _inputs()
+  p = parallel.pmap_step(_step, replicated_in=(0,), out_axes=(None, 0),
+                         compiler_options=parallel.CPU_DOTS_ONLY)
+  specs = (jax.ShapeDtypeStruct(w.shape, w.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype))
+  lowered = p.precompile(*specs)                                # compiles in a background thread
+  assert lowered.out_info[1].shape == (x.shape[0], 256)
+  _, s = p(w, x)                                                # waits for it: no second compile
+  assert len(p._compiled) == 1                                  # pylint: disable=protected-access
+  assert not isinstance(next(iter(p._compiled.values())),       # pylint: disable=protected-access
+                        concurrent.futures.Future)
+  x64, w64 = x.astype(np.float64), w.astype(np.float64)
+  np.testing.assert_allclose(np.asarray(s), np.sum((x64 @ w64 + x64) ** 2, axis=-1), rtol=1e-5)

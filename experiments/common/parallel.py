@@ -37,6 +37,7 @@ counterparts of `local_mesh` and `pmap_step`: the same per-device-program style,
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 from typing import Any, Callable, Optional, Sequence
 
@@ -102,25 +103,44 @@ Options of one compile (`pmap_step(compiler_options=...)`), not of the process: 
 XLA's defaults."""
 
 
+def _signature(args: Any) -> Any:
+  """(tree structure, ((shape, dtype) per leaf)) of arrays or ShapeDtypeStructs."""
+  leaves, tree = jax.tree.flatten(args)
+  return tree, tuple((tuple(x.shape), np.dtype(x.dtype)) if hasattr(x, "dtype")
+                     else (np.shape(x), np.result_type(x)) for x in leaves)
+
+
 class _CompiledOnCall:
   """A pmapped function compiled ahead of time with XLA `compiler_options`, once per argument
-  signature (tree structure, shapes, dtypes), on its first call with that signature. Traced calls
-  (`jax.eval_shape`) go to the pmapped function; `lower` is its own (callers compiling by hand pass
-  `compiler_options` themselves)."""
+  signature (tree structure, shapes, dtypes): on its first call with that signature, or in a
+  background thread from `precompile`. Traced calls (`jax.eval_shape`) go to the pmapped function;
+  `lower` is its own (callers compiling by hand pass `compiler_options` themselves)."""
 
   def __init__(self, pmapped: Callable[..., Any], compiler_options: dict):
     self._pmapped = pmapped
     self.compiler_options = dict(compiler_options)
     self.lower = pmapped.lower
-    self._compiled = {}
+    self._compiled = {}          # signature -> Compiled, or a Future of one (precompile)
+
+  def precompile(self, *args) -> Any:
+    """Lowers for `args` (arrays or ShapeDtypeStructs) on this thread and compiles in a background
+    thread, so that the host can do other start-up work meanwhile (XLA compiles without the GIL);
+    the first call with that signature waits for it. Returns the Lowered (`out_info`: the outputs'
+    shapes)."""
+    lowered = self._pmapped.lower(*args)
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="podlab-compile")
+    self._compiled[_signature(args)] = pool.submit(lowered.compile,
+                                                   compiler_options=self.compiler_options)
+    pool.shutdown(wait=False)
+    return lowered
 
   def __call__(self, *args):
-    leaves, tree = jax.tree.flatten(args)
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
       return self._pmapped(*args)            # traced (jax.eval_shape, an outer jit): no compile
-    key = (tree, tuple((np.shape(x), np.dtype(getattr(x, "dtype", np.result_type(x))))
-                       for x in leaves))
+    key = _signature(args)
     compiled = self._compiled.get(key)
+    if isinstance(compiled, concurrent.futures.Future):
+      compiled = self._compiled[key] = compiled.result()
     if compiled is None:
       compiled = self._pmapped.lower(*args).compile(compiler_options=self.compiler_options)
       self._compiled[key] = compiled

@@ -455,11 +455,14 @@ class _Run:
     if batch is None:
       batch = _per_device_specs(next(iter(b.batches(0))))
     device_state = b.device_state
-    out = jax.eval_shape(self.p_step, _per_device_specs(b.state) if not isinstance(
+    args = (_per_device_specs(b.state) if not isinstance(
         jax.tree.leaves(b.state)[0], jax.ShapeDtypeStruct) else b.state,
-                         _per_device_specs(device_state), batch,
-                         jax.ShapeDtypeStruct((self.layout.devices_per_host,), jnp.int32))
-    return tuple(sorted(out[2]))
+            _per_device_specs(device_state), batch,
+            jax.ShapeDtypeStruct((self.layout.devices_per_host,), jnp.int32))
+    precompile = getattr(self.p_step, "precompile", None)
+    if precompile is not None:   # one trace; XLA compiles the step while the run starts up
+      return tuple(sorted(precompile(*args).out_info[2]))
+    return tuple(sorted(jax.eval_shape(self.p_step, *args)[2]))
 
   # ----------------------------------------------------------------------------------------------
   def _start(self) -> Tuple[int, Any, Any, str]:

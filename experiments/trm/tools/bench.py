@@ -223,6 +223,7 @@ class StepSetup:
   compile_s: float
   memory: Dict[str, float]
   args: Tuple[Any, Any, Any, Any]          # state, carry, batch, device_index
+  split_reduce: bool = False               # compiled with parallel.CPU_DOTS_ONLY (config.cpu_forms)
 
 
 def random_batch(n_local: int, per_device: int, seed: int = 0) -> Dict[str, np.ndarray]:
@@ -260,7 +261,8 @@ def compile_config_step(config: ml_collections.ConfigDict) -> StepSetup:
   compile_s = time.perf_counter() - t0
   return StepSetup(cfg=cfg, per_device_batch=per_device_batch,
                    global_batch=per_device_batch * n_local, compiled=compiled, compile_s=compile_s,
-                   memory=_memory(compiled), args=(state, carry, batch, device_index))
+                   memory=_memory(compiled), args=(state, carry, batch, device_index),
+                   split_reduce=bool(b.compiler_options))
 
 
 def time_steps(setup: StepSetup, steps: int, warmup: int = 0, label: str = "") -> List[float]:

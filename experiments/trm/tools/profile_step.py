@@ -278,7 +278,8 @@ def main(argv: Sequence[str]) -> int:
   setup = _setup(args)
   print(f"model {args.model}, {setup.cfg.forward_dtype}, global batch {setup.global_batch}, "
         f"cpu_tuning {args.cpu_tuning} (fast_grad {setup.cfg.fast_grad}, seq_major "
-        f"{setup.cfg.seq_major}, unroll {setup.cfg.unroll}); compiled in {setup.compile_s:.1f} s",
+        f"{setup.cfg.seq_major}, unroll {setup.cfg.unroll}, split_reduce {setup.split_reduce}); "
+        f"compiled in {setup.compile_s:.1f} s",
         flush=True)
   index = hlo_index(setup.compiled.as_text())
   warm = _run(setup, args.warmup)
