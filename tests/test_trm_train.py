@@ -47,10 +47,22 @@ def _event_scalars(workdir):
   return out
 
 
-def test_train_writes_metrics_checkpoints_table_and_resumes(tmp_path):
+def test_train_writes_metrics_checkpoints_table_and_resumes(tmp_path, monkeypatch):
   workdir = str(tmp_path / "run")
   config = _smoke_config(tmp_path)
+  steps = []                     # the steps compiled with split_reduce's XLA option (a CPU target)
+  init = parallel._CompiledOnCall.__init__          # pylint: disable=protected-access
+
+  def record(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    steps.append(self)
+
+  monkeypatch.setattr(parallel._CompiledOnCall, "__init__", record)  # pylint: disable=protected-access
   results = train.train_and_evaluate(config, workdir)
+  # The training step (precompiled at start from shapes) and the evaluation step: one compile each,
+  # so the precompiled signature is the one the loop calls with.
+  assert [len(p._compiled) for p in steps] == [1, 1]  # pylint: disable=protected-access
+  assert all(p.compiler_options == parallel.CPU_DOTS_ONLY for p in steps)
 
   # Final table: every test puzzle counted once (40 puzzles in 3 padded batches of 16 on 4 devices).
   assert results["test"]["count"] == 40
