@@ -18,7 +18,8 @@ What it owns, in the order of a run:
 3. The loop: one pmapped step per update (`parallel.pmap_step`, state replicated with
    `in_axes=None`, donated; with the Build's XLA `compiler_options`, a CPU target's, the step is
    lowered once at start and compiled in a background thread while the checkpoint manager, the
-   writers and the input pipeline start); metric sums stay on the devices and are read once per log interval;
+   writers and the input pipeline start); metric sums stay on the devices and are read once per
+   log interval;
    the non-finite guard (config.nonfinite: "stop" ends the run naming the first non-finite metric
    and the last good checkpoint; "skip" drops the update; "continue" as the references do) is checked
    one step late, so the host never waits on the device, and always before a log, an evaluation or

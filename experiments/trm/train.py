@@ -507,8 +507,8 @@ class TRM(experiment.Experiment):
 
     options = compiler_options(config, layout.cpu_tuning)
     common = dict(
-        compiler_options=options, state=state, device_state=device_state, train_step=make_train_step(model, adam, sign, config,
-                                                                           b),
+        compiler_options=options, state=state, device_state=device_state,
+        train_step=make_train_step(model, adam, sign, config, b),
         total_steps=total_steps, example_batch=example_batch,
         train_scalars=functools.partial(train_scalars, config, total_steps), progress=PROGRESS,
         items_per_step=layout.global_batch, flops_per_step=flops.total * layout.global_batch,
