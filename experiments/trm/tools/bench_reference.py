@@ -11,15 +11,17 @@ the same starting weights (podlab's init, exported to the reference's state_dict
               and SignSGD at the scheduled rates, EMA; parity with podlab's step is checked by
               tests/test_trm_reference_step.py.
 After one untimed step of each, the two run in alternating blocks (`--block` steps of podlab, then of
-the reference, `--steps` times), so slow and fast periods of a shared machine fall on both alike.
+the reference, `--steps` times), so slow and fast periods of a shared machine fall on both alike;
+then one more untimed step of each measures its heap.
 
 Columns (times in ms per optimizer step; batch = examples per step, the global batch):
   *_ms, *_p10, *_p90   median, 10th and 90th percentile of the timed steps.
   *_ex_s               batch / median.
-  *_heap_GB            peak C-heap bytes in use during that framework's blocks (glibc mallinfo2,
-                       sampled every 100 ms: sampling every 5 ms slowed the reference's small eager
-                       ops several-fold through the malloc lock; both frameworks allocate through
-                       malloc). With the glibc
+  *_heap_GB            peak C-heap bytes in use during one more, untimed step of that framework
+                       after the timed rounds (glibc mallinfo2, sampled every 100 ms; sampling
+                       during the timed steps slowed both frameworks' steps by 3-5%, and every 5 ms
+                       the reference's small eager ops several-fold, through the malloc lock; both
+                       frameworks allocate through malloc). With the glibc
                        heap kept (host_malloc.keep_heap, on as in training) freed memory stays in the
                        process, so its RSS cannot be split between the two; this can.
   speed_ratio          podlab examples/s / reference examples/s (> 1: podlab is faster).
@@ -227,14 +229,17 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
     _log(f"{label}: {name} warm-up step {time.perf_counter() - t0:.3f} s")
   for r in range(steps):
     for name, fn in runs.items():
-      heap[name].start()
       for _ in range(block):
         t0 = time.perf_counter()
         fn()
         times[name].append(time.perf_counter() - t0)
-      heap[name].stop()
       _log(f"{label}: round {r + 1}/{steps} {name}: "
            + ", ".join(f"{t:.3f}" for t in times[name][-block:]) + " s")
+  for name, fn in runs.items():          # the heap round: sampled, untimed (sampling costs 3-5%)
+    heap[name].start()
+    fn()
+    heap[name].stop()
+  _log(f"{label}: heap round (one untimed step each) done")
   del state, carry
   row: Dict[str, Any] = {"model": model, "dtype": dtype, "batch": setup.global_batch,
                          "fast_grad": setup.cfg.fast_grad, "seq_major": setup.cfg.seq_major,
