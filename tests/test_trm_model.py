@@ -560,7 +560,10 @@ def test_fast_grad_equals_autodiff_in_float32_and_keeps_bfloat16_tolerances(mlp_
     assert np.corrcoef(ref, fast)[0, 1] > np.corrcoef(ref, plain)[0, 1] - 0.005
 
 
-@pytest.mark.parametrize("fast_grad", [False, True], ids=["autodiff", "fast_grad"])
+# fast_grad=False (the forms without the row-major weight gradients: a cpu_forms subset for
+# measuring) is `make test-slow`; the CPU default, fast_grad with seq_major and unroll, is `make test`.
+@pytest.mark.parametrize("fast_grad", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["autodiff", "fast_grad"])
 def test_seq_major_and_unroll_equal_the_reference_layout(fast_grad):
   """seq_major (the [S, B, D] recursion of mlp_t models) and unroll (the cycle with gradient written
   out) are CPU forms of the same computation: float32 value, logits, latents and every gradient
