@@ -28,9 +28,10 @@ def shared_data_dir() -> pathlib.Path:
 # The files holding the suite's longest tests (15-100 s each on 2 busy cores: `pytest --durations`),
 # collected first. `make test` runs pytest-xdist with --dist worksteal: worker 0 starts on the first
 # half of the tests (these long ones first, so the module-scoped fixtures of test_launch.py run once),
-# worker 1 on the second half, and whichever runs out takes tests from the end of the other's queue:
-# the two finish within one short test of each other, never with a long test left at the end. The
-# order of the tests within a file and of the other files is unchanged.
+# worker 1 on the second half, and whichever runs out takes tests from the end of the other's queue
+# (where the short ones are), so the two finish close together. A test is never moved once it runs,
+# so the order is what keeps a long test from starting last. The order of the tests within a file
+# and of the other files is unchanged.
 LONG_FIRST = ("test_launch.py", "test_arc_train.py", "test_multiprocess_train.py",
               "test_init_from.py", "test_entry.py", "test_faults.py", "test_trm_model.py",
               "test_trm_train.py", "test_diffucoder_generate.py", "test_dry_run.py")
