@@ -89,6 +89,10 @@ class TRMConfig:
     set with fast_grad): a loop with gradient stores every iteration's residuals into stacked
     buffers, an unrolled one keeps them in place. The same operations; XLA fuses them differently,
     so results agree to float32 rounding. Off by default.
+  head_major: (attention models; a CPU target only, set with fast_grad) the attention copies q, k
+    and v head-major once and runs its batched matmuls on them (`layers.dot_product_attention`)
+    instead of XLA's own copies around each. The same products, summed in another order. Off by
+    default.
   """
   seq_len: int
   vocab_size: int
@@ -112,6 +116,7 @@ class TRMConfig:
   fast_grad: bool = False
   seq_major: bool = False
   unroll: bool = False
+  head_major: bool = False
 
   def __post_init__(self):
     def bad(field, value, fix):
@@ -188,7 +193,8 @@ class TRMBlock(hk.Module):
       h = layers.rms_norm(h + mixed, axis=1, eps=eps)            # normalise over the SEQUENCE axis
     else:
       attn = layers.Attention(num_heads=cfg.num_heads, head_dim=cfg.head_dim, causal=False,
-                              dtype=cfg.dtype, name="self_attn", fast_grad=cfg.fast_grad)
+                              dtype=cfg.dtype, name="self_attn", fast_grad=cfg.fast_grad,
+                              head_major=cfg.head_major)
       h = layers.rms_norm(h + attn(h, rope=rope), eps=eps)
     mlp = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp",
                         fast_grad=cfg.fast_grad)

@@ -263,7 +263,7 @@ D = 32
 
 
 def run_attention(x, *, H, K, Dh, causal=False, qkv_bias=False, out_bias=False, mask=None,
-                  rope_pos=None, theta=10000.0, seed=0):
+                  rope_pos=None, theta=10000.0, seed=0, head_major=False):
   rng = np.random.default_rng(seed + 100)
 
   def fn(x, mask):
@@ -271,7 +271,8 @@ def run_attention(x, *, H, K, Dh, causal=False, qkv_bias=False, out_bias=False, 
     if rope_pos is not None:
       rope = layers.rope_tables(jnp.asarray(rope_pos), head_dim=Dh, theta=theta)
     attn = layers.Attention(num_heads=H, head_dim=Dh, num_kv_heads=K, causal=causal,
-                            qkv_bias=qkv_bias, out_bias=out_bias, dtype=jnp.float32, name="attn")
+                            qkv_bias=qkv_bias, out_bias=out_bias, dtype=jnp.float32, name="attn",
+                            head_major=head_major)
     return attn(x, rope=rope, mask=mask)
 
   f = transform(fn)
@@ -363,6 +364,40 @@ def test_attention_with_rope():
   pos = np.stack([np.arange(S), np.arange(S) + 3])
   y, want = run_attention(_x(S=S), H=4, K=2, Dh=8, rope_pos=pos, theta=100.0, causal=True, seed=5)
   assert_close(y, want, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_head_major_matches_numpy_and_the_default_gradients():
+  """head_major (a CPU form: q, k, v copied head-major before the batched matmuls) is the same
+  attention: float64 NumPy's values with grouped heads, a padding mask with a fully masked row, RoPE
+  and a causal mask; its float32 gradients equal the default layout's to rounding."""
+  B, S = 2, 6
+  mask = np.ones((B, S, S), bool)
+  mask[1, :, 3:] = False
+  mask[1, 2, :] = False
+  pos = np.stack([np.arange(S), np.arange(S) + 3])
+  for kw in (dict(H=4, K=4, Dh=8), dict(H=4, K=2, Dh=8, mask=mask, seed=3),
+             dict(H=4, K=2, Dh=8, rope_pos=pos, theta=100.0, causal=True, seed=5)):
+    y, want = run_attention(_x(), head_major=True, **kw)
+    assert y.shape == (B, S, D), kw
+    assert_close(y, want, rtol=1e-4, atol=1e-5, msg=str(kw))
+
+  x = _x()
+  jmask = jnp.asarray(mask)[:, None]
+  def loss(head_major):
+    f = transform(lambda x: layers.Attention(num_heads=4, head_dim=8, num_kv_heads=2,
+                                             dtype=jnp.float32, name="attn",
+                                             head_major=head_major)(x, mask=jmask))
+    return f, lambda p, x: jnp.sum(jnp.sin(f.apply(p, x)))
+  f0, l0 = loss(False)
+  _, l1 = loss(True)
+  params = f0.init(jax.random.key(1), x)
+  g0 = jax.jit(jax.grad(l0, argnums=(0, 1)))(params, x)
+  g1 = jax.jit(jax.grad(l1, argnums=(0, 1)))(params, x)
+  for (path, a), b in zip(jax.tree.leaves_with_path(g1), jax.tree.leaves(g0)):
+    scale = np.abs(f64(b)).max()
+    assert scale > 0, jax.tree_util.keystr(path)
+    np.testing.assert_allclose(f64(a), f64(b), rtol=1e-5, atol=1e-6 * scale,
+                               err_msg=jax.tree_util.keystr(path))
 
 
 def test_attention_bfloat16_close_to_float64():

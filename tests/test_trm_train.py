@@ -195,23 +195,26 @@ def test_config_errors_name_field_value_and_fix():
 def test_cpu_forms_pick_the_model_fields_and_never_reach_a_tpu_program():
   c = cpu_demo.get_config("smoke")
   on = train.model_config(c, sudoku.METADATA, fast_grad=True)           # "all"
-  assert (on.fast_grad, on.seq_major, on.unroll) == (True, True, True)
+  assert (on.fast_grad, on.seq_major, on.unroll, on.head_major) == (True, True, True, True)
   c.cpu_forms = "seq_major, unroll"
   some = train.model_config(c, sudoku.METADATA, fast_grad=True)
-  assert (some.fast_grad, some.seq_major, some.unroll) == (False, True, True)
+  assert (some.fast_grad, some.seq_major, some.unroll, some.head_major) == (False, True, True, False)
+  c.cpu_forms = "head_major"
+  hm = train.model_config(c, sudoku.METADATA, fast_grad=True)
+  assert (hm.fast_grad, hm.seq_major, hm.unroll, hm.head_major) == (False, False, False, True)
   c.cpu_forms = "none"
   none = train.model_config(c, sudoku.METADATA, fast_grad=True)
-  assert not (none.fast_grad or none.seq_major or none.unroll)
+  assert not (none.fast_grad or none.seq_major or none.unroll or none.head_major)
   assert train.compiler_options(c, cpu_tuning=True) == {}               # no split_reduce
   c.cpu_forms = "split_reduce"
   only = train.model_config(c, sudoku.METADATA, fast_grad=True)
-  assert not (only.fast_grad or only.seq_major or only.unroll)
+  assert not (only.fast_grad or only.seq_major or only.unroll or only.head_major)
   assert train.compiler_options(c, cpu_tuning=True) == parallel.CPU_DOTS_ONLY
   c.cpu_forms = "all"
   assert train.compiler_options(c, cpu_tuning=True) == parallel.CPU_DOTS_ONLY
   assert train.compiler_options(c, cpu_tuning=False) == {}               # not a CPU target
   tpu = train.model_config(c, sudoku.METADATA, fast_grad=False)         # not a CPU target
-  assert not (tpu.fast_grad or tpu.seq_major or tpu.unroll)
+  assert not (tpu.fast_grad or tpu.seq_major or tpu.unroll or tpu.head_major)
   c.cpu_forms = "fast_grad,seqmajor"
   with pytest.raises(config_utils.ConfigError, match=r"cpu_forms.*seqmajor.*seq_major"):
     trainer.check_config(train.TRM(), c)

@@ -1,0 +1,172 @@
+r"""podlab's TRM training step compiled with several CPU-form lists, timed in alternating rounds.
+
+Each variant is the trainer's real pmapped step (experiments/trm/tools/bench.py `compile_step` /
+`compile_config_step`: AdamATan2, EMA, sparse SignSGD, the non-finite guard) with `config.cpu_forms`
+set to one list ("all", "none" or a comma list of fast_grad, seq_major, unroll, head_major,
+split_reduce; docs/trm.md section 11). All variants are compiled in one process, then run in turn:
+per round one untimed step of each variant (its state and carry carried on from its last step), then
+`--per_round` timed steps of it, so the machine's slow and fast periods fall on every variant alike. This is how the effect of
+one form is measured here (one process per variant mixes in minutes of the machine's drift).
+
+Columns:
+  cpu_forms        the variant's config.cpu_forms.
+  ms, p10, p90     median, 10th and 90th percentile of its timed steps (ms per optimizer step).
+  vs_first         median / the first variant's median - 1 (negative: faster).
+  won              rounds in which its median beat the first variant's (the first row: -).
+  temp_GB          the compiled program's scratch (memory_analysis().temp_size_in_bytes).
+  lm_loss          the last step's summed lm_loss (the variants' numerics side by side).
+
+Command lines:
+
+  python -m experiments.trm.tools.compare_forms --model=att --dtype=float32 \
+      --forms=all --forms=fast_grad,seq_major,unroll,split_reduce --rounds=6
+  python -m experiments.trm.tools.compare_forms --model=demo --forms=all --forms=none
+  python -m experiments.trm.tools.compare_forms --quick        # smoke: hidden 32, batch 4, 2 rounds
+
+Flags: --model=demo|mlp|att (demo: configs/cpu_demo.py's model, float32, batch 128)
+  --dtype=float32|bfloat16 (recipes)  --batch=0 (0: the config's; 64 for the recipes)
+  --hidden=0 (recipes: 0 = 512)  --forms=LIST (repeat; default: all, then none)  --rounds=4
+  --per_round=1  --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Dict, List, Sequence
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import jax  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+
+from experiments.common import cpu_features  # noqa: E402
+from experiments.common import errors  # noqa: E402
+from experiments.common import host_malloc  # noqa: E402
+from experiments.trm import train  # noqa: E402
+from experiments.trm.configs import cpu_demo  # noqa: E402
+from experiments.trm.tools import bench  # noqa: E402
+
+
+def _setup(args: argparse.Namespace, forms: str) -> bench.StepSetup:
+  if args.model == "demo":
+    config = cpu_demo.get_config()
+    if args.batch:
+      config.global_batch_size = args.batch
+    config.cpu_forms = forms
+    return bench.compile_config_step(config)
+  return bench.compile_step(args.model, args.dtype, args.batch or 64, hidden=args.hidden or None,
+                            cpu_forms=forms)
+
+
+def compare(args: argparse.Namespace) -> List[Dict[str, Any]]:
+  """Compiles every variant, runs the alternating rounds; one row per variant (the columns above)."""
+  setups = {}
+  for forms in args.forms:
+    setups[forms] = s = _setup(args, forms)
+    print(f"{forms}: compiled in {s.compile_s:.1f} s, scratch {s.memory['temp']:.2f} GB", flush=True)
+  times: Dict[str, List[float]] = {f: [] for f in args.forms}
+  rounds: Dict[str, List[float]] = {f: [] for f in args.forms}
+  loss: Dict[str, float] = {}
+  live = {f: s.args[:2] for f, s in setups.items()}       # each variant's state and carry (donated)
+  for r in range(args.rounds):
+    for forms, s in setups.items():
+      (state, carry), (batch, device_index) = live.pop(forms), s.args[2:]
+      state, carry, sums = s.compiled(state, carry, batch, device_index)   # untimed
+      jax.block_until_ready(sums)
+      these = []
+      for _ in range(args.per_round):
+        t0 = time.perf_counter()
+        state, carry, sums = s.compiled(state, carry, batch, device_index)
+        jax.block_until_ready(sums)
+        these.append(time.perf_counter() - t0)
+      live[forms] = (state, carry)
+      times[forms] += these
+      rounds[forms].append(float(np.median(these)))
+      loss[forms] = float(np.asarray(sums["lm_loss"]).ravel()[0])
+    print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+        f"{f} {1e3 * rounds[f][-1]:,.0f} ms" for f in args.forms), flush=True)
+  first = args.forms[0]
+  base = float(np.median(times[first]))
+  rows = []
+  for forms in args.forms:
+    ms = 1e3 * np.asarray(times[forms])
+    med = float(np.median(ms))
+    won = sum(a < b for a, b in zip(rounds[forms], rounds[first]))
+    rows.append({"cpu_forms": forms, "ms": med, "p10": float(np.percentile(ms, 10)),
+                 "p90": float(np.percentile(ms, 90)), "vs_first": med / (1e3 * base) - 1.0,
+                 "won": None if forms == first else won, "rounds": args.rounds,
+                 "temp_GB": setups[forms].memory["temp"], "lm_loss": loss[forms]})
+  return rows
+
+
+def format_table(rows: Sequence[Dict[str, Any]]) -> str:
+  out = ["| cpu_forms | ms | p10 | p90 | vs_first | won | temp_GB | lm_loss |",
+         "|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    won = "-" if r["won"] is None else f"{r['won']}/{r['rounds']}"
+    out.append(f"| {r['cpu_forms']} | {r['ms']:,.0f} | {r['p10']:,.0f} | {r['p90']:,.0f} | "
+               f"{100 * r['vs_first']:+.1f}% | {won} | {r['temp_GB']:.3f} | {r['lm_loss']:.6g} |")
+  return "\n".join(out)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(prog="python -m experiments.trm.tools.compare_forms",
+                               description=__doc__.split("\n")[0])
+  ap.add_argument("--model", default="att", choices=["demo", "mlp", "att"])
+  ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  ap.add_argument("--batch", type=int, default=0, help="0: the config's (64 for the recipes)")
+  ap.add_argument("--hidden", type=int, default=0, help="recipes: 0 = 512")
+  ap.add_argument("--forms", action="append", default=None,
+                  help="a config.cpu_forms list (repeat the flag; default: all, then none)")
+  ap.add_argument("--rounds", type=int, default=4)
+  ap.add_argument("--per_round", type=int, default=1)
+  ap.add_argument("--quick", action="store_true",
+                  help="smoke run: hidden 32, batch 4, 2 rounds (flags given explicitly still win)")
+  args = ap.parse_args(argv)
+  given = {a.split("=")[0] for a in argv}
+  if args.quick:
+    if "--hidden" not in given:
+      args.hidden = 32
+    if "--batch" not in given:
+      args.batch = 4
+    if "--rounds" not in given:
+      args.rounds = 2
+  args.forms = args.forms or ["all", "none"]
+  for forms in args.forms:
+    try:
+      train.cpu_forms(ml_collections.ConfigDict({"cpu_forms": forms}))
+    except errors.ConfigError as e:
+      ap.error(f"--forms={forms!r}: {e}")
+  if len(set(args.forms)) != len(args.forms):
+    ap.error(f"--forms: a list is given twice ({args.forms}); give each variant once")
+  if args.rounds < 1 or args.per_round < 1:
+    ap.error("--rounds and --per_round must be >= 1")
+  if args.model == "demo" and args.hidden:
+    ap.error("--hidden is for the recipes (mlp, att); the demo model is configs/cpu_demo.py's")
+  if args.model == "demo" and args.batch and args.batch % jax.local_device_count():
+    ap.error(f"--batch={args.batch} must be a multiple of the {jax.local_device_count()} devices")
+  return args
+
+
+def main(argv: Sequence[str]) -> int:
+  args = parse_args(argv)
+  host_malloc.keep_heap()          # as the trainer does on a CPU target; before the backend's threads
+  print(f"CPU: {cpu_features.describe()}; XLA uses the {cpu_features.usable_cores()} usable cores",
+        flush=True)
+  what = "make run's model (configs/cpu_demo.py)" if args.model == "demo" else (
+      f"TRM-{args.model.upper() if args.model == 'mlp' else 'Att'} {args.dtype}"
+      f"{f' at hidden {args.hidden}' if args.hidden else ''}")
+  batch = args.batch or (cpu_demo.get_config().global_batch_size if args.model == "demo" else 64)
+  print(f"{what}, batch {batch}; {args.rounds} alternating round(s) of 1 untimed + "
+        f"{args.per_round} timed step(s) per variant", flush=True)
+  rows = compare(args)
+  print(format_table(rows))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
