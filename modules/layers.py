@@ -469,9 +469,9 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   `head_major` (a CPU target only: TRM's CPU form of the same name, from `layout.cpu_tuning`): q, k
   and v are first copied head-major ([B, K, G, Sq, Dh] and [B, K, Sk, Dh], row-major), so the two
   batched matmuls read their operands in place, and the output is copied back once. XLA:CPU
-  otherwise picks the copies itself around each batched matmul and their gradients: at TRM-Att's
-  shapes (B 64, 8 heads of 64, 97 positions) the attention's forward + backward took 94 ms against
-  74 ms this way (float32; docs/benchmarks.md). The same products, summed in another order.
+  otherwise picks the copies itself around each batched matmul and their gradients, which cost more
+  at TRM-Att's shapes (B 64, 8 heads of 64, 97 positions): its bfloat16 training step is 6% shorter
+  this way (docs/benchmarks.md, "head_major"). The same products, summed in another order.
   """
   B, Sq, H, Dh = q.shape
   Sk, K = k.shape[1], k.shape[2]
