@@ -38,3 +38,10 @@ def test_bad_flags_name_the_flag_and_the_fix(argv, message, capsys):
   with pytest.raises(SystemExit):
     compare_forms.parse_args(argv)
   assert message in capsys.readouterr().err
+
+
+def test_quick_narrows_only_the_flags_not_given():
+  a = compare_forms.parse_args(["--quick"])
+  assert (a.model, a.hidden, a.batch, a.rounds, a.forms) == ("att", 32, 4, 2, ["all", "none"])
+  a = compare_forms.parse_args(["--quick", "--batch=8", "--rounds=3", "--forms=head_major"])
+  assert (a.hidden, a.batch, a.rounds, a.forms) == (32, 8, 3, ["head_major"])

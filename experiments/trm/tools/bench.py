@@ -265,6 +265,15 @@ def compile_config_step(config: ml_collections.ConfigDict) -> StepSetup:
                    split_reduce=bool(b.compiler_options))
 
 
+def quick_defaults(args: Any, argv: Sequence[str], **defaults: Any) -> None:
+  """For a tool's `--quick` smoke run: sets each `defaults` attribute of the parsed `args` unless its
+  flag (`--name`) was given on the command line `argv` (flags given explicitly still win)."""
+  given = {a.split("=")[0] for a in argv}
+  for name, value in defaults.items():
+    if f"--{name}" not in given:
+      setattr(args, name, value)
+
+
 def time_steps(setup: StepSetup, steps: int, warmup: int = 0, label: str = "") -> List[float]:
   """Runs warmup + steps optimizer steps (carry and state fed back); returns the timed seconds."""
   state, carry, batch, device_index = setup.args

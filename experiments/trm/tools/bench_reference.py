@@ -295,18 +295,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                   help="podlab alone (to compare podlab variants; the reference's columns are NaN)")
   ap.add_argument("--json_out", default="")
   args = ap.parse_args(argv)
-  given = {a.split("=")[0] for a in argv}
   if args.quick:
-    if "--hidden" not in given:
-      args.hidden = 32
-    if "--batches" not in given:
-      args.batches = ["4"]
-    if "--steps" not in given:
-      args.steps = 2
-    if "--models" not in given:
-      args.models = ["mlp"]
-    if "--dtypes" not in given:
-      args.dtypes = ["float32"]
+    bench.quick_defaults(args, argv, hidden=32, batches=["4"], steps=2, models=["mlp"],
+                         dtypes=["float32"])
   for m in args.models:
     if m not in bench.RECIPES:
       ap.error(f"--models: {m!r}; use mlp and/or att")

@@ -127,14 +127,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--quick", action="store_true",
                   help="smoke run: hidden 32, batch 4, 2 rounds (flags given explicitly still win)")
   args = ap.parse_args(argv)
-  given = {a.split("=")[0] for a in argv}
   if args.quick:
-    if "--hidden" not in given:
-      args.hidden = 32
-    if "--batch" not in given:
-      args.batch = 4
-    if "--rounds" not in given:
-      args.rounds = 2
+    bench.quick_defaults(args, argv, hidden=32, batch=4, rounds=2)
   args.forms = args.forms or ["all", "none"]
   for forms in args.forms:
     try:
