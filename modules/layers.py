@@ -78,10 +78,14 @@ def fan_in_init(fan_in: int) -> TruncatedNormal:
   return TruncatedNormal(1.0 / math.sqrt(fan_in))
 
 
+def _row_major(a: jax.Array) -> jax.Array:
+  """a materialised in row-major order (its logical axes are its memory order)."""
+  return jax_layout.with_layout_constraint(a, jax_layout.Layout(major_to_minor=tuple(range(a.ndim))))
+
+
 def _row_major_transpose(a: jax.Array) -> jax.Array:
   """a.T [N, M] materialised row-major, so a matmul reads it as a plain (non-transposed) operand."""
-  return jax_layout.with_layout_constraint(jnp.asarray(a).T,
-                                          jax_layout.Layout(major_to_minor=(0, 1)))
+  return _row_major(jnp.asarray(a).T)
 
 
 def _dot(a: jax.Array, b: jax.Array, contract_b: int) -> jax.Array:
@@ -451,11 +455,6 @@ class Attention(hk.Module):
                  param_dtype=self.param_dtype, name="o_proj",
                  fast_grad=self.fast_grad)(out.reshape(B, S, H * Dh))
     return (out, (k, v)) if return_kv else out
-
-
-def _row_major(a: jax.Array) -> jax.Array:
-  """a materialised in row-major order (its logical axes are its memory order)."""
-  return jax_layout.with_layout_constraint(a, jax_layout.Layout(major_to_minor=tuple(range(a.ndim))))
 
 
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
