@@ -181,12 +181,6 @@ def reference_step(setup: bench.StepSetup, config, seed: int = 0):
 # --------------------------------------------------------------------------------------------------
 # One cell.
 
-def _pcts(times: Sequence[float]) -> Dict[str, float]:
-  ms = 1e3 * np.asarray(times)
-  return {"ms": float(np.median(ms)), "p10": float(np.percentile(ms, 10)),
-          "p90": float(np.percentile(ms, 90))}
-
-
 def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int = 1,
              hidden: Optional[int] = None, fast_grad: bool = True,
              reference: bool = True, cpu_forms: Optional[str] = None) -> Dict[str, Any]:
@@ -249,7 +243,7 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
   nan = float("nan")
   row.update({f"ref_{k}": nan for k in ("ms", "p10", "p90", "ex_s", "heap_GB")})
   for name in runs:
-    p = _pcts(times[name])
+    p = bench.percentiles_ms(times[name])
     row.update({f"{name}_ms": p["ms"], f"{name}_p10": p["p10"], f"{name}_p90": p["p90"],
                 f"{name}_ex_s": setup.global_batch / (p["ms"] / 1e3),
                 f"{name}_heap_GB": heap[name].peak_gb})

@@ -90,14 +90,12 @@ def compare(args: argparse.Namespace) -> List[Dict[str, Any]]:
     print(f"round {r + 1}/{args.rounds}: " + ", ".join(
         f"{f} {1e3 * rounds[f][-1]:,.0f} ms" for f in args.forms), flush=True)
   first = args.forms[0]
-  base = float(np.median(times[first]))
+  base_ms = bench.percentiles_ms(times[first])["ms"]
   rows = []
   for forms in args.forms:
-    ms = 1e3 * np.asarray(times[forms])
-    med = float(np.median(ms))
+    p = bench.percentiles_ms(times[forms])
     won = sum(a < b for a, b in zip(rounds[forms], rounds[first]))
-    rows.append({"cpu_forms": forms, "ms": med, "p10": float(np.percentile(ms, 10)),
-                 "p90": float(np.percentile(ms, 90)), "vs_first": med / (1e3 * base) - 1.0,
+    rows.append({"cpu_forms": forms, **p, "vs_first": p["ms"] / base_ms - 1.0,
                  "won": None if forms == first else won, "rounds": args.rounds,
                  "temp_GB": setups[forms].memory["temp"], "lm_loss": loss[forms]})
   return rows
