@@ -347,6 +347,59 @@ def swiglu_width(width: int, expansion: float, multiple: int = 256) -> int:
   return -(-inner // multiple) * multiple
 
 
+def _split_gate_up(gate_up: jax.Array, axis: int) -> Tuple[jax.Array, jax.Array]:
+  return jnp.split(gate_up, 2, axis=axis)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _lean_swiglu(gate_up: jax.Array, axis: int) -> jax.Array:
+  gate, up = _split_gate_up(gate_up, axis)
+  return jax.nn.silu(gate) * up
+
+
+def _lean_swiglu_fwd(gate_up, axis):
+  return _lean_swiglu(gate_up, axis), gate_up                  # residual: gate|up only
+
+
+def _lean_swiglu_bwd(axis, gate_up, g):                         # g: [..., F], gate_up's dtype
+  # Written on gate and up as the two halves of gate_up, XLA merges this recomputation with the
+  # forward pass's sigmoid and silu (common subexpressions) and so keeps those after all; and along
+  # the last axis it does not fuse the concatenation of d gate and d up, so sigmoid(gate) becomes a
+  # buffer of its own. Viewed as [..., 2, F] (a new axis of 2 at `axis`), the gradient is one
+  # elementwise expression whose halves meet along that axis: one fused pass, nothing kept.
+  a = axis % gate_up.ndim
+  pair = gate_up.reshape(gate_up.shape[:a] + (2, gate_up.shape[a] // 2) + gate_up.shape[a + 1:])
+  gate = jax.lax.index_in_dim(pair, 0, a, keepdims=True)        # [..., 1, F]
+  up = jax.lax.index_in_dim(pair, 1, a, keepdims=True)
+  g = jnp.expand_dims(g, a)
+  silu = jax.nn.silu(gate)                                      # the forward's value, same rounding
+  d_up = g * silu
+  d_silu = g * up
+  s = jax.nn.sigmoid(gate.astype(jnp.float32))                  # torch's SiLU backward, in float32:
+  d_gate = d_silu.astype(jnp.float32) * s * (1.0 + gate.astype(jnp.float32) * (1.0 - s))
+  d_pair = jnp.concatenate([d_gate.astype(gate_up.dtype), d_up], axis=a)   # [..., 2, F]
+  return (d_pair.reshape(gate_up.shape),)
+
+
+_lean_swiglu.defvjp(_lean_swiglu_fwd, _lean_swiglu_bwd)
+
+
+def swiglu_activation(gate_up: jax.Array, *, axis: int = -1, lean_grad: bool = False) -> jax.Array:
+  """silu(gate) * up for gate|up halves of `gate_up` along `axis` ([..., 2F] -> [..., F]).
+
+  lean_grad: the gradient keeps only gate|up (the projection's output, stored anyway) and
+    recomputes sigmoid(gate) and silu(gate) in the backward pass, with torch's SiLU backward formula
+    (d gate = d silu * s * (1 + gate * (1 - s)), s = sigmoid(gate), in float32). Without it JAX's
+    gradient of `silu(gate) * up` keeps sigmoid(gate) and silu(gate) as two more [..., F] buffers
+    per call (XLA:CPU then writes sigmoid, silu and the product in three passes instead of one).
+    The same values; the gradient agrees to rounding. Off by default.
+  """
+  if lean_grad:
+    return _lean_swiglu(gate_up, axis)
+  gate, up = _split_gate_up(gate_up, axis)
+  return jax.nn.silu(gate) * up
+
+
 class SwiGLU(hk.Module):
   """down(silu(gate) * up) with a fused gate|up projection (no biases).
 
@@ -357,16 +410,18 @@ class SwiGLU(hk.Module):
     param_dtype: storage dtype of the weights (float32 default).
     fast_grad: `Linear.fast_grad` for both projections (a CPU target only: `layout.cpu_tuning`).
     feature_major: x is [D, N] and so is the result (`Linear.feature_major`); same parameters.
+    lean_grad: `swiglu_activation(lean_grad=True)`: the backward pass keeps gate|up only.
   Parameters: `gate_up_proj/w` [D, 2F] (first half gate, second half up), `down_proj/w` [F, D].
   """
 
   def __init__(self, *, expansion: float = 4.0, inner_size: Optional[int] = None,
                dtype: DTypeLike = jnp.bfloat16, name: Optional[str] = None,
                param_dtype: DTypeLike = jnp.float32, fast_grad: bool = False,
-               feature_major: bool = False):
+               feature_major: bool = False, lean_grad: bool = False):
     super().__init__(name=name)
     self.fast_grad = fast_grad
     self.feature_major = feature_major
+    self.lean_grad = lean_grad
     self.expansion = expansion
     self.inner_size = inner_size
     self.dtype = jnp.dtype(dtype)
@@ -379,10 +434,10 @@ class SwiGLU(hk.Module):
     gate_up = Linear(2 * inner, dtype=self.dtype, param_dtype=self.param_dtype,
                      name="gate_up_proj", fast_grad=self.fast_grad,
                      feature_major=self.feature_major)(x)       # [..., 2F] (or [2F, N])
-    gate, up = jnp.split(gate_up, 2, axis=axis)
+    h = swiglu_activation(gate_up, axis=axis, lean_grad=self.lean_grad)   # [..., F] (or [F, N])
     return Linear(width, dtype=self.dtype, param_dtype=self.param_dtype,
                   name="down_proj", fast_grad=self.fast_grad,
-                  feature_major=self.feature_major)(jax.nn.silu(gate) * up)
+                  feature_major=self.feature_major)(h)
 
 
 class Attention(hk.Module):

@@ -93,6 +93,11 @@ class TRMConfig:
     and v head-major once and runs its batched matmuls on them (`layers.dot_product_attention`)
     instead of XLA's own copies around each. The same products, summed in another order. Off by
     default.
+  lean_swiglu: (a CPU target only, set with fast_grad) every SwiGLU's backward pass recomputes
+    sigmoid(gate) and silu(gate) from the gate|up projection output, with torch's SiLU backward
+    formula (`layers.swiglu_activation(lean_grad=True)`), instead of keeping them from the forward
+    pass: two [rows, F] buffers fewer per SwiGLU call of the cycle with gradient. The same values;
+    gradients agree to rounding. Off by default.
   """
   seq_len: int
   vocab_size: int
@@ -117,6 +122,7 @@ class TRMConfig:
   seq_major: bool = False
   unroll: bool = False
   head_major: bool = False
+  lean_swiglu: bool = False
 
   def __post_init__(self):
     def bad(field, value, fix):
@@ -183,12 +189,13 @@ class TRMBlock(hk.Module):
     if cfg.seq_first:
       S, B, D = h.shape
       mix = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp_t",
-                          fast_grad=cfg.fast_grad, feature_major=True)
+                          fast_grad=cfg.fast_grad, feature_major=True,
+                          lean_grad=cfg.lean_swiglu)
       mixed = mix(h.reshape(S, B * D)).reshape(S, B, D)         # SwiGLU over S on [S, B*D] rows
       h = layers.rms_norm(h + mixed, axis=0, eps=eps)            # normalise over the SEQUENCE axis
     elif cfg.mlp_t:
       mix = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp_t",
-                          fast_grad=cfg.fast_grad)
+                          fast_grad=cfg.fast_grad, lean_grad=cfg.lean_swiglu)
       mixed = jnp.swapaxes(mix(jnp.swapaxes(h, 1, 2)), 1, 2)    # SwiGLU over S: [B, D, S] -> [B, S, D]
       h = layers.rms_norm(h + mixed, axis=1, eps=eps)            # normalise over the SEQUENCE axis
     else:
@@ -197,7 +204,7 @@ class TRMBlock(hk.Module):
                               head_major=cfg.head_major)
       h = layers.rms_norm(h + attn(h, rope=rope), eps=eps)
     mlp = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp",
-                        fast_grad=cfg.fast_grad)
+                        fast_grad=cfg.fast_grad, lean_grad=cfg.lean_swiglu)
     return layers.rms_norm(h + mlp(h), eps=eps)
 
 

@@ -78,7 +78,7 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
   b = experiment().build(config, cpu, abstract=True)
   assert b.model_config.fast_grad
   if family == "trm":
-    assert b.model_config.seq_major and b.model_config.unroll and b.model_config.head_major
+    assert all(getattr(b.model_config, name) for name in trm_train.MODEL_FORMS)
     assert b.compiler_options == parallel.CPU_DOTS_ONLY      # cpu_forms "all" has split_reduce
   p = dry_run.programs(b, config, cpu)["train_step"]
   lowered = parallel.pmap_step(p.fn, replicated_in=p.replicated_in, out_axes=p.out_axes
@@ -90,7 +90,7 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
   b = experiment().build(config, on_tpu, abstract=True)
   assert not b.model_config.fast_grad
   if family == "trm":
-    assert not (b.model_config.seq_major or b.model_config.unroll or b.model_config.head_major)
+    assert not any(getattr(b.model_config, name) for name in trm_train.MODEL_FORMS)
   assert not b.compiler_options                               # no XLA:CPU option in a TPU program
   p = dry_run.programs(b, config, on_tpu)["train_step"]
   assert not tpu.hlo_has_layout_constraints(

@@ -255,6 +255,75 @@ def test_swiglu_matches_numpy():
   assert np.abs(swapped - want).max() > 1e-2
 
 
+def _np_swiglu_grads(gate, up, ct):
+  """float64 d gate, d up of sum(ct * silu(gate) * up) (torch's SiLU backward formula)."""
+  s = 1.0 / (1.0 + np.exp(-gate))
+  return ct * up * s * (1.0 + gate * (1.0 - s)), ct * gate * s
+
+
+@pytest.mark.parametrize("axis", [-1, 0], ids=["rows", "feature_major"])
+def test_swiglu_lean_grad_values_and_gradients(axis):
+  """swiglu_activation(lean_grad=True) (TRM's lean_swiglu CPU form): the same values bit for bit;
+  float32 gradients equal float64's to rounding; bfloat16 gradients no further from float64's than
+  JAX's own gradient of silu(gate) * up (it rounds d gate once, from float32, as torch does)."""
+  rng = np.random.default_rng(11)
+  F, N = 24, 10
+  shape = (N, 2 * F) if axis == -1 else (2 * F, N)
+  gu = rng.standard_normal(shape) * 2.0
+  ct = rng.standard_normal((N, F) if axis == -1 else (F, N))
+  gate, up = np.split(gu, 2, axis=axis)
+  want = np.concatenate(_np_swiglu_grads(gate, up, ct), axis=axis)
+  errs = {}
+  for dtype in (jnp.float32, jnp.bfloat16):
+    x, c = jnp.asarray(gu, dtype), jnp.asarray(ct, dtype)
+    out = {}
+    for lean in (False, True):
+      h, vjp = jax.vjp(lambda v: layers.swiglu_activation(v, axis=axis, lean_grad=lean), x)
+      out[lean] = (h, vjp(c)[0])
+    assert out[True][0].dtype == dtype and out[True][1].shape == shape
+    np.testing.assert_array_equal(f64(out[True][0]), f64(out[False][0]))     # the same forward
+    if dtype == jnp.float32:
+      assert_close(out[True][1], want, rtol=1e-5, atol=1e-5)
+    else:
+      ref = np.concatenate(_np_swiglu_grads(f64(x)[:F] if axis == 0 else f64(x)[:, :F],
+                                            f64(x)[F:] if axis == 0 else f64(x)[:, F:], f64(c)),
+                           axis=axis)                           # float64 on the bfloat16 inputs
+      errs = {lean: np.linalg.norm(f64(out[lean][1]) - ref) / np.linalg.norm(ref)
+              for lean in (False, True)}
+      assert errs[True] < 0.01 and errs[True] <= errs[False] * 1.05, errs
+
+
+@pytest.mark.parametrize("axis", [-1, 0], ids=["rows", "feature_major"])
+def test_swiglu_lean_grad_keeps_fewer_buffers_and_equal_gradients(axis):
+  """Why lean_grad exists: in a compiled gradient of L SwiGLU layers XLA keeps sigmoid(gate) and
+  silu(gate) of every layer for the backward pass ([N, F] each); with lean_grad it keeps neither
+  (at least 2L - 1 buffers of [N, F] less compiled scratch). The weight gradients stay equal."""
+  N, D, F, L = 512, 64, 256, 3
+  rng = np.random.default_rng(12)
+  ws = [(jnp.asarray(rng.standard_normal((D, 2 * F)) / 8, jnp.float32),
+         jnp.asarray(rng.standard_normal((F, D)) / 16, jnp.float32)) for _ in range(L)]
+  x = jnp.asarray(rng.standard_normal((N, D) if axis == -1 else (D, N)), jnp.float32)
+
+  def loss(ws, x, lean):
+    for w1, w2 in ws:
+      if axis == -1:                                            # rows: [N, D]
+        x = x + layers.swiglu_activation(x @ w1, axis=-1, lean_grad=lean) @ w2
+      else:                                                     # feature-major: [D, N]
+        x = x + w2.T @ layers.swiglu_activation(w1.T @ x, axis=0, lean_grad=lean)
+    return jnp.sum(jnp.sin(x))
+
+  temp, grads = {}, {}
+  for lean in (False, True):
+    c = jax.jit(jax.grad(lambda ws, x: loss(ws, x, lean))).lower(ws, x).compile()
+    temp[lean] = c.memory_analysis().temp_size_in_bytes
+    grads[lean] = c(ws, x)
+  assert temp[False] - temp[True] >= (2 * L - 1) * N * F * 4, temp
+  for (path, a), b in zip(jax.tree.leaves_with_path(grads[True]), jax.tree.leaves(grads[False])):
+    scale = np.abs(f64(b)).max()
+    np.testing.assert_allclose(f64(a), f64(b), rtol=1e-5, atol=1e-6 * scale,
+                               err_msg=jax.tree_util.keystr(path))
+
+
 # --------------------------------------------------------------------------------------------------
 # Attention
 # --------------------------------------------------------------------------------------------------

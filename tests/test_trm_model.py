@@ -631,3 +631,36 @@ def test_head_major_equals_the_reference_layout():
   a, b = f64(l0), f64(l16)
   assert np.abs(a - b).max() < 0.1 * np.abs(a).max() + 0.05
   assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.99
+
+
+@pytest.mark.parametrize("mlp_t", [False, True], ids=["att", "mlp"])
+def test_lean_swiglu_equals_the_reference_gradients(mlp_t):
+  """lean_swiglu (every SwiGLU's backward pass recomputes sigmoid and silu from gate|up: a CPU form)
+  is the same computation: float32 value and logits equal the default's to rounding and every
+  gradient agrees to rounding, alone and with the other CPU forms; bfloat16 stays within the
+  float32-vs-bfloat16 tolerances."""
+  cfg = dataclasses.replace(TINY, mlp_t=mlp_t, pos_encodings="none" if mlp_t else "rope")
+  model, params, state, table, batch = _cpu_form_case(cfg)
+  v0, l0, (g0, r0) = _value_and_grads(cfg, params, state, table, batch, jnp.float32)
+  others = dict(fast_grad=True, unroll=True, seq_major=True, head_major=True)
+  for fields in (dict(lean_swiglu=True), dict(lean_swiglu=True, **others)):
+    c = dataclasses.replace(cfg, **fields)
+    v1, l1, (g1, r1) = _value_and_grads(c, params, state, table, batch, jnp.float32)
+    np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
+    np.testing.assert_allclose(f64(l1), f64(l0), rtol=1e-5, atol=1e-5 * np.abs(f64(l0)).max())
+    for (path, a), b in zip(jax.tree.leaves_with_path(g1), jax.tree.leaves(g0)):
+      scale = np.abs(f64(b)).max()
+      assert scale > 0, jax.tree_util.keystr(path)
+      np.testing.assert_allclose(f64(a), f64(b), rtol=1e-4, atol=1e-5 * scale,
+                                 err_msg=f"{fields} {jax.tree_util.keystr(path)}")
+    np.testing.assert_allclose(f64(r1), f64(r0), rtol=1e-4, atol=1e-5 * np.abs(f64(r0)).max())
+
+  c16 = dataclasses.replace(cfg, forward_dtype="bfloat16", lean_swiglu=True, **others)
+  _, l16, (g16, _) = _value_and_grads(c16, params, state, table, batch, jnp.bfloat16)
+  a, b = f64(l0), f64(l16)
+  assert np.abs(a - b).max() < 0.1 * np.abs(a).max() + 0.05
+  assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.99
+  for (path, ref), got in zip(jax.tree.leaves_with_path(g0), jax.tree.leaves(g16)):
+    ref, got = f64(ref).ravel(), f64(got).ravel()
+    if ref.size >= 4:                                           # q_head bias: 2 numbers
+      assert np.corrcoef(ref, got)[0, 1] > 0.9, jax.tree_util.keystr(path)

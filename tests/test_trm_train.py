@@ -194,27 +194,35 @@ def test_config_errors_name_field_value_and_fix():
 
 def test_cpu_forms_pick_the_model_fields_and_never_reach_a_tpu_program():
   c = cpu_demo.get_config("smoke")
+  assert train.MODEL_FORMS == ("fast_grad", "seq_major", "unroll", "head_major", "lean_swiglu")
+
+  def forms(m):                                                         # on/off per model form
+    return tuple(getattr(m, name) for name in train.MODEL_FORMS)
+
   on = train.model_config(c, sudoku.METADATA, fast_grad=True)           # "all"
-  assert (on.fast_grad, on.seq_major, on.unroll, on.head_major) == (True, True, True, True)
+  assert forms(on) == (True, True, True, True, True)
   c.cpu_forms = "seq_major, unroll"
   some = train.model_config(c, sudoku.METADATA, fast_grad=True)
-  assert (some.fast_grad, some.seq_major, some.unroll, some.head_major) == (False, True, True, False)
+  assert forms(some) == (False, True, True, False, False)
   c.cpu_forms = "head_major"
   hm = train.model_config(c, sudoku.METADATA, fast_grad=True)
-  assert (hm.fast_grad, hm.seq_major, hm.unroll, hm.head_major) == (False, False, False, True)
+  assert forms(hm) == (False, False, False, True, False)
+  c.cpu_forms = "lean_swiglu"
+  lean = train.model_config(c, sudoku.METADATA, fast_grad=True)
+  assert forms(lean) == (False, False, False, False, True)
   c.cpu_forms = "none"
   none = train.model_config(c, sudoku.METADATA, fast_grad=True)
-  assert not (none.fast_grad or none.seq_major or none.unroll or none.head_major)
+  assert not any(forms(none))
   assert train.compiler_options(c, cpu_tuning=True) == {}               # no split_reduce
   c.cpu_forms = "split_reduce"
   only = train.model_config(c, sudoku.METADATA, fast_grad=True)
-  assert not (only.fast_grad or only.seq_major or only.unroll or only.head_major)
+  assert not any(forms(only))
   assert train.compiler_options(c, cpu_tuning=True) == parallel.CPU_DOTS_ONLY
   c.cpu_forms = "all"
   assert train.compiler_options(c, cpu_tuning=True) == parallel.CPU_DOTS_ONLY
   assert train.compiler_options(c, cpu_tuning=False) == {}               # not a CPU target
   tpu = train.model_config(c, sudoku.METADATA, fast_grad=False)         # not a CPU target
-  assert not (tpu.fast_grad or tpu.seq_major or tpu.unroll or tpu.head_major)
+  assert not any(forms(tpu))
   c.cpu_forms = "fast_grad,seqmajor"
   with pytest.raises(config_utils.ConfigError, match=r"cpu_forms.*seqmajor.*seq_major"):
     trainer.check_config(train.TRM(), c)

@@ -96,10 +96,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   evaluators_lib.names(config)
 
 
-CPU_FORMS = ("fast_grad", "seq_major", "unroll", "head_major", "split_reduce")
-"""config.cpu_forms' names: the first four are TRMConfig fields (model forms); split_reduce is the
+CPU_FORMS = ("fast_grad", "seq_major", "unroll", "head_major", "lean_swiglu", "split_reduce")
+"""config.cpu_forms' names: the first five are TRMConfig fields (model forms); split_reduce is the
 XLA compiler option `parallel.CPU_DOTS_ONLY` for the training and evaluation steps."""
-MODEL_FORMS = CPU_FORMS[:4]
+MODEL_FORMS = CPU_FORMS[:5]
 
 
 def cpu_forms(config: ml_collections.ConfigDict) -> Tuple[str, ...]:

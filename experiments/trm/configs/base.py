@@ -70,8 +70,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.ema = False                                  # every recipe sets True
   c.ema_rate = 0.999
   # Which CPU forms a CPU target compiles (docs/trm.md section 11): "all", "none" or a comma list of
-  # fast_grad, seq_major, unroll, head_major (model forms) and split_reduce (an XLA:CPU option of the
-  # steps). Only with cpu_tuning and a CPU target; a TPU program never carries any. For measuring
+  # fast_grad, seq_major, unroll, head_major, lean_swiglu (model forms) and split_reduce (an XLA:CPU
+  # option of the steps). Only with cpu_tuning and a CPU target; a TPU program never carries any. For measuring
   # each one (make bench, make profile); results agree to rounding.
   c.cpu_forms = "all"
 

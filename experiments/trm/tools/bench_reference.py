@@ -37,8 +37,8 @@ Command lines:
 
 Flags: --models=mlp,att  --dtypes=float32,bfloat16  --batches=64,256  --steps=3  --block=1
   --hidden=0 (the recipe's 512)  --quick  --no_keep_heap  --no_fast_grad  --no_reference
-  --cpu_forms=all (or none, or a comma list of fast_grad,seq_major,unroll,head_major,split_reduce:
-    which CPU forms podlab uses)
+  --cpu_forms=all (or none, or a comma list of fast_grad,seq_major,unroll,head_major,lean_swiglu,
+    split_reduce: which CPU forms podlab uses)
   --json_out=PATH
 At the recipe size one step takes 10-40 s per framework on a 2-core CPU: narrow the cells.
 """
@@ -195,9 +195,9 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
   _log(f"{label}: compiling podlab's pmapped step ...")
   setup = bench.compile_step(model, dtype, batch, hidden=hidden, cpu_tuning=tuning,
                              cpu_forms=cpu_forms)
-  _log(f"{label}: compiled in {setup.compile_s:.1f} s (fast_grad {setup.cfg.fast_grad}, seq_major "
-       f"{setup.cfg.seq_major}, unroll {setup.cfg.unroll}, head_major {setup.cfg.head_major}, "
-       f"split_reduce {setup.split_reduce})"
+  _log(f"{label}: compiled in {setup.compile_s:.1f} s ("
+       + ", ".join(f"{n} {getattr(setup.cfg, n)}" for n in train.MODEL_FORMS)
+       + f", split_reduce {setup.split_reduce})"
        + ("; building the reference's step" if reference else ""))
   if reference:
     t_step, t_batch, t_carry = reference_step(setup, config)
@@ -237,8 +237,7 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
   _log(f"{label}: heap round (one untimed step each) done")
   del state, carry
   row: Dict[str, Any] = {"model": model, "dtype": dtype, "batch": setup.global_batch,
-                         "fast_grad": setup.cfg.fast_grad, "seq_major": setup.cfg.seq_major,
-                         "unroll": setup.cfg.unroll, "head_major": setup.cfg.head_major,
+                         **{n: getattr(setup.cfg, n) for n in train.MODEL_FORMS},
                          "split_reduce": setup.split_reduce}
   nan = float("nan")
   row.update({f"ref_{k}": nan for k in ("ms", "p10", "p90", "ex_s", "heap_GB")})
@@ -284,7 +283,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                   help="podlab without the CPU matmul forms (config.cpu_tuning=False)")
   ap.add_argument("--cpu_forms", default="all",
                   help="which CPU forms podlab uses: all, none or a comma list of "
-                       "fast_grad,seq_major,unroll,head_major,split_reduce (config.cpu_forms)")
+                       f"{','.join(train.CPU_FORMS)} (config.cpu_forms)")
   ap.add_argument("--no_reference", action="store_true",
                   help="podlab alone (to compare podlab variants; the reference's columns are NaN)")
   ap.add_argument("--json_out", default="")

@@ -3,7 +3,7 @@ r"""podlab's TRM training step compiled with several CPU-form lists, timed in al
 Each variant is the trainer's real pmapped step (experiments/trm/tools/bench.py `compile_step` /
 `compile_config_step`: AdamATan2, EMA, sparse SignSGD, the non-finite guard) with `config.cpu_forms`
 set to one list ("all", "none" or a comma list of fast_grad, seq_major, unroll, head_major,
-split_reduce; docs/trm.md section 11). All variants are compiled in one process, then run in turn:
+lean_swiglu, split_reduce; docs/trm.md section 11). All variants are compiled in one process, then run in turn:
 per round one untimed step of each variant (its state and carry carried on from its last step), then
 `--per_round` timed steps of it, so the machine's slow and fast periods fall on every variant alike. This is how the effect of
 one form is measured here (one process per variant mixes in minutes of the machine's drift).
