@@ -235,6 +235,16 @@ def load_split(builder: tfds.core.DatasetBuilder, split: Any, *,
 # Training.
 
 
+TRAIN_MAP_PARALLELISM = 2
+TRAIN_PREFETCH_BATCHES = 2
+"""The training stream's fixed parallelism: batches built at once, batches ready ahead. Not
+tf.data's autotuning: its model thread sleeps up to a minute between optimisations, and deleting
+the iterator (the end of training) waits for that sleep to end. With it, `make run` paused 12-36 s
+between its last step and the final evaluation in about half the runs (docs/benchmarks.md, "make
+run"). One batch is one map call of a few milliseconds (more than 400,000 augmented examples/s
+either way), so two in flight and two ready keep far ahead of any training step."""
+
+
 def create_train_dataset(
     data_dir: str,
     dataset_name: str,
@@ -307,10 +317,11 @@ def create_train_dataset(
             for name, value in batch.items()}
 
   ds = tf.data.Dataset.counter(start=start_step, dtype=tf.int64)
-  ds = ds.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  ds = ds.map(make_batch, num_parallel_calls=TRAIN_MAP_PARALLELISM, deterministic=True)
   options = tf.data.Options()
   options.deterministic = True
-  return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+  options.autotune.enabled = False          # see TRAIN_MAP_PARALLELISM
+  return ds.with_options(options).prefetch(TRAIN_PREFETCH_BATCHES)
 
 
 def create_train_iterator(*args: Any, **kwargs: Any) -> Iterator[Batch]:
