@@ -605,6 +605,20 @@ def test_seq_major_and_unroll_equal_the_reference_layout(fast_grad):
   assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.99
 
 
+def _assert_float32_equal(got, ref, label):
+  """Two `_value_and_grads` results in float32 agree to rounding: value, logits, every weight
+  gradient (each non-zero) and the puzzle-row gradient."""
+  (v1, l1, (g1, r1)), (v0, l0, (g0, r0)) = got, ref
+  np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
+  np.testing.assert_allclose(f64(l1), f64(l0), rtol=1e-5, atol=1e-5 * np.abs(f64(l0)).max())
+  for (path, a), b in zip(jax.tree.leaves_with_path(g1), jax.tree.leaves(g0)):
+    scale = np.abs(f64(b)).max()
+    assert scale > 0, jax.tree_util.keystr(path)
+    np.testing.assert_allclose(f64(a), f64(b), rtol=1e-4, atol=1e-5 * scale,
+                               err_msg=f"{label} {jax.tree_util.keystr(path)}")
+  np.testing.assert_allclose(f64(r1), f64(r0), rtol=1e-4, atol=1e-5 * np.abs(f64(r0)).max())
+
+
 def test_head_major_equals_the_reference_layout():
   """head_major (the attention's q, k, v copied head-major once: a CPU form) is the same computation
   in an attention TRM: float32 value, logits and every gradient equal the reference layout's to
@@ -612,18 +626,12 @@ def test_head_major_equals_the_reference_layout():
   stays within the float32-vs-bfloat16 tolerances."""
   cfg = TINY                                                    # attention, RoPE, puzzle prefix
   model, params, state, table, batch = _cpu_form_case(cfg)
-  v0, l0, (g0, r0) = _value_and_grads(cfg, params, state, table, batch, jnp.float32)
+  ref = _value_and_grads(cfg, params, state, table, batch, jnp.float32)
+  l0 = ref[1]
   for fields in (dict(head_major=True), dict(head_major=True, fast_grad=True, unroll=True)):
     c = dataclasses.replace(cfg, **fields)
-    v1, l1, (g1, r1) = _value_and_grads(c, params, state, table, batch, jnp.float32)
-    np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
-    np.testing.assert_allclose(f64(l1), f64(l0), rtol=1e-5, atol=1e-5 * np.abs(f64(l0)).max())
-    for (path, a), b in zip(jax.tree.leaves_with_path(g1), jax.tree.leaves(g0)):
-      scale = np.abs(f64(b)).max()
-      assert scale > 0, jax.tree_util.keystr(path)
-      np.testing.assert_allclose(f64(a), f64(b), rtol=1e-4, atol=1e-5 * scale,
-                                 err_msg=f"{fields} {jax.tree_util.keystr(path)}")
-    np.testing.assert_allclose(f64(r1), f64(r0), rtol=1e-4, atol=1e-5 * np.abs(f64(r0)).max())
+    _assert_float32_equal(_value_and_grads(c, params, state, table, batch, jnp.float32), ref,
+                          str(fields))
 
   c16 = dataclasses.replace(cfg, forward_dtype="bfloat16", head_major=True, fast_grad=True,
                             unroll=True)
@@ -641,19 +649,13 @@ def test_lean_swiglu_equals_the_reference_gradients(mlp_t):
   float32-vs-bfloat16 tolerances."""
   cfg = dataclasses.replace(TINY, mlp_t=mlp_t, pos_encodings="none" if mlp_t else "rope")
   model, params, state, table, batch = _cpu_form_case(cfg)
-  v0, l0, (g0, r0) = _value_and_grads(cfg, params, state, table, batch, jnp.float32)
+  ref = _value_and_grads(cfg, params, state, table, batch, jnp.float32)
+  l0, g0 = ref[1], ref[2][0]
   others = dict(fast_grad=True, unroll=True, seq_major=True, head_major=True)
   for fields in (dict(lean_swiglu=True), dict(lean_swiglu=True, **others)):
     c = dataclasses.replace(cfg, **fields)
-    v1, l1, (g1, r1) = _value_and_grads(c, params, state, table, batch, jnp.float32)
-    np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
-    np.testing.assert_allclose(f64(l1), f64(l0), rtol=1e-5, atol=1e-5 * np.abs(f64(l0)).max())
-    for (path, a), b in zip(jax.tree.leaves_with_path(g1), jax.tree.leaves(g0)):
-      scale = np.abs(f64(b)).max()
-      assert scale > 0, jax.tree_util.keystr(path)
-      np.testing.assert_allclose(f64(a), f64(b), rtol=1e-4, atol=1e-5 * scale,
-                                 err_msg=f"{fields} {jax.tree_util.keystr(path)}")
-    np.testing.assert_allclose(f64(r1), f64(r0), rtol=1e-4, atol=1e-5 * np.abs(f64(r0)).max())
+    _assert_float32_equal(_value_and_grads(c, params, state, table, batch, jnp.float32), ref,
+                          str(fields))
 
   c16 = dataclasses.replace(cfg, forward_dtype="bfloat16", lean_swiglu=True, **others)
   _, l16, (g16, _) = _value_and_grads(c16, params, state, table, batch, jnp.bfloat16)
