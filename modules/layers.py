@@ -347,14 +347,14 @@ def swiglu_width(width: int, expansion: float, multiple: int = 256) -> int:
   return -(-inner // multiple) * multiple
 
 
-def _split_gate_up(gate_up: jax.Array, axis: int) -> Tuple[jax.Array, jax.Array]:
-  return jnp.split(gate_up, 2, axis=axis)
+def _swiglu(gate_up: jax.Array, axis: int) -> jax.Array:
+  gate, up = jnp.split(gate_up, 2, axis=axis)
+  return jax.nn.silu(gate) * up
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _lean_swiglu(gate_up: jax.Array, axis: int) -> jax.Array:
-  gate, up = _split_gate_up(gate_up, axis)
-  return jax.nn.silu(gate) * up
+  return _swiglu(gate_up, axis)
 
 
 def _lean_swiglu_fwd(gate_up, axis):
@@ -394,10 +394,7 @@ def swiglu_activation(gate_up: jax.Array, *, axis: int = -1, lean_grad: bool = F
     per call (XLA:CPU then writes sigmoid, silu and the product in three passes instead of one).
     The same values; the gradient agrees to rounding. Off by default.
   """
-  if lean_grad:
-    return _lean_swiglu(gate_up, axis)
-  gate, up = _split_gate_up(gate_up, axis)
-  return jax.nn.silu(gate) * up
+  return _lean_swiglu(gate_up, axis) if lean_grad else _swiglu(gate_up, axis)
 
 
 class SwiGLU(hk.Module):
