@@ -33,6 +33,8 @@ def test_two_variants_alternate_and_agree():
     (["--forms=all", "--forms=all"], "given twice"),
     (["--rounds=0"], "must be >= 1"),
     (["--model=demo", "--hidden=32"], "--hidden is for the recipes"),
+    (["--forms=all/slice=2"], "slices=N"),
+    (["--forms=all/slices=0"], "slices=N"),
 ])
 def test_bad_flags_name_the_flag_and_the_fix(argv, message, capsys):
   with pytest.raises(SystemExit):
@@ -45,3 +47,10 @@ def test_quick_narrows_only_the_flags_not_given():
   assert (a.model, a.hidden, a.batch, a.rounds, a.forms) == ("att", 32, 4, 2, ["all", "none"])
   a = compare_forms.parse_args(["--quick", "--batch=8", "--rounds=3", "--forms=head_major"])
   assert (a.hidden, a.batch, a.rounds, a.forms) == (32, 8, 3, ["head_major"])
+
+
+def test_a_variant_may_name_batch_slices():
+  assert compare_forms.split_variant("all") == ("all", 0)            # automatic
+  assert compare_forms.split_variant("fast_grad,unroll/slices=4") == ("fast_grad,unroll", 4)
+  a = compare_forms.parse_args(["--quick", "--forms=all", "--forms=all/slices=2"])
+  assert a.forms == ["all", "all/slices=2"]

@@ -325,3 +325,72 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
   for a, b in zip(p0, p1):
     np.testing.assert_array_equal(a, b)
   assert e0 == e1
+
+
+@pytest.mark.parametrize("cpu_forms", [True, False])
+def test_batch_slices_give_the_whole_batch_step(tmp_path, cpu_forms):
+  """config.batch_slices = 2: each device's batch of 4 runs as two slices of 2, forward and backward,
+  gradients summed. The recursion, the halting, the metrics and the puzzle-row updates are the whole
+  batch's; the parameters agree to float32 rounding (the weight gradients' sums in another order)."""
+  config = _smoke_config(tmp_path)
+  config.model.puzzle_emb_ndim = config.model.hidden_size      # puzzle-row gradients too
+  config.model.puzzle_emb_len = 2
+  config.lr_warmup_steps = 1
+  num_ids = 6
+  model = trm.TRMModel(train.model_config(config, dict(sudoku.METADATA, num_puzzle_identifiers=num_ids),
+                                          fast_grad=cpu_forms))
+  assert model.config.halt_max_steps > 1                        # halting with exploration
+  adam, sign = train.make_optimizers(config, total_steps=3)
+  n, per_device = jax.local_device_count(), 4
+  puzzles, solutions = sudoku.generate_puzzles(n * per_device, seed=7, givens=40)
+  ids = np.random.default_rng(1).integers(0, num_ids, (n, per_device)).astype(np.int32)
+  batch = parallel.shard({
+      "inputs": sudoku.grid_to_tokens(puzzles).reshape(n, per_device, 81).astype(np.int32),
+      "labels": sudoku.grid_to_tokens(solutions).reshape(n, per_device, 81).astype(np.int32),
+      "puzzle_identifiers": ids})
+  dev = parallel.shard(parallel.device_indices())
+  runs = {}
+  for slices in (1, 2):
+    state = parallel.replicate(train.init_state(model, adam, sign, seed=0))
+    dstate = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count()))
+    step = trainer.parallel_train_step(
+        train.make_train_step(model, adam, sign, config, per_device, slices), config.nonfinite)
+    history = []
+    for _ in range(3):
+      state, dstate, sums = step(state, dstate, batch, dev)
+      history.append((jax.tree.map(lambda x: np.asarray(parallel.unreplicate(x)), sums),
+                      jax.tree.map(np.asarray, dstate.carry)))
+    runs[slices] = (history, parallel.unreplicate(state))
+  (h1, s1), (h2, s2) = runs[1], runs[2]
+  sums1, carry1 = h1[0]
+  sums2, carry2 = h2[0]
+  # Step 1 (the same parameters): the forward values and so the halting and metrics are the batch's.
+  np.testing.assert_array_equal(carry2.halted, carry1.halted)
+  np.testing.assert_array_equal(carry2.steps, carry1.steps)
+  np.testing.assert_allclose(carry2.z_H.astype(np.float32), carry1.z_H.astype(np.float32),
+                             rtol=0, atol=1e-6)
+  value = lambda sums, key: float(sums[key].reshape(-1)[0])    # noqa: E731
+  for key in ("count", "exact_accuracy", "steps"):
+    assert value(sums2, key) == value(sums1, key), key
+  np.testing.assert_allclose(value(sums2, "lm_loss"), value(sums1, "lm_loss"), rtol=1e-6)
+  np.testing.assert_allclose(value(sums2, "grad_norm"), value(sums1, "grad_norm"), rtol=1e-5)
+  # After three steps: the same parameters and puzzle rows up to float32 rounding, and learning.
+  for a, b in zip(jax.tree.leaves(s2.params), jax.tree.leaves(s1.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(s2.puzzle_table), np.asarray(s1.puzzle_table), atol=1e-6)
+  assert np.any(np.asarray(s1.puzzle_table) != 0)
+  # A slice count that does not divide the per-device batch: the field, the value and the fix.
+  with pytest.raises(config_utils.ConfigError, match=r"batch_slices=3.*divide.*per-device batch"):
+    train.make_train_step(model, adam, sign, config, per_device, 3)
+  config.batch_slices = -1
+  with pytest.raises(config_utils.ConfigError, match=r"batch_slices=-1.*>= 0"):
+    train.validate_config(config)
+  # Automatic (0, the default): 2 slices on a CPU target with the form, else the whole batch.
+  config.batch_slices = 0
+  assert train.batch_slices(config, 4, cpu_tuning=True) == train.CPU_BATCH_SLICES == 2
+  assert train.batch_slices(config, 3, cpu_tuning=True) == 1          # 2 does not divide 3
+  assert train.batch_slices(config, 4, cpu_tuning=False) == 1         # a TPU target
+  config.cpu_forms = "fast_grad,split_reduce"
+  assert train.batch_slices(config, 4, cpu_tuning=True) == 1
+  config.batch_slices = 4                                             # explicit: any target
+  assert train.batch_slices(config, 8, cpu_tuning=False) == 4

@@ -90,15 +90,25 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             "set --config.eval_every_steps=N or --config.eval_interval_epochs=N")
   if not 0.0 <= config.ema_rate < 1.0:
     raise E("ema_rate", config.ema_rate, "must be in [0, 1)", "use 0.999 (the reference)")
+  if config.batch_slices < 0:
+    raise E("batch_slices", config.batch_slices, "must be >= 0",
+            "use 0 (automatic), 1 (the whole batch at once) or a divisor of the per-device batch")
   if config.eval_subset < 0:
     raise E("eval_subset", config.eval_subset, "must be >= 0", "use 0 (full test set) or a size")
   cpu_forms(config)
   evaluators_lib.names(config)
 
 
-CPU_FORMS = ("fast_grad", "seq_major", "unroll", "head_major", "lean_swiglu", "split_reduce")
+CPU_FORMS = ("fast_grad", "seq_major", "unroll", "head_major", "lean_swiglu", "split_reduce",
+             "batch_slices")
 """config.cpu_forms' names: the first five are TRMConfig fields (model forms); split_reduce is the
-XLA compiler option `parallel.CPU_DOTS_ONLY` for the training and evaluation steps."""
+XLA compiler option `parallel.CPU_DOTS_ONLY` for the training and evaluation steps; batch_slices is
+the training step's automatic `batch_slices` (2 slices on a CPU target)."""
+
+CPU_BATCH_SLICES = 2
+"""config.batch_slices = 0 (automatic) on a CPU target with the batch_slices form: each device's
+batch in this many slices (docs/benchmarks.md, "batch_slices": 2 was faster than 1 in every cell
+measured, 4 or more slower for the recipes)."""
 MODEL_FORMS = CPU_FORMS[:5]
 
 
@@ -128,6 +138,24 @@ def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any],
                          **forms, **fields)
   except ValueError as e:   # TRMConfig names the field, the value and the fix
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
+
+
+def batch_slices(config: ml_collections.ConfigDict, per_device_batch: int, cpu_tuning: bool) -> int:
+  """How many slices of each device's batch the training step runs one after another
+  (`make_train_step`): config.batch_slices when >= 1 (any target); when 0 (automatic, the default)
+  CPU_BATCH_SLICES on a CPU target (`layout.cpu_tuning`) whose config.cpu_forms includes
+  batch_slices and whose per-device batch it divides, else 1 (the whole batch, as the reference)."""
+  slices = int(config.batch_slices)
+  if slices >= 1:
+    return slices
+  auto = cpu_tuning and "batch_slices" in cpu_forms(config)
+  return CPU_BATCH_SLICES if auto and per_device_batch % CPU_BATCH_SLICES == 0 else 1
+
+
+def forms_text(model_config: trm.TRMConfig, split_reduce: bool, slices: int) -> str:
+  """One line of which CPU forms a compiled step carries (the tools print it)."""
+  return ", ".join([f"{n} {getattr(model_config, n)}" for n in MODEL_FORMS]
+                   + [f"split_reduce {split_reduce}", f"batch_slices {slices}"])
 
 
 def compiler_options(config: ml_collections.ConfigDict, cpu_tuning: bool) -> Dict[str, str]:
@@ -211,14 +239,32 @@ def _local_rows(x: Any) -> np.ndarray:
 
 
 def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.ConfigDict,
-                    per_device_batch: int):
+                    per_device_batch: int, slices: int = 1):
   """The per-device training step (pmapped by the caller).
 
   (state, device_state, batch, device_index) -> (state, device_state, metric sums psummed over all
   devices, finite) as experiments/common/experiment.py describes. `device_index`: this device's
-  global index (parallel.device_indices()).
+  global index (parallel.device_indices()). `slices` > 1 (config.batch_slices): the forward and
+  backward passes run on that many equal slices of the device's batch, one slice after another, and
+  the parameter gradients are summed over them. Every example's recursion is independent of the
+  others', so the recursion's values, the halting, the loss and the metrics are the whole batch's;
+  the weight gradients are the same sums over the examples added up slice by slice (float32
+  rounding). The step's activation memory shrinks to about one slice's.
   """
   cfg = model.config
+  if slices < 1 or per_device_batch % slices:
+    raise errors.ConfigError("batch_slices", slices,
+                             f"must divide the per-device batch ({per_device_batch})",
+                             "use 1 (the whole batch at once) or a divisor of the per-device batch")
+
+  def slice_loss(params, model_state, rows, z_H, z_L, inputs, labels):
+    """One slice's loss (the whole batch's divisor) and its outputs; the loss never reads halting."""
+    z_H, z_L, logits, q_halt, q_cont = model.inner(params, model_state, z_H, z_L, inputs, rows)
+    no_halt = jnp.zeros(q_halt.shape, jnp.bool_)
+    loss, _ = losses.act_loss_and_metrics(logits, labels, q_halt, q_cont, no_halt,
+                                          jnp.zeros(q_halt.shape, jnp.int32),
+                                          loss_divisor=per_device_batch)
+    return loss, (z_H, z_L, logits, q_halt, q_cont)
 
   def train_step(state: TrainState, device_state: DeviceState, batch, device_index):
     carry, shard = device_state
@@ -240,8 +286,27 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
                                                loss_divisor=per_device_batch)
       return loss, (new_carry, sums)
 
-    (_, (carry, sums)), (g_params, g_rows) = jax.value_and_grad(
-        loss_fn, argnums=(0, 1), has_aux=True)(state.params, rows)
+    if slices == 1:
+      (_, (carry, sums)), (g_params, g_rows) = jax.value_and_grad(
+          loss_fn, argnums=(0, 1), has_aux=True)(state.params, rows)
+    else:                       # batch_slices: slice by slice, forward and backward, gradients summed
+      split = lambda x: x.reshape((slices, per_device_batch // slices) + x.shape[1:])  # noqa: E731
+      grad_fn = jax.value_and_grad(slice_loss, argnums=(0, 2), has_aux=True)
+
+      def one_slice(g_sum, xs):
+        (_, outs), (g_p, g_r) = grad_fn(state.params, state.model_state, *xs)
+        return jax.tree.map(jnp.add, g_sum, g_p), (outs, g_r)
+
+      xs = (None if rows is None else split(rows), split(carry.z_H), split(carry.z_L),
+            split(data["inputs"]), split(data["labels"]))
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      g_params, (outs, g_rows) = jax.lax.scan(one_slice, zeros, xs)
+      z_H, z_L, logits, q_halt, q_cont = jax.tree.map(
+          lambda x: x.reshape((per_device_batch,) + x.shape[2:]), outs)
+      g_rows = None if rows is None else g_rows.reshape(rows.shape)
+      carry = trm.act_halt(cfg, carry._replace(z_H=z_H, z_L=z_L), q_halt, training=True, rng=rng)
+      _, sums = losses.act_loss_and_metrics(logits, data["labels"], q_halt, q_cont, carry.halted,
+                                            carry.steps, loss_divisor=per_device_batch)
     g_params = jax.lax.pmean(g_params, parallel.AXIS)
     updates, opt_state = adam.update(g_params, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -371,7 +436,7 @@ def parameter_table(state: TrainState, model: Optional[trm.TRMModel] = None,
 
 
 def _summary(state: Any, model: trm.TRMModel, layout: layout_lib.BatchLayout,
-             num_train: Optional[int], total_steps: int) -> str:
+             num_train: Optional[int], total_steps: int, slices: int = 1) -> str:
   n_adam = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
   rows, width = model.config.num_puzzle_identifiers, model.config.emb_ndim
   if model.config.prefix_len == 0:
@@ -387,8 +452,9 @@ def _summary(state: Any, model: trm.TRMModel, layout: layout_lib.BatchLayout,
   else:
     steps = (f"{num_train:,} train examples per epoch, {total_steps:,} updates "
              f"({max(1, num_train // layout.global_batch):,} per epoch)")
+  sliced = (f", {slices} batch slices of {layout.per_device_batch // slices}" if slices > 1 else "")
   return (f"{steps}; {n_adam:,} Adam parameters, {model.config.forward_dtype}, "
-          f"remat {'on' if model.config.remat else 'off'}; {table}")
+          f"remat {'on' if model.config.remat else 'off'}{sliced}; {table}")
 
 
 def final_table(final: Dict[str, Dict[str, float]], history: Any) -> str:
@@ -506,9 +572,10 @@ class TRM(experiment.Experiment):
               "model_state": state.model_state, "puzzle_table": state.puzzle_table}
 
     options = compiler_options(config, layout.cpu_tuning)
+    slices = batch_slices(config, b, layout.cpu_tuning)
     common = dict(
         compiler_options=options, state=state, device_state=device_state,
-        train_step=make_train_step(model, adam, sign, config, b),
+        train_step=make_train_step(model, adam, sign, config, b, slices),
         total_steps=total_steps, example_batch=example_batch,
         train_scalars=functools.partial(train_scalars, config, total_steps), progress=PROGRESS,
         items_per_step=layout.global_batch, flops_per_step=flops.total * layout.global_batch,
@@ -516,7 +583,7 @@ class TRM(experiment.Experiment):
         set_params=set_params, nonfinite_order=NONFINITE_ORDER,
         nonfinite_other="the puzzle-embedding row gradients (SignSGD) are not finite",
         eval_programs=programs, final_table=final_table,
-        summary=_summary(state, model, layout, num_train, total_steps),
+        summary=_summary(state, model, layout, num_train, total_steps, slices),
         results=lambda final, history: dict(final))
     if abstract:
       return experiment.Build(

@@ -56,6 +56,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.halt_exploration_prob = 0.1
   c.shard_puzzle_table = True                   # podlab: rows split over all devices, not replicated
   c.model.remat = False                          # podlab option: recompute activations (same numbers)
+  # podlab option: the training step's forward and backward passes run on this many slices of each
+  # device's batch in turn, gradients summed: the same step in about a slice's activation memory
+  # (weight gradients summed in another order). 1 = the reference's whole batch at once; 0 =
+  # automatic: 2 on a CPU target (the CPU form batch_slices, below), 1 on a TPU.
+  c.batch_slices = 0
 
   # Optimisation (docs/trm.md section 4). global_batch_size (run section) = the reference's 768.
   c.epochs = 100000
@@ -70,9 +75,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.ema = False                                  # every recipe sets True
   c.ema_rate = 0.999
   # Which CPU forms a CPU target compiles (docs/trm.md section 11): "all", "none" or a comma list of
-  # fast_grad, seq_major, unroll, head_major, lean_swiglu (model forms) and split_reduce (an XLA:CPU
-  # option of the steps). Only with cpu_tuning and a CPU target; a TPU program never carries any. For measuring
-  # each one (make bench, make profile); results agree to rounding.
+  # fast_grad, seq_major, unroll, head_major, lean_swiglu (model forms), split_reduce (an XLA:CPU
+  # option of the steps) and batch_slices (batch_slices = 0 means 2 slices). Only with cpu_tuning and
+  # a CPU target; a TPU program never carries any. For measuring each one (make bench, make profile);
+  # results agree to rounding.
   c.cpu_forms = "all"
 
   # Evaluation. The reference evaluates the full test set every eval interval (epochs); eval_subset > 0

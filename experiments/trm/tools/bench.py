@@ -224,6 +224,11 @@ class StepSetup:
   memory: Dict[str, float]
   args: Tuple[Any, Any, Any, Any]          # state, carry, batch, device_index
   split_reduce: bool = False               # compiled with parallel.CPU_DOTS_ONLY (config.cpu_forms)
+  slices: int = 1                          # train.batch_slices: the batch's slices per step
+
+  def forms_text(self) -> str:
+    """Which CPU forms the compiled step carries, e.g. "fast_grad True, ..., batch_slices 2"."""
+    return train.forms_text(self.cfg, self.split_reduce, self.slices)
 
 
 def random_batch(n_local: int, per_device: int, seed: int = 0) -> Dict[str, np.ndarray]:
@@ -248,7 +253,7 @@ def compile_config_step(config: ml_collections.ConfigDict) -> StepSetup:
   """`compile_step` for any TRM config (e.g. configs/cpu_demo.py's), on a random Sudoku-shaped batch."""
   per_device_batch = config.global_batch_size // jax.local_device_count()
   n_local = jax.local_device_count()
-  _, b = trainer.build(train.TRM(), config, abstract=True)       # the trainer's own step and state
+  layout, b = trainer.build(train.TRM(), config, abstract=True)  # the trainer's own step and state
   cfg = b.model_config
   state, carry = b.init()
   state, carry = parallel.replicate(state), parallel.shard(carry)
@@ -262,7 +267,8 @@ def compile_config_step(config: ml_collections.ConfigDict) -> StepSetup:
   return StepSetup(cfg=cfg, per_device_batch=per_device_batch,
                    global_batch=per_device_batch * n_local, compiled=compiled, compile_s=compile_s,
                    memory=_memory(compiled), args=(state, carry, batch, device_index),
-                   split_reduce=bool(b.compiler_options))
+                   split_reduce=bool(b.compiler_options),
+                   slices=train.batch_slices(config, per_device_batch, layout.cpu_tuning))
 
 
 def percentiles_ms(times_s: Sequence[float]) -> Dict[str, float]:

@@ -38,7 +38,7 @@ Command lines:
 Flags: --models=mlp,att  --dtypes=float32,bfloat16  --batches=64,256  --steps=3  --block=1
   --hidden=0 (the recipe's 512)  --quick  --no_keep_heap  --no_fast_grad  --no_reference
   --cpu_forms=all (or none, or a comma list of fast_grad,seq_major,unroll,head_major,lean_swiglu,
-    split_reduce: which CPU forms podlab uses)
+    split_reduce,batch_slices: which CPU forms podlab uses)
   --json_out=PATH
 At the recipe size one step takes 10-40 s per framework on a 2-core CPU: narrow the cells.
 """
@@ -195,9 +195,7 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
   _log(f"{label}: compiling podlab's pmapped step ...")
   setup = bench.compile_step(model, dtype, batch, hidden=hidden, cpu_tuning=tuning,
                              cpu_forms=cpu_forms)
-  _log(f"{label}: compiled in {setup.compile_s:.1f} s ("
-       + ", ".join(f"{n} {getattr(setup.cfg, n)}" for n in train.MODEL_FORMS)
-       + f", split_reduce {setup.split_reduce})"
+  _log(f"{label}: compiled in {setup.compile_s:.1f} s ({setup.forms_text()})"
        + ("; building the reference's step" if reference else ""))
   if reference:
     t_step, t_batch, t_carry = reference_step(setup, config)
@@ -238,7 +236,7 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
   del state, carry
   row: Dict[str, Any] = {"model": model, "dtype": dtype, "batch": setup.global_batch,
                          **{n: getattr(setup.cfg, n) for n in train.MODEL_FORMS},
-                         "split_reduce": setup.split_reduce}
+                         "split_reduce": setup.split_reduce, "batch_slices": setup.slices}
   nan = float("nan")
   row.update({f"ref_{k}": nan for k in ("ms", "p10", "p90", "ex_s", "heap_GB")})
   for name in runs:

@@ -3,7 +3,8 @@ r"""podlab's TRM training step compiled with several CPU-form lists, timed in al
 Each variant is the trainer's real pmapped step (experiments/trm/tools/bench.py `compile_step` /
 `compile_config_step`: AdamATan2, EMA, sparse SignSGD, the non-finite guard) with `config.cpu_forms`
 set to one list ("all", "none" or a comma list of fast_grad, seq_major, unroll, head_major,
-lean_swiglu, split_reduce; docs/trm.md section 11). All variants are compiled in one process, then run in turn:
+lean_swiglu, split_reduce; docs/trm.md section 11), optionally followed by `/slices=N` for
+config.batch_slices (the training step on N slices of the batch in turn; docs/trm.md section 11). All variants are compiled in one process, then run in turn:
 per round one untimed step of each variant (its state and carry carried on from its last step), then
 `--per_round` timed steps of it, so the machine's slow and fast periods fall on every variant alike. This is how the effect of
 one form is measured here (one process per variant mixes in minutes of the machine's drift).
@@ -21,6 +22,7 @@ Command lines:
   python -m experiments.trm.tools.compare_forms --model=att --dtype=float32 \
       --forms=all --forms=fast_grad,seq_major,unroll,split_reduce --rounds=6
   python -m experiments.trm.tools.compare_forms --model=demo --forms=all --forms=none
+  python -m experiments.trm.tools.compare_forms --model=demo --forms=all --forms=all/slices=2
   python -m experiments.trm.tools.compare_forms --quick        # smoke: hidden 32, batch 4, 2 rounds
 
 Flags: --model=demo|mlp|att (demo: configs/cpu_demo.py's model, float32, batch 128)
@@ -35,7 +37,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -51,15 +53,30 @@ from experiments.trm.configs import cpu_demo  # noqa: E402
 from experiments.trm.tools import bench  # noqa: E402
 
 
-def _setup(args: argparse.Namespace, forms: str) -> bench.StepSetup:
+def split_variant(variant: str) -> Tuple[str, int]:
+  """"FORMS" or "FORMS/slices=N" -> (the config.cpu_forms list, config.batch_slices; 0 = automatic:
+  2 slices when FORMS includes batch_slices, else 1)."""
+  forms, _, rest = variant.partition("/")
+  if not rest:
+    return forms, 0
+  key, _, value = rest.partition("=")
+  if key != "slices" or not value.isdigit() or int(value) < 1:
+    raise ValueError(f"{variant!r}: the part after '/' must be slices=N with N >= 1")
+  return forms, int(value)
+
+
+def _setup(args: argparse.Namespace, variant: str) -> bench.StepSetup:
+  forms, slices = split_variant(variant)
   if args.model == "demo":
     config = cpu_demo.get_config()
     if args.batch:
       config.global_batch_size = args.batch
     config.cpu_forms = forms
-    return bench.compile_config_step(config)
-  return bench.compile_step(args.model, args.dtype, args.batch or 64, hidden=args.hidden or None,
-                            cpu_forms=forms)
+  else:
+    config = bench.recipe_config(args.model, args.dtype, hidden=args.hidden or None,
+                                 per_device_batch=args.batch or 64, cpu_forms=forms)
+  config.batch_slices = slices
+  return bench.compile_config_step(config)
 
 
 def compare(args: argparse.Namespace) -> List[Dict[str, Any]]:
@@ -119,7 +136,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--batch", type=int, default=0, help="0: the config's (64 for the recipes)")
   ap.add_argument("--hidden", type=int, default=0, help="recipes: 0 = 512")
   ap.add_argument("--forms", action="append", default=None,
-                  help="a config.cpu_forms list (repeat the flag; default: all, then none)")
+                  help="a config.cpu_forms list, optionally with /slices=N (config.batch_slices) "
+                       "(repeat the flag; default: all, then none)")
   ap.add_argument("--rounds", type=int, default=4)
   ap.add_argument("--per_round", type=int, default=1)
   ap.add_argument("--quick", action="store_true",
@@ -128,11 +146,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   if args.quick:
     bench.quick_defaults(args, argv, hidden=32, batch=4, rounds=2)
   args.forms = args.forms or ["all", "none"]
-  for forms in args.forms:
+  for variant in args.forms:
     try:
+      forms, _ = split_variant(variant)
       train.cpu_forms(ml_collections.ConfigDict({"cpu_forms": forms}))
-    except errors.ConfigError as e:
-      ap.error(f"--forms={forms!r}: {e}")
+    except (errors.ConfigError, ValueError) as e:
+      ap.error(f"--forms={variant!r}: {e}")
   if len(set(args.forms)) != len(args.forms):
     ap.error(f"--forms: a list is given twice ({args.forms}); give each variant once")
   if args.rounds < 1 or args.per_round < 1:

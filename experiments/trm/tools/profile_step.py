@@ -33,7 +33,7 @@ Command lines:
 Flags: --model=demo|mlp|att  --dtype=float32|bfloat16 (recipes; demo is float32)  --batch=0 (0: the
   config's, 64 for the recipes)  --steps=3  --warmup=5  --top=30  --cpu_tuning=true|false
   --hidden=0 (recipes: 0 = 512)  --cpu_forms=all (none, or a comma list of fast_grad,seq_major,unroll,
-  head_major,lean_swiglu,split_reduce)
+  head_major,lean_swiglu,split_reduce,batch_slices)
 
 Functions (tests call them): `parse_trace`, `hlo_index`, `profile_table`, `format_profile`.
 """
@@ -276,10 +276,7 @@ def main(argv: Sequence[str]) -> int:
     host_malloc.keep_heap()   # as the trainer does on a CPU target; before the backend's threads
   setup = _setup(args)
   print(f"model {args.model}, {setup.cfg.forward_dtype}, global batch {setup.global_batch}, "
-        f"cpu_tuning {args.cpu_tuning} ("
-        + "".join(f"{n} {getattr(setup.cfg, n)}, " for n in train.MODEL_FORMS)
-        + f"split_reduce {setup.split_reduce}); "
-        f"compiled in {setup.compile_s:.1f} s",
+        f"cpu_tuning {args.cpu_tuning} ({setup.forms_text()}); compiled in {setup.compile_s:.1f} s",
         flush=True)
   index = hlo_index(setup.compiled.as_text())
   warm = _run(setup, args.warmup)
