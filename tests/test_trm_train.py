@@ -385,12 +385,22 @@ def test_batch_slices_give_the_whole_batch_step(tmp_path, cpu_forms):
   config.batch_slices = -1
   with pytest.raises(config_utils.ConfigError, match=r"batch_slices=-1.*>= 0"):
     train.validate_config(config)
-  # Automatic (0, the default): 2 slices on a CPU target with the form, else the whole batch.
+  # Automatic (0, the default) on a CPU target with the form: the fewest slices (a power of two,
+  # at least 2) of at most CPU_SLICE_ELEMENTS activations each; else the whole batch.
   config.batch_slices = 0
-  assert train.batch_slices(config, 4, cpu_tuning=True) == train.CPU_BATCH_SLICES == 2
-  assert train.batch_slices(config, 3, cpu_tuning=True) == 1          # 2 does not divide 3
-  assert train.batch_slices(config, 4, cpu_tuning=False) == 1         # a TPU target
+  auto = lambda batch, mc=model.config, tuning=True: train.batch_slices(  # noqa: E731
+      config, mc, batch, cpu_tuning=tuning)
+  assert auto(4) == 2                                                 # this tiny model
+  assert auto(3) == 1                                                 # 2 does not divide 3
+  assert auto(4, tuning=False) == 1                                   # a TPU target
+  recipe = trm.TRMConfig(seq_len=81, vocab_size=11, hidden_size=512, puzzle_emb_ndim=512)  # 97 x 512
+  demo = trm.TRMConfig(seq_len=81, vocab_size=11, hidden_size=64, puzzle_emb_ndim=0)  # make run
+  assert (recipe.total_len, demo.total_len) == (97, 81)
+  assert [auto(b, recipe) for b in (64, 128, 256, 512)] == [2, 4, 8, 16]   # slices of 32 examples
+  assert 32 * 97 * 512 <= train.CPU_SLICE_ELEMENTS < 64 * 97 * 512
+  assert [auto(b, demo) for b in (128, 256)] == [2, 2]
+  assert auto(150, recipe) == 2           # 75 examples per slice are over the budget, 4 does not divide 150
   config.cpu_forms = "fast_grad,split_reduce"
-  assert train.batch_slices(config, 4, cpu_tuning=True) == 1
+  assert auto(4) == 1 and auto(256, recipe) == 1
   config.batch_slices = 4                                             # explicit: any target
-  assert train.batch_slices(config, 8, cpu_tuning=False) == 4
+  assert train.batch_slices(config, model.config, 8, cpu_tuning=False) == 4

@@ -103,12 +103,16 @@ CPU_FORMS = ("fast_grad", "seq_major", "unroll", "head_major", "lean_swiglu", "s
              "batch_slices")
 """config.cpu_forms' names: the first five are TRMConfig fields (model forms); split_reduce is the
 XLA compiler option `parallel.CPU_DOTS_ONLY` for the training and evaluation steps; batch_slices is
-the training step's automatic `batch_slices` (2 slices on a CPU target)."""
+the training step's automatic `batch_slices` (slices of at most CPU_SLICE_ELEMENTS on a CPU target)."""
 
-CPU_BATCH_SLICES = 2
+CPU_SLICE_ELEMENTS = 2 ** 21
 """config.batch_slices = 0 (automatic) on a CPU target with the batch_slices form: each device's
-batch in this many slices (docs/benchmarks.md, "batch_slices": 2 was faster than 1 in every cell
-measured, 4 or more slower for the recipes)."""
+batch in the fewest slices (2, 4, 8, ...: at least 2) whose activations, examples x positions x
+hidden, are at most this many elements (docs/benchmarks.md, "batch_slices"). Measured on the dev CPU:
+make run's model (batch 128, 81 x 64) 2 slices of 64 faster than the whole batch, 4 the same; the
+recipes (97 x 512) at batch 64 2 slices of 32 faster than 1 or 4; at batch 256 2, 4 and 8 slices
+within 1.3% of each other, in 5.81, 2.98 and 1.57 GB of scratch (TRM-MLP bfloat16). 2 ** 21 picks
+2, 2 and 8 there: the speed of the fastest, the memory of the smallest slices."""
 MODEL_FORMS = CPU_FORMS[:5]
 
 
@@ -140,16 +144,25 @@ def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any],
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 
 
-def batch_slices(config: ml_collections.ConfigDict, per_device_batch: int, cpu_tuning: bool) -> int:
+def batch_slices(config: ml_collections.ConfigDict, model_config: trm.TRMConfig, per_device_batch: int,
+                 cpu_tuning: bool) -> int:
   """How many slices of each device's batch the training step runs one after another
   (`make_train_step`): config.batch_slices when >= 1 (any target); when 0 (automatic, the default)
-  CPU_BATCH_SLICES on a CPU target (`layout.cpu_tuning`) whose config.cpu_forms includes
-  batch_slices and whose per-device batch it divides, else 1 (the whole batch, as the reference)."""
+  on a CPU target (`layout.cpu_tuning`) whose config.cpu_forms includes batch_slices, the smallest
+  power of two >= 2 dividing the per-device batch whose slices hold at most CPU_SLICE_ELEMENTS
+  activations (examples x model_config.total_len x hidden_size; the largest such power when none
+  is that small), else 1 (the whole batch, as the reference)."""
   slices = int(config.batch_slices)
   if slices >= 1:
     return slices
-  auto = cpu_tuning and "batch_slices" in cpu_forms(config)
-  return CPU_BATCH_SLICES if auto and per_device_batch % CPU_BATCH_SLICES == 0 else 1
+  if not (cpu_tuning and "batch_slices" in cpu_forms(config)) or per_device_batch % 2:
+    return 1
+  per_example = model_config.total_len * model_config.hidden_size
+  slices = 2
+  while ((per_device_batch // slices) * per_example > CPU_SLICE_ELEMENTS
+         and per_device_batch % (2 * slices) == 0):
+    slices *= 2
+  return slices
 
 
 def forms_text(model_config: trm.TRMConfig, split_reduce: bool, slices: int) -> str:
@@ -572,7 +585,7 @@ class TRM(experiment.Experiment):
               "model_state": state.model_state, "puzzle_table": state.puzzle_table}
 
     options = compiler_options(config, layout.cpu_tuning)
-    slices = batch_slices(config, b, layout.cpu_tuning)
+    slices = batch_slices(config, model.config, b, layout.cpu_tuning)
     common = dict(
         compiler_options=options, state=state, device_state=device_state,
         train_step=make_train_step(model, adam, sign, config, b, slices),

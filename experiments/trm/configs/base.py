@@ -59,7 +59,8 @@ def get_config() -> ml_collections.ConfigDict:
   # podlab option: the training step's forward and backward passes run on this many slices of each
   # device's batch in turn, gradients summed: the same step in about a slice's activation memory
   # (weight gradients summed in another order). 1 = the reference's whole batch at once; 0 =
-  # automatic: 2 on a CPU target (the CPU form batch_slices, below), 1 on a TPU.
+  # automatic: on a CPU target (the CPU form batch_slices, below) the fewest of 2, 4, 8, ... slices
+  # of at most train.CPU_SLICE_ELEMENTS activations each; 1 on a TPU.
   c.batch_slices = 0
 
   # Optimisation (docs/trm.md section 4). global_batch_size (run section) = the reference's 768.

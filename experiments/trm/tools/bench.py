@@ -268,7 +268,7 @@ def compile_config_step(config: ml_collections.ConfigDict) -> StepSetup:
                    global_batch=per_device_batch * n_local, compiled=compiled, compile_s=compile_s,
                    memory=_memory(compiled), args=(state, carry, batch, device_index),
                    split_reduce=bool(b.compiler_options),
-                   slices=train.batch_slices(config, per_device_batch, layout.cpu_tuning))
+                   slices=train.batch_slices(config, cfg, per_device_batch, layout.cpu_tuning))
 
 
 def percentiles_ms(times_s: Sequence[float]) -> Dict[str, float]:
