@@ -66,10 +66,6 @@ class Evaluator:
     at_start: also evaluate before the first update (nanoGPT evaluates iteration 0).
     at_end: evaluate once more after the last update, with `final=True` (the final table).
     size: examples evaluated, for the console ("evaluating N examples"); `size_final` for the final.
-    precompile: `precompile()` starts compiling the evaluation's step in a background thread
-      (`parallel.pmap_step(...).precompile`); the trainer calls it once when a training run starts,
-      after the training step's compile, so that the first evaluation does not wait for XLA.
-      None: the step compiles on first use.
   """
   name: str
   run: Callable[[EvalContext], Scalars]
@@ -78,7 +74,6 @@ class Evaluator:
   at_end: bool = True
   size: Optional[int] = None
   size_final: Optional[int] = None
-  precompile: Optional[Callable[[], None]] = None
 
 
 @dataclasses.dataclass

@@ -18,8 +18,8 @@ What it owns, in the order of a run:
 3. The loop: one pmapped step per update (`parallel.pmap_step`, state replicated with
    `in_axes=None`, donated; with the Build's XLA `compiler_options`, a CPU target's, the step is
    lowered once at start and compiled in a background thread while the checkpoint manager, the
-   writers and the input pipeline start, and so are the evaluators' steps that have
-   `Evaluator.precompile`); metric sums stay on the devices and are read once per log interval;
+   writers and the input pipeline start); metric sums stay on the devices and are read once per
+   log interval;
    the non-finite guard (config.nonfinite: "stop" ends the run naming the first non-finite metric
    and the last good checkpoint; "skip" drops the update; "continue" as the references do) is checked
    one step late, so the host never waits on the device, and always before a log, an evaluation or
@@ -511,10 +511,6 @@ class _Run:
   # ----------------------------------------------------------------------------------------------
   def train(self) -> Dict[str, Any]:
     b, config, layout = self.b, self.config, self.layout
-    for ev in b.evaluators:      # XLA compiles them while the run starts and trains
-      if ev.precompile is not None and (ev.every > 0 or ev.at_start
-                                        or (ev.at_end and config.final_eval)):
-        ev.precompile()
     start_step, state, device_state, source = self._start()
     total = int(b.total_steps)
     self.history = _load_history(self.wd, start_step)

@@ -620,17 +620,6 @@ class TRM(experiment.Experiment):
     device_index = parallel.shard(parallel.device_indices())
     num_test = data.num_examples(ds.test_split)
 
-    def precompile_test():
-      """Compiles p_eval_step for run_test's arguments (shapes and dtypes) in the background."""
-      if not hasattr(p_eval_step, "precompile"):
-        return
-      spec = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), t)  # noqa: E731
-      table = device_state.puzzle_shard if shard else state.puzzle_table
-      batch = dict(example_batch, mask=jax.ShapeDtypeStruct((n_local, b), jnp.bool_))
-      p_eval_step.precompile(spec(state.ema if config.ema else state.params),
-                             spec(state.model_state), spec(table), batch,
-                             spec(device_index))
-
     def run_test(ctx: experiment.EvalContext) -> Dict[str, float]:
       full = ctx.final or config.eval_subset == 0
       batches_ = data.eval_batches(ds.test_split, global_batch_size=layout.global_batch,
@@ -651,7 +640,7 @@ class TRM(experiment.Experiment):
     test = experiment.Evaluator(
         "test", run_test, every=eval_every, at_end=True,
         size=num_test if config.eval_subset == 0 else min(config.eval_subset, num_test),
-        size_final=num_test, precompile=precompile_test)
+        size_final=num_test)
     return experiment.Build(batches=batches, evaluators=[test], parameters=logging_text, **common)
 
   def fit_variants(self, config: ml_collections.ConfigDict):
