@@ -376,9 +376,11 @@ def test_missing_torch_gives_install_hint(monkeypatch, tmp_path):
   assert rc.main(["inspect", str(tmp_path / "x.pt")]) == 2
 
 
-def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
-  """The real CLI as a subprocess: a missing .pt, a file that is not a state_dict and an existing
-  --out are each one `error:` line naming the file and the fix, exit 2, no traceback."""
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+  """A missing .pt, a file that is not a state_dict and an existing --out are each one `error:` line
+  naming the file and the fix, exit 2, no traceback: the second through the real CLI as a
+  subprocess (nothing else on stderr: no native library's log lines), all three through `main`, the
+  function the CLI exits with (one subprocess, not three: each starts TensorFlow, JAX and torch)."""
   not_sd = tmp_path / "list.pt"
   torch.save([1, 2], not_sd)
   sd_path = tmp_path / "ref.pt"
@@ -389,12 +391,16 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
            (["import", str(sd_path), "--out", str(tmp_path / "taken")],
             f"--out={tmp_path / 'taken'} exists. Fix: "))
   for args, expect in cases:
-    proc = subprocess.run([sys.executable, "-m", "experiments.trm.reference_checkpoint"] + args,
-                          cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
-    assert proc.returncode == 2, (args, proc.returncode, proc.stderr[-2000:])
+    assert rc.main(args) == 2, args
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], lines
+  args, expect = cases[1]
+  proc = subprocess.run([sys.executable, "-m", "experiments.trm.reference_checkpoint"] + args,
+                        cwd=REPO, capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert proc.returncode == 2, (args, proc.returncode, proc.stderr[-2000:])
+  assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], lines
 
 
 def test_cli_inspect_import_export(tmp_path, capsys):
