@@ -55,7 +55,7 @@ from experiments.trm.tools import bench  # noqa: E402
 
 def split_variant(variant: str) -> Tuple[str, int]:
   """"FORMS" or "FORMS/slices=N" -> (the config.cpu_forms list, config.batch_slices; 0 = automatic:
-  2 slices when FORMS includes batch_slices, else 1)."""
+  train.batch_slices' automatic count when FORMS includes batch_slices, else 1)."""
   forms, _, rest = variant.partition("/")
   if not rest:
     return forms, 0
