@@ -3,12 +3,31 @@
 Tests run on the CPU with 4 fake XLA devices so that pmap/psum code paths (one host with 4 chips) are
 exercised on a laptop. The flag must be set before JAX is imported anywhere.
 """
+import atexit
 import os
 import pathlib
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# One persistent XLA compilation cache for the whole test run: the pytest process that loads this
+# file first (xdist's controller) makes a fresh folder and puts it in the environment, which its
+# xdist workers and every subprocess a test starts (trainers, pod.sh's workers) inherit. Many
+# tests compile the same programs (cpu_demo:smoke's steps in each launcher and multi-process run,
+# the same model in tests of one file); each is compiled once per run and read back after. The
+# key is XLA's own (the program, compile options, XLA_FLAGS, devices, versions), so a program
+# whose flags or forms differ compiles anew; a size limit turns on JAX's file lock, so that
+# processes writing and reading the same entry at once do not see half a file. Only compiles of
+# more than a second are kept (JAX's default). PODLAB_TEST_XLA_CACHE=0 turns it off; the folder
+# goes when the process that made it exits.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and os.environ.get("PODLAB_TEST_XLA_CACHE") != "0":
+  _CACHE_DIR = tempfile.mkdtemp(prefix="podlab-test-xla-cache-")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
+  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 << 30))
+  atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 
 import pytest  # noqa: E402
 
