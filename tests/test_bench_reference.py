@@ -2,6 +2,7 @@
 step and the reference's PyTorch step timed side by side at hidden 32. Checks the table's header and
 structure and that every cell is a number (times are printed, never asserted)."""
 import json
+import re
 import pathlib
 import subprocess
 import sys
@@ -42,6 +43,8 @@ def test_quick_run_prints_a_side_by_side_table(tmp_path):
   assert row["speed_ratio"] == pytest.approx(row["podlab_ex_s"] / row["ref_ex_s"])
   assert row["podlab_ex_s"] == pytest.approx(row["batch"] / (row["podlab_ms"] / 1e3))
   assert saved["header"][0].startswith("CPU: ")
+  rates = next(line for line in saved["header"] if line.startswith("matmul GFLOP/s"))
+  assert re.search(r"XLA float32 \d+; PyTorch float32 \d+$", rates), rates
 
 
 def test_flags_are_checked_and_quick_is_narrowed():
@@ -54,3 +57,14 @@ def test_flags_are_checked_and_quick_is_narrowed():
   for bad in (["--models=gpt"], ["--dtypes=float16"], ["--batches=0"], ["--steps=0"]):
     with pytest.raises(SystemExit):
       bench_reference.parse_args(bad)
+
+
+def test_matmul_rates_time_both_frameworks_in_each_dtype():
+  rates = bench_reference.matmul_rates(["float32", "bfloat16"], shape=(64, 32, 48), reps=3)
+  assert set(rates) == {"XLA", "PyTorch"}
+  for by_dtype in rates.values():
+    assert list(by_dtype) == ["float32", "bfloat16"]
+    assert all(0 < r < 1e6 for r in by_dtype.values()), rates     # GFLOP/s: finite, positive
+  line = bench_reference.header_lines(2, True, rates, shape=(64, 32, 48))[-1]
+  assert line.startswith("matmul GFLOP/s, one [64, 32] @ [32, 48] product: XLA float32 ")
+  assert "; PyTorch float32 " in line and line.count("bfloat16") == 2

@@ -27,7 +27,9 @@ Columns (times in ms per optimizer step; batch = examples per step, the global b
   speed_ratio          podlab examples/s / reference examples/s (> 1: podlab is faster).
   rss_peak_GB          the process's peak RSS (VmHWM) over the cell, both frameworks.
 The header names the CPU, whether it has native bfloat16 (avx512_bf16 / amx_bf16), XLA's usable cores
-and torch's thread count (set equal).
+and torch's thread count (set equal), and each framework's matmul rate on this machine per dtype (one
+TRM-sized product, `matmul_rates`): the ceiling that each framework's matmul library sets here (on a
+CPU with AMX, PyTorch's oneDNN runs bfloat16 products several times faster than XLA:CPU does).
 
 Command lines:
 
@@ -251,14 +253,61 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
   return row
 
 
-def header_lines(threads: int, keep_heap: bool) -> List[str]:
+MATMUL_SHAPE = (4096, 512, 2048)
+"""[M, K] @ [K, N] of the header's matmul rates: a TRM recipe's projection (K = hidden 512) on the
+~4,000 token rows of one batch slice."""
+
+
+def matmul_rates(dtypes: Sequence[str], shape: Sequence[int] = MATMUL_SHAPE,
+                 reps: int = 7) -> Dict[str, Dict[str, float]]:
+  """{framework: {dtype: GFLOP/s}}: the median rate of one [M, K] @ [K, N] product of operands in
+  the dtype under XLA (jitted; float32 result, as podlab's projections ask for) and PyTorch (eager,
+  its thread count as set; result in the dtype, as the reference's nn.Linear), on this machine. Says
+  how fast each framework's matmul library is here, e.g. whether it uses the CPU's bfloat16 units,
+  which bounds the steps' ratio."""
   torch, _ = _torch()
-  return [f"CPU: {cpu_features.describe()}",
-          f"threads: XLA uses the {cpu_features.usable_cores()} usable cores; "
-          f"torch.set_num_threads({threads})",
-          f"JAX {jax.__version__} ({jax.local_device_count()} x {jax.devices()[0].platform}), "
-          f"PyTorch {torch.__version__} eager; glibc heap kept (host_malloc): "
-          f"{'on' if keep_heap else 'off'}"]
+  m, k, n = shape
+  rng = np.random.default_rng(0)
+  a32 = rng.standard_normal((m, k), dtype=np.float32)
+  b32 = rng.standard_normal((k, n), dtype=np.float32)
+
+  def median_rate(fn) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+      t0 = time.perf_counter()
+      fn()
+      times.append(time.perf_counter() - t0)
+    return 2.0 * m * k * n / statistics.median(times) / 1e9
+
+  out: Dict[str, Dict[str, float]] = {"XLA": {}, "PyTorch": {}}
+  dot = jax.jit(lambda x, y: jax.numpy.dot(x, y, preferred_element_type=jax.numpy.float32))
+  for dtype in dtypes:
+    a, b = jax.numpy.asarray(a32, dtype), jax.numpy.asarray(b32, dtype)
+    out["XLA"][dtype] = median_rate(lambda: dot(a, b).block_until_ready())
+    tdt = getattr(torch, dtype)
+    ta, tb = torch.from_numpy(a32).to(tdt), torch.from_numpy(b32).to(tdt)
+    out["PyTorch"][dtype] = median_rate(lambda: ta @ tb)
+  return out
+
+
+def header_lines(threads: int, keep_heap: bool,
+                 rates: Optional[Dict[str, Dict[str, float]]] = None,
+                 shape: Sequence[int] = MATMUL_SHAPE) -> List[str]:
+  """The table's header; `rates`: `matmul_rates` of a product of `shape`."""
+  torch, _ = _torch()
+  lines = [f"CPU: {cpu_features.describe()}",
+           f"threads: XLA uses the {cpu_features.usable_cores()} usable cores; "
+           f"torch.set_num_threads({threads})",
+           f"JAX {jax.__version__} ({jax.local_device_count()} x {jax.devices()[0].platform}), "
+           f"PyTorch {torch.__version__} eager; glibc heap kept (host_malloc): "
+           f"{'on' if keep_heap else 'off'}"]
+  if rates:
+    m, k, n = shape
+    lines.append(f"matmul GFLOP/s, one [{m}, {k}] @ [{k}, {n}] product: " + "; ".join(
+        f"{fw} " + ", ".join(f"{d} {r:.0f}" for d, r in by_dtype.items())
+        for fw, by_dtype in rates.items()))
+  return lines
 
 
 def _csv(text: str) -> List[str]:
@@ -309,7 +358,7 @@ def main(argv: Sequence[str]) -> int:
   torch, _ = _torch()
   threads = cpu_features.usable_cores()
   torch.set_num_threads(threads)
-  header = header_lines(threads, keep)
+  header = header_lines(threads, keep, matmul_rates(args.dtypes))
   for line in header:
     _log(line)
   rows = []
