@@ -155,12 +155,15 @@ xla_net_call_flops = flops.xla_net_call_flops
 # --------------------------------------------------------------------------------------------------
 # Matmul peak.
 
-def matmul_peak_flops(dtype: str, size: int = 2048, reps: int = 5) -> float:
-  """Median FLOP/s of a jitted [size, size] @ [size, size] (bfloat16: f32 accumulation, as the model)."""
+def matmul_peak_flops(dtype: str, size: int = 2048, reps: int = 5,
+                      shape: Optional[Sequence[int]] = None) -> float:
+  """Median FLOP/s of a jitted [size, size] @ [size, size] (bfloat16: f32 accumulation, as the model);
+  `shape` = (M, K, N): an [M, K] @ [K, N] product instead."""
+  m, k, n = shape or (size, size, size)
   dt = jnp.dtype(dtype)
   ka, kb = jax.random.split(jax.random.key(0))
-  a = jax.random.normal(ka, (size, size), jnp.float32).astype(dt)
-  b = jax.random.normal(kb, (size, size), jnp.float32).astype(dt)
+  a = jax.random.normal(ka, (m, k), jnp.float32).astype(dt)
+  b = jax.random.normal(kb, (k, n), jnp.float32).astype(dt)
   dot = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
   dot(a, b).block_until_ready()
   times = []
@@ -168,7 +171,7 @@ def matmul_peak_flops(dtype: str, size: int = 2048, reps: int = 5) -> float:
     t0 = time.perf_counter()
     dot(a, b).block_until_ready()
     times.append(time.perf_counter() - t0)
-  return 2.0 * size ** 3 / statistics.median(times)
+  return 2.0 * m * k * n / statistics.median(times)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -261,33 +261,29 @@ MATMUL_SHAPE = (4096, 512, 2048)
 def matmul_rates(dtypes: Sequence[str], shape: Sequence[int] = MATMUL_SHAPE,
                  reps: int = 7) -> Dict[str, Dict[str, float]]:
   """{framework: {dtype: GFLOP/s}}: the median rate of one [M, K] @ [K, N] product of operands in
-  the dtype under XLA (jitted; float32 result, as podlab's projections ask for) and PyTorch (eager,
-  its thread count as set; result in the dtype, as the reference's nn.Linear), on this machine. Says
-  how fast each framework's matmul library is here, e.g. whether it uses the CPU's bfloat16 units,
-  which bounds the steps' ratio."""
+  the dtype under XLA (`bench.matmul_peak_flops` at this shape: float32 result, as podlab's
+  projections ask for) and PyTorch (eager, its thread count as set; result in the dtype, as the
+  reference's nn.Linear), on this machine. Says how fast each framework's matmul library is here,
+  e.g. whether it uses the CPU's bfloat16 units, which bounds the steps' ratio."""
   torch, _ = _torch()
   m, k, n = shape
-  rng = np.random.default_rng(0)
-  a32 = rng.standard_normal((m, k), dtype=np.float32)
-  b32 = rng.standard_normal((k, n), dtype=np.float32)
+  a32 = np.random.default_rng(0).standard_normal((m, k), dtype=np.float32)
+  b32 = np.random.default_rng(1).standard_normal((k, n), dtype=np.float32)
 
-  def median_rate(fn) -> float:
-    fn()
+  def torch_rate(ta, tb) -> float:
+    ta @ tb  # pylint: disable=pointless-statement
     times = []
     for _ in range(reps):
       t0 = time.perf_counter()
-      fn()
+      ta @ tb  # pylint: disable=pointless-statement
       times.append(time.perf_counter() - t0)
     return 2.0 * m * k * n / statistics.median(times) / 1e9
 
   out: Dict[str, Dict[str, float]] = {"XLA": {}, "PyTorch": {}}
-  dot = jax.jit(lambda x, y: jax.numpy.dot(x, y, preferred_element_type=jax.numpy.float32))
   for dtype in dtypes:
-    a, b = jax.numpy.asarray(a32, dtype), jax.numpy.asarray(b32, dtype)
-    out["XLA"][dtype] = median_rate(lambda: dot(a, b).block_until_ready())
+    out["XLA"][dtype] = bench.matmul_peak_flops(dtype, reps=reps, shape=shape) / 1e9
     tdt = getattr(torch, dtype)
-    ta, tb = torch.from_numpy(a32).to(tdt), torch.from_numpy(b32).to(tdt)
-    out["PyTorch"][dtype] = median_rate(lambda: ta @ tb)
+    out["PyTorch"][dtype] = torch_rate(torch.from_numpy(a32).to(tdt), torch.from_numpy(b32).to(tdt))
   return out
 
 
