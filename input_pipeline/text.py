@@ -107,7 +107,8 @@ def window_dataset(tokens: np.ndarray, *, block_size: int, global_batch_size: in
     windows = tf.reshape(windows, [local_device_count, accum_steps, b, block_size + 1])
     return {"x": windows[..., :-1], "y": windows[..., 1:]}
 
-  ds = tf.data.Dataset.counter(start=start_step, dtype=tf.int64).map(make_batch)
+  ds = tf.data.Dataset.counter(start=start_step, dtype=tf.int64).map(
+      tf.autograph.experimental.do_not_convert(make_batch))    # no tensor control flow in it
   options = tf.data.Options()
   options.deterministic = True
   options.threading.private_threadpool_size = 1      # a small CPU: one thread makes the windows
