@@ -29,7 +29,7 @@ Columns (times in ms per optimizer step; batch = examples per step, the global b
 The header names the CPU, whether it has native bfloat16 (avx512_bf16 / amx_bf16), XLA's usable cores
 and torch's thread count (set equal), and each framework's matmul rate on this machine per dtype (one
 TRM-sized product, `matmul_rates`): the ceiling that each framework's matmul library sets here (on a
-CPU with AMX, PyTorch's oneDNN ran bfloat16 products 2.0-2.7x faster than XLA:CPU, whose rate there
+CPU with AMX, PyTorch's oneDNN ran bfloat16 products 2.0-3.0x faster than XLA:CPU, whose rate there
 varies by +-20% from call to call: docs/benchmarks.md).
 
 Command lines:
