@@ -509,6 +509,22 @@ class Attention(hk.Module):
     return (out, (k, v)) if return_kv else out
 
 
+def _softmax_tree_max(scores: jax.Array) -> jax.Array:
+  """softmax over the last axis, its row max taken as a tree of elementwise maxima over halves of
+  the row (head_major's form). The max is exact, so the forward values are jax.nn.softmax's bit for
+  bit; the gradient is autodiff's of exp(s - max) / sum, the same to float32 rounding. XLA:CPU's own
+  max over a short last axis (TRM-Att's 97 positions) is 3x slower than its sum when reductions stay
+  out of YNNPACK (parallel.CPU_DOTS_ONLY); with it TRM-Att's step was 1.5% (float32) and 3.2%
+  (bfloat16) shorter on the AMX machine (docs/benchmarks.md, "head_major")."""
+  m = scores
+  while m.shape[-1] > 1:
+    n = m.shape[-1]
+    half = jnp.maximum(m[..., :n // 2], m[..., n // 2:2 * (n // 2)])      # [..., n // 2]
+    m = jnp.concatenate([half, m[..., 2 * (n // 2):]], axis=-1) if n % 2 else half
+  e = jnp.exp(scores - jax.lax.stop_gradient(m))                          # m: [..., 1]
+  return e / jnp.sum(e, axis=-1, keepdims=True)
+
+
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                           mask: Optional[jax.Array] = None, causal: bool = False,
                           head_major: bool = False) -> jax.Array:
@@ -522,7 +538,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   batched matmuls read their operands in place, and the output is copied back once. XLA:CPU
   otherwise picks the copies itself around each batched matmul and their gradients, which cost more
   at TRM-Att's shapes (B 64, 8 heads of 64, 97 positions): its bfloat16 training step is 6% shorter
-  this way (docs/benchmarks.md, "head_major"). The same products, summed in another order.
+  this way (docs/benchmarks.md, "head_major"). The same products, summed in another order; the
+  softmax's row max is taken as a tree of elementwise maxima (`_softmax_tree_max`: the same values).
   """
   B, Sq, H, Dh = q.shape
   Sk, K = k.shape[1], k.shape[2]
@@ -543,7 +560,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   if mask is not None:
     mask = jnp.broadcast_to(mask, (B, H, Sq, Sk)).reshape(B, K, G, Sq, Sk)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  probs = (_softmax_tree_max(scores) if head_major
+           else jax.nn.softmax(scores, axis=-1)).astype(q.dtype)
   if head_major:
     out = jnp.einsum("bkgqs,bksd->bkgqd", probs, vh, preferred_element_type=jnp.float32)
     out = jnp.transpose(out.astype(q.dtype), (0, 3, 1, 2, 4))    # [B, Sq, K, G, Dh]

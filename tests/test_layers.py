@@ -469,6 +469,29 @@ def test_attention_head_major_matches_numpy_and_the_default_gradients():
                                err_msg=jax.tree_util.keystr(path))
 
 
+def test_head_majors_softmax_is_jax_softmax_bit_for_bit_with_the_same_gradient():
+  """head_major's softmax takes the row max as a tree of elementwise maxima: the max is exact, so
+  the values are jax.nn.softmax's bit for bit (rows of odd and even lengths, TRM-Att's 97, a row
+  masked to the float32 minimum, large and tiny scores); the gradient equals jax.nn.softmax's to
+  float32 rounding."""
+  rng = np.random.default_rng(0)
+  for n in (1, 2, 3, 8, 97):
+    s = rng.standard_normal((3, 4, n)).astype(np.float32) * 30.0
+    s[0, 1] = np.finfo(np.float32).min                            # a fully masked row
+    s[1, 2, : (n + 1) // 2] = -1e30                               # half a row far below the rest
+    s = jnp.asarray(s)
+    tree_softmax = layers._softmax_tree_max                       # pylint: disable=protected-access
+    got = jax.jit(tree_softmax)(s)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(
+        lambda x: jax.nn.softmax(x, axis=-1))(s)), err_msg=f"n={n}")
+    np.testing.assert_allclose(f64(got).sum(-1), 1.0, rtol=1e-6)
+    w = jnp.asarray(rng.standard_normal(s.shape).astype(np.float32))
+    g_tree = jax.jit(jax.grad(lambda x: jnp.sum(tree_softmax(x) * w)))(s)
+    g_ref = jax.jit(jax.grad(lambda x: jnp.sum(jax.nn.softmax(x, axis=-1) * w)))(s)
+    np.testing.assert_allclose(f64(g_tree), f64(g_ref), rtol=1e-5,
+                               atol=1e-6 * max(np.abs(f64(g_ref)).max(), 1e-30), err_msg=f"n={n}")
+
+
 def test_attention_bfloat16_close_to_float64():
   x = _x()
 
