@@ -509,19 +509,26 @@ class Attention(hk.Module):
     return (out, (k, v)) if return_kv else out
 
 
-def _softmax_tree_max(scores: jax.Array) -> jax.Array:
-  """softmax over the last axis, its row max taken as a tree of elementwise maxima over halves of
-  the row (head_major's form). The max is exact, so the forward values are jax.nn.softmax's bit for
-  bit; the gradient is autodiff's of exp(s - max) / sum, the same to float32 rounding. XLA:CPU's own
-  max over a short last axis (TRM-Att's 97 positions) is 3x slower than its sum when reductions stay
-  out of YNNPACK (parallel.CPU_DOTS_ONLY); with it TRM-Att's step was 1.5% (float32) and 3.2%
-  (bfloat16) shorter on the AMX machine (docs/benchmarks.md, "head_major")."""
+def _exp_minus_tree_max(scores: jax.Array) -> jax.Array:
+  """exp(scores - the row max) over the last axis, the max taken as a tree of elementwise maxima
+  over halves of the row (exact; no gradient flows through it). XLA:CPU's own max over a short last
+  axis (TRM-Att's 97 positions) is 3x slower than its sum when reductions stay out of YNNPACK
+  (parallel.CPU_DOTS_ONLY)."""
   m = scores
   while m.shape[-1] > 1:
     n = m.shape[-1]
     half = jnp.maximum(m[..., :n // 2], m[..., n // 2:2 * (n // 2)])      # [..., n // 2]
     m = jnp.concatenate([half, m[..., 2 * (n // 2):]], axis=-1) if n % 2 else half
-  e = jnp.exp(scores - jax.lax.stop_gradient(m))                          # m: [..., 1]
+  return jnp.exp(scores - jax.lax.stop_gradient(m))                       # m: [..., 1]
+
+
+def _softmax_tree_max(scores: jax.Array) -> jax.Array:
+  """softmax over the last axis with `_exp_minus_tree_max`'s row max (head_major's form in
+  bfloat16). The max is exact, so the forward values are jax.nn.softmax's bit for bit; the gradient
+  is autodiff's of exp(s - max) / sum, the same to float32 rounding. With it TRM-Att's step was
+  1.5% (float32) and 3.2% (bfloat16) shorter on the AMX machine (docs/benchmarks.md,
+  "head_major")."""
+  e = _exp_minus_tree_max(scores)
   return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
@@ -539,7 +546,13 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   otherwise picks the copies itself around each batched matmul and their gradients, which cost more
   at TRM-Att's shapes (B 64, 8 heads of 64, 97 positions): its bfloat16 training step is 6% shorter
   this way (docs/benchmarks.md, "head_major"). The same products, summed in another order; the
-  softmax's row max is taken as a tree of elementwise maxima (`_softmax_tree_max`: the same values).
+  softmax's row max is taken as a tree of elementwise maxima (`_exp_minus_tree_max`: the same
+  values). In float32 the row sum divides the value product's [.., Sq, Dh] result instead of the
+  [.., Sq, Sk] probabilities (softmax(s) v = (exp(s - max) v) / sum: the same quantity, rounded in
+  another order), which makes the backward pass's row reduction one over Dh, not Sk: TRM-Att's
+  float32 step is 3% shorter (docs/benchmarks.md, "head_major"). bfloat16 keeps the normalised
+  probabilities (cast to bfloat16 for the value product, as without head_major): there the change
+  gave nothing and took 6% more scratch.
   """
   B, Sq, H, Dh = q.shape
   Sk, K = k.shape[1], k.shape[2]
@@ -560,6 +573,11 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   if mask is not None:
     mask = jnp.broadcast_to(mask, (B, H, Sq, Sk)).reshape(B, K, G, Sq, Sk)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  if head_major and q.dtype == jnp.float32:
+    e = _exp_minus_tree_max(scores)                              # [B, K, G, Sq, Sk]
+    out = jnp.einsum("bkgqs,bksd->bkgqd", e, vh, preferred_element_type=jnp.float32)
+    out = out / jnp.sum(e, axis=-1, keepdims=True)               # [B, K, G, Sq, Dh]
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, Sq, H, Dh)
   probs = (_softmax_tree_max(scores) if head_major
            else jax.nn.softmax(scores, axis=-1)).astype(q.dtype)
   if head_major:
