@@ -10,9 +10,13 @@ the same starting weights (podlab's init, exported to the reference's state_dict
               the ACT wrapper in training mode, float64 stablemax + Q-halt loss, backward, AdamATan2
               and SignSGD at the scheduled rates, EMA; parity with podlab's step is checked by
               tests/test_trm_reference_step.py.
-After one untimed step of each, the two run in alternating blocks (`--block` steps of podlab, then of
-the reference, `--steps` times), so slow and fast periods of a shared machine fall on both alike;
-then one more untimed step of each measures its heap.
+After `--warmup` untimed steps of each (default 3), the two run in alternating blocks (`--block`
+steps of podlab, then of the reference, `--steps` times), so slow and fast periods of a shared machine
+fall on both alike; then one more untimed step of each measures its heap. The warm-up is 3 steps
+because podlab's first steps are slower than the rest while the glibc heap (kept: host_malloc) still
+grows: a step whose scratch finds no free block of its size faults fresh pages in (TRM-Att float32
+at batch 64: ~470,000 minor faults = its 1.84 GB scratch, 5-7 s of system time, a 18.5 s step
+against 14.6 s; in steps 0-3 of a run). Each round's log line gives the step's minor page faults.
 
 Columns (times in ms per optimizer step; batch = examples per step, the global batch):
   *_ms, *_p10, *_p90   median, 10th and 90th percentile of the timed steps.
@@ -37,12 +41,16 @@ Command lines:
   python -m experiments.trm.tools.bench_reference                     # 2 models x 2 dtypes x {64, 256}
   python -m experiments.trm.tools.bench_reference --models=mlp --dtypes=float32 --batches=64 --steps=3
   python -m experiments.trm.tools.bench_reference --quick             # smoke: hidden 32, batch 4
+  python -m experiments.trm.tools.bench_reference --rates_only --matmul_shapes=3104x512x3072,3104x3072x512
+      # the header alone: each framework's matmul rate at TRM-Att's projection shapes (one
+      # 32-example slice of 97 positions: gate|up, and down's input gradient)
 
-Flags: --models=mlp,att  --dtypes=float32,bfloat16  --batches=64,256  --steps=3  --block=1
+Flags: --models=mlp,att  --dtypes=float32,bfloat16  --batches=64,256  --steps=3  --block=1  --warmup=3
   --hidden=0 (the recipe's 512)  --quick  --no_keep_heap  --no_fast_grad  --no_reference
   --cpu_forms=all (or none, or a comma list of fast_grad,seq_major,unroll,head_major,lean_swiglu,
     split_reduce,batch_slices: which CPU forms podlab uses)
-  --json_out=PATH
+  --json_out=PATH  --matmul_shapes=4096x512x2048 (the header's products, MxKxN, comma-separated)
+  --rates_only (print the header, with its matmul rates, and stop)
 At the recipe size one step takes 10-40 s per framework on a 2-core CPU: narrow the cells.
 """
 
@@ -52,6 +60,7 @@ import argparse
 import ctypes
 import json
 import os
+import resource
 import statistics
 import sys
 import threading
@@ -184,10 +193,17 @@ def reference_step(setup: bench.StepSetup, config, seed: int = 0):
 # --------------------------------------------------------------------------------------------------
 # One cell.
 
+def _minor_faults() -> int:
+  """This process's minor page faults so far (fresh pages touched)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int = 1,
              hidden: Optional[int] = None, fast_grad: bool = True,
-             reference: bool = True, cpu_forms: Optional[str] = None) -> Dict[str, Any]:
-  """Compiles podlab's step, builds the reference's, runs them in alternating blocks; one row.
+             reference: bool = True, cpu_forms: Optional[str] = None,
+             warmup: int = 3) -> Dict[str, Any]:
+  """Compiles podlab's step, builds the reference's, runs `warmup` untimed steps of each, then
+  `steps` alternating blocks; one row.
   `fast_grad=False`: podlab without the CPU forms (config.cpu_tuning off); `cpu_forms`: some of
   them (config.cpu_forms); `reference=False`: podlab alone (the reference's columns NaN)."""
   reset_ok = bench.reset_peak_rss()
@@ -219,18 +235,22 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
   runs = {"podlab": podlab_once, "ref": ref_once}
   if not reference:
     del runs["ref"]
-  for name, fn in runs.items():                            # one untimed step each
-    t0 = time.perf_counter()
-    fn()
-    _log(f"{label}: {name} warm-up step {time.perf_counter() - t0:.3f} s")
+  for i in range(warmup):                                  # untimed steps, alternating
+    for name, fn in runs.items():
+      f0, t0 = _minor_faults(), time.perf_counter()
+      fn()
+      _log(f"{label}: {name} warm-up step {i + 1}/{warmup} {time.perf_counter() - t0:.3f} s "
+           f"({_minor_faults() - f0:,} minor page faults)")
   for r in range(steps):
     for name, fn in runs.items():
+      f0 = _minor_faults()
       for _ in range(block):
         t0 = time.perf_counter()
         fn()
         times[name].append(time.perf_counter() - t0)
       _log(f"{label}: round {r + 1}/{steps} {name}: "
-           + ", ".join(f"{t:.3f}" for t in times[name][-block:]) + " s")
+           + ", ".join(f"{t:.3f}" for t in times[name][-block:])
+           + f" s ({_minor_faults() - f0:,} minor page faults)")
   for name, fn in runs.items():          # the heap round: sampled, untimed (sampling costs 3-5%)
     heap[name].start()
     fn()
@@ -311,6 +331,20 @@ def _csv(text: str) -> List[str]:
   return [x for x in text.split(",") if x]
 
 
+def _shapes(text: str) -> List[tuple]:
+  """"MxKxN,MxKxN" -> [(M, K, N), ...] (argparse type of --matmul_shapes)."""
+  out = []
+  for item in _csv(text):
+    parts = item.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+      raise argparse.ArgumentTypeError(
+          f"{item!r} is not MxKxN with three positive integers (e.g. 3104x512x3072)")
+    out.append(tuple(int(p) for p in parts))
+  if not out:
+    raise argparse.ArgumentTypeError("give at least one MxKxN shape")
+  return out
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap = argparse.ArgumentParser(prog="python -m experiments.trm.tools.bench_reference",
                                description=__doc__.split("\n")[0])
@@ -319,9 +353,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--batches", type=_csv, default=["64", "256"])
   ap.add_argument("--steps", type=int, default=3, help="timed blocks per framework")
   ap.add_argument("--block", type=int, default=1, help="steps per block")
+  ap.add_argument("--warmup", type=int, default=3,
+                  help="untimed steps of each framework before the timed blocks (podlab's first "
+                       "steps fault its heap in)")
   ap.add_argument("--hidden", type=int, default=0, help="0: the recipe's 512")
   ap.add_argument("--quick", action="store_true",
-                  help="smoke run: hidden 32, batch 4, 2 blocks (flags given explicitly still win)")
+                  help="smoke run: hidden 32, batch 4, 1 warm-up step, 2 blocks (flags given explicitly "
+                       "still win)")
   ap.add_argument("--no_keep_heap", action="store_true", help="glibc's default heap behaviour")
   ap.add_argument("--no_fast_grad", action="store_true",
                   help="podlab without the CPU matmul forms (config.cpu_tuning=False)")
@@ -331,10 +369,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--no_reference", action="store_true",
                   help="podlab alone (to compare podlab variants; the reference's columns are NaN)")
   ap.add_argument("--json_out", default="")
+  ap.add_argument("--matmul_shapes", type=_shapes, default=[MATMUL_SHAPE],
+                  help="the header's matmul products, MxKxN comma-separated (default "
+                       f"{'x'.join(map(str, MATMUL_SHAPE))})")
+  ap.add_argument("--rates_only", action="store_true",
+                  help="print the header with its matmul rates and stop (no training steps)")
   args = ap.parse_args(argv)
   if args.quick:
     bench.quick_defaults(args, argv, hidden=32, batches=["4"], steps=2, models=["mlp"],
-                         dtypes=["float32"])
+                         dtypes=["float32"], warmup=1)
   for m in args.models:
     if m not in bench.RECIPES:
       ap.error(f"--models: {m!r}; use mlp and/or att")
@@ -346,6 +389,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
       ap.error(f"--batches: {b!r} is not a positive integer")
   if args.steps < 1 or args.block < 1:
     ap.error("--steps and --block must be >= 1")
+  if args.warmup < 0:
+    ap.error(f"--warmup={args.warmup}: use 0 or more untimed steps")
   return args
 
 
@@ -355,7 +400,15 @@ def main(argv: Sequence[str]) -> int:
   torch, _ = _torch()
   threads = cpu_features.usable_cores()
   torch.set_num_threads(threads)
-  header = header_lines(threads, keep, matmul_rates(args.dtypes))
+  first, *more = args.matmul_shapes
+  header = header_lines(threads, keep, matmul_rates(args.dtypes, shape=first), shape=first)
+  for shape in more:
+    header.append(header_lines(threads, keep, matmul_rates(args.dtypes, shape=shape),
+                               shape=shape)[-1])
+  if args.rates_only:
+    for line in header:
+      print(line)
+    return 0
   for line in header:
     _log(line)
   rows = []
@@ -363,12 +416,13 @@ def main(argv: Sequence[str]) -> int:
     for dtype in args.dtypes:
       for b in args.batches:
         rows.append(run_cell(model, dtype, int(b), steps=args.steps, block=args.block,
+                             warmup=args.warmup,
                              hidden=args.hidden or None, fast_grad=not args.no_fast_grad,
                              reference=not args.no_reference, cpu_forms=args.cpu_forms))
   print()
   print(f"TRM training step, podlab vs the reference (PyTorch), Sudoku recipes"
         f"{f' at hidden {args.hidden}' if args.hidden else ''}; {args.steps} alternating block(s) "
-        f"of {args.block} step(s) each after one untimed step")
+        f"of {args.block} step(s) each after {args.warmup} untimed step(s) of each")
   for line in header:
     print(line)
   print(f"podlab CPU forms (config.cpu_forms): "
