@@ -23,6 +23,13 @@ process-wide, so the trainer applies it only when the program is compiled for a 
 (`config.cpu_tuning`, default True: experiments/common/layout.py `cpu_tuning`), and the benchmark
 has `--no_keep_heap` to measure without it. Elsewhere than glibc (macOS, musl) it does nothing.
 
+The heap reaches its steady size only after a few steps: glibc 2.36's aligned allocation does not
+reuse a freed block of exactly its own size (it asks for the size plus the alignment), and XLA may
+allocate a step's scratch before it has freed the last step's, so the first steps of a run can
+extend the heap and fault the new pages in once more (TRM-Att float32 at batch 64: 1.84 GB, ~4 s,
+in steps 0-3), until it holds enough free blocks. The benchmarks take 3 untimed steps for that
+(docs/benchmarks.md, "Warm-up").
+
 Shape glossary: none (host memory only).
 
 Synopsis:
