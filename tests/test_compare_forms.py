@@ -10,7 +10,7 @@ from experiments.trm.tools import compare_forms
 @pytest.mark.slow
 def test_two_variants_alternate_and_agree():
   args = compare_forms.parse_args(["--quick", "--model=att", "--rounds=2", "--forms=all",
-                                   "--forms=fast_grad,unroll,split_reduce"])
+                                   "--forms=fast_grad,unroll,split_reduce", "--warmup=1"])
   assert (args.hidden, args.batch, args.rounds) == (32, 4, 2)
   rows = compare_forms.compare(args)
   assert [r["cpu_forms"] for r in rows] == ["all", "fast_grad,unroll,split_reduce"]
@@ -21,7 +21,7 @@ def test_two_variants_alternate_and_agree():
   assert 0 <= rows[1]["won"] <= 2
   assert rows[1]["vs_first"] == pytest.approx(rows[1]["ms"] / rows[0]["ms"] - 1.0)
   # head_major is the only difference: the same step to float32 rounding (the same data and
-  # starting weights, two steps each).
+  # starting weights, five steps each: one warm-up, then two rounds of two).
   assert rows[1]["lm_loss"] == pytest.approx(rows[0]["lm_loss"], rel=1e-4)
   table = compare_forms.format_table(rows).splitlines()
   assert table[0].startswith("| cpu_forms | ms | p10 | p90 | vs_first | won |")
@@ -35,6 +35,7 @@ def test_two_variants_alternate_and_agree():
     (["--model=demo", "--hidden=32"], "--hidden is for the recipes"),
     (["--forms=all/slice=2"], "slices=N"),
     (["--forms=all/slices=0"], "slices=N"),
+    (["--warmup=-1"], "0 or more untimed steps"),
 ])
 def test_bad_flags_name_the_flag_and_the_fix(argv, message, capsys):
   with pytest.raises(SystemExit):
@@ -44,9 +45,12 @@ def test_bad_flags_name_the_flag_and_the_fix(argv, message, capsys):
 
 def test_quick_narrows_only_the_flags_not_given():
   a = compare_forms.parse_args(["--quick"])
-  assert (a.model, a.hidden, a.batch, a.rounds, a.forms) == ("att", 32, 4, 2, ["all", "none"])
-  a = compare_forms.parse_args(["--quick", "--batch=8", "--rounds=3", "--forms=head_major"])
-  assert (a.hidden, a.batch, a.rounds, a.forms) == (32, 8, 3, ["head_major"])
+  assert (a.model, a.hidden, a.batch, a.rounds, a.forms, a.warmup) == (
+      "att", 32, 4, 2, ["all", "none"], 0)
+  a = compare_forms.parse_args(["--quick", "--batch=8", "--rounds=3", "--forms=head_major",
+                                "--warmup=1"])
+  assert (a.hidden, a.batch, a.rounds, a.forms, a.warmup) == (32, 8, 3, ["head_major"], 1)
+  assert compare_forms.parse_args([]).warmup == 2
 
 
 def test_a_variant_may_name_batch_slices():

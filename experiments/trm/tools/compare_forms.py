@@ -5,8 +5,11 @@ Each variant is the trainer's real pmapped step (experiments/trm/tools/bench.py 
 set to one list ("all", "none" or a comma list of fast_grad, seq_major, unroll, head_major,
 lean_swiglu, split_reduce; docs/trm.md section 11), optionally followed by `/slices=N` for
 config.batch_slices (the training step on N slices of the batch in turn; docs/trm.md section 11). All variants are compiled in one process, then run in turn:
-per round one untimed step of each variant (its state and carry carried on from its last step), then
-`--per_round` timed steps of it, so the machine's slow and fast periods fall on every variant alike. This is how the effect of
+first `--warmup` untimed steps of each (default 2: a run's first steps still grow the kept heap and
+fault fresh pages in; docs/benchmarks.md, "Warm-up"), then per round one untimed step of each variant
+(its state and carry carried on from its last step) and `--per_round` timed steps of it, so the
+machine's slow and fast periods fall on every variant alike. Each round's line gives every variant's
+time and, in brackets, its timed steps' minor page faults. This is how the effect of
 one form is measured here (one process per variant mixes in minutes of the machine's drift).
 
 Columns:
@@ -23,18 +26,19 @@ Command lines:
       --forms=all --forms=fast_grad,seq_major,unroll,split_reduce --rounds=6
   python -m experiments.trm.tools.compare_forms --model=demo --forms=all --forms=none
   python -m experiments.trm.tools.compare_forms --model=demo --forms=all --forms=all/slices=2
-  python -m experiments.trm.tools.compare_forms --quick        # smoke: hidden 32, batch 4, 2 rounds
+  python -m experiments.trm.tools.compare_forms --quick        # smoke: hidden 32, batch 4, 2 rounds, no warm-up
 
 Flags: --model=demo|mlp|att (demo: configs/cpu_demo.py's model, float32, batch 128)
   --dtype=float32|bfloat16 (recipes)  --batch=0 (0: the config's; 64 for the recipes)
   --hidden=0 (recipes: 0 = 512)  --forms=LIST (repeat; default: all, then none)  --rounds=4
-  --per_round=1  --quick
+  --per_round=1  --warmup=2  --quick
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 from typing import Any, Dict, List, Sequence, Tuple
@@ -89,23 +93,31 @@ def compare(args: argparse.Namespace) -> List[Dict[str, Any]]:
   rounds: Dict[str, List[float]] = {f: [] for f in args.forms}
   loss: Dict[str, float] = {}
   live = {f: s.args[:2] for f, s in setups.items()}       # each variant's state and carry (donated)
+  faults: Dict[str, int] = {}
+  for _ in range(args.warmup):                            # untimed: the heap grows to its size
+    for forms, s in setups.items():
+      (state, carry), (batch, device_index) = live.pop(forms), s.args[2:]
+      state, carry, sums = s.compiled(state, carry, batch, device_index)
+      jax.block_until_ready(sums)
+      live[forms] = (state, carry)
   for r in range(args.rounds):
     for forms, s in setups.items():
       (state, carry), (batch, device_index) = live.pop(forms), s.args[2:]
       state, carry, sums = s.compiled(state, carry, batch, device_index)   # untimed
       jax.block_until_ready(sums)
-      these = []
+      these, f0 = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
       for _ in range(args.per_round):
         t0 = time.perf_counter()
         state, carry, sums = s.compiled(state, carry, batch, device_index)
         jax.block_until_ready(sums)
         these.append(time.perf_counter() - t0)
+      faults[forms] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
       live[forms] = (state, carry)
       times[forms] += these
       rounds[forms].append(float(np.median(these)))
       loss[forms] = float(np.asarray(sums["lm_loss"]).ravel()[0])
     print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-        f"{f} {1e3 * rounds[f][-1]:,.0f} ms" for f in args.forms), flush=True)
+        f"{f} {1e3 * rounds[f][-1]:,.0f} ms [{faults[f]:,}]" for f in args.forms), flush=True)
   first = args.forms[0]
   base_ms = bench.percentiles_ms(times[first])["ms"]
   rows = []
@@ -140,11 +152,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                        "(repeat the flag; default: all, then none)")
   ap.add_argument("--rounds", type=int, default=4)
   ap.add_argument("--per_round", type=int, default=1)
+  ap.add_argument("--warmup", type=int, default=2,
+                  help="untimed steps of each variant before the rounds (the heap's growth)")
   ap.add_argument("--quick", action="store_true",
                   help="smoke run: hidden 32, batch 4, 2 rounds (flags given explicitly still win)")
   args = ap.parse_args(argv)
   if args.quick:
-    bench.quick_defaults(args, argv, hidden=32, batch=4, rounds=2)
+    bench.quick_defaults(args, argv, hidden=32, batch=4, rounds=2, warmup=0)
   args.forms = args.forms or ["all", "none"]
   for variant in args.forms:
     try:
@@ -156,6 +170,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.error(f"--forms: a list is given twice ({args.forms}); give each variant once")
   if args.rounds < 1 or args.per_round < 1:
     ap.error("--rounds and --per_round must be >= 1")
+  if args.warmup < 0:
+    ap.error(f"--warmup={args.warmup}: use 0 or more untimed steps")
   if args.model == "demo" and args.hidden:
     ap.error("--hidden is for the recipes (mlp, att); the demo model is configs/cpu_demo.py's")
   if args.model == "demo" and args.batch and args.batch % jax.local_device_count():
@@ -172,8 +188,9 @@ def main(argv: Sequence[str]) -> int:
       f"TRM-{args.model.upper() if args.model == 'mlp' else 'Att'} {args.dtype}"
       f"{f' at hidden {args.hidden}' if args.hidden else ''}")
   batch = args.batch or (cpu_demo.get_config().global_batch_size if args.model == "demo" else 64)
-  print(f"{what}, batch {batch}; {args.rounds} alternating round(s) of 1 untimed + "
-        f"{args.per_round} timed step(s) per variant", flush=True)
+  print(f"{what}, batch {batch}; {args.warmup} untimed step(s) of each variant, then "
+        f"{args.rounds} alternating round(s) of 1 untimed + {args.per_round} timed step(s) per "
+        f"variant; [minor page faults of the timed steps]", flush=True)
   rows = compare(args)
   print(format_table(rows))
   return 0
