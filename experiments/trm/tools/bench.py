@@ -34,7 +34,9 @@ A row whose process fails (e.g. killed for memory under `--isolate`) is printed 
 goes on. All timings are medians within one run of this command (steps of the same compiled
 executable, matmuls of the same run; nothing is compared across runs or cached between them). The
 first timed step is included unless `--warmup_steps` > 0: compilation is ahead of time, and the median
-of 3 steps already drops one slow step. At the recipe size a CPU step takes ~45 s at batch 64, so the
+of 3 steps already drops one slow step. A run's first few steps can also be slower while the kept
+heap still grows (TRM-Att float32 at batch 64: in steps 0-3; docs/benchmarks.md, "Warm-up"):
+`--warmup_steps=3` measures the steps after that, as `make bench` does. At the recipe size a CPU step takes ~45 s at batch 64, so the
 default run (2 models x 2 dtypes x {64, max}) takes hours there; use --models/--dtypes/--batches to cut.
 
 Command lines:
