@@ -122,3 +122,24 @@ def test_format_table_nan_and_bools():
   text = bench.format_table(rows, ("model", "remat", "step_ms", "fits"))
   assert text.splitlines()[2].split() == ["att", "on", "nan", "no"]
   assert np.isnan(rows[0]["step_ms"])
+
+
+def test_minor_page_faults_count_fresh_pages_only():
+  """`minor_page_faults` (the benchmarks' per-step fault counts) grows when fresh pages are touched
+  and not when the same pages are touched again. 32 MiB of fresh anonymous memory is 8,192 small
+  pages, or 16 huge ones where transparent huge pages are always on."""
+  import mmap  # pylint: disable=g-import-not-at-top
+  size = 32 << 20
+  m = mmap.mmap(-1, size)
+  try:
+    f0 = bench.minor_page_faults()
+    for off in range(0, size, 4096):
+      m[off] = 1
+    f1 = bench.minor_page_faults()
+    for off in range(0, size, 4096):
+      m[off] = 2
+    f2 = bench.minor_page_faults()
+  finally:
+    m.close()
+  assert f1 - f0 >= 16, (f0, f1)
+  assert f2 - f1 < 8, (f1, f2)

@@ -36,8 +36,9 @@ executable, matmuls of the same run; nothing is compared across runs or cached b
 first timed step is included unless `--warmup_steps` > 0: compilation is ahead of time, and the median
 of 3 steps already drops one slow step. A run's first few steps can also be slower while the kept
 heap still grows (TRM-Att float32 at batch 64: in steps 0-3; docs/benchmarks.md, "Warm-up"):
-`--warmup_steps=3` measures the steps after that, as `make bench` does. At the recipe size a CPU step takes ~45 s at batch 64, so the
-default run (2 models x 2 dtypes x {64, max}) takes hours there; use --models/--dtypes/--batches to cut.
+`--warmup_steps=3` measures the steps after that, as `make bench` does. At the recipe size a CPU
+step takes ~45 s at batch 64, so the default run (2 models x 2 dtypes x {64, max}) takes hours
+there; use --models/--dtypes/--batches to cut.
 
 Command lines:
 
@@ -200,6 +201,12 @@ def peak_rss_gb(reset_ok: bool) -> float:
     except OSError:
       pass
   return process_maxrss_gb()
+
+
+def minor_page_faults() -> int:
+  """This process's minor page faults so far: fresh pages touched (a step that grew the heap shows
+  as hundreds of thousands; docs/benchmarks.md, "Warm-up")."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def process_maxrss_gb() -> float:

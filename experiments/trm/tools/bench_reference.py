@@ -60,7 +60,6 @@ import argparse
 import ctypes
 import json
 import os
-import resource
 import statistics
 import sys
 import threading
@@ -193,11 +192,6 @@ def reference_step(setup: bench.StepSetup, config, seed: int = 0):
 # --------------------------------------------------------------------------------------------------
 # One cell.
 
-def _minor_faults() -> int:
-  """This process's minor page faults so far (fresh pages touched)."""
-  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
 def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int = 1,
              hidden: Optional[int] = None, fast_grad: bool = True,
              reference: bool = True, cpu_forms: Optional[str] = None,
@@ -237,20 +231,20 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
     del runs["ref"]
   for i in range(warmup):                                  # untimed steps, alternating
     for name, fn in runs.items():
-      f0, t0 = _minor_faults(), time.perf_counter()
+      f0, t0 = bench.minor_page_faults(), time.perf_counter()
       fn()
       _log(f"{label}: {name} warm-up step {i + 1}/{warmup} {time.perf_counter() - t0:.3f} s "
-           f"({_minor_faults() - f0:,} minor page faults)")
+           f"({bench.minor_page_faults() - f0:,} minor page faults)")
   for r in range(steps):
     for name, fn in runs.items():
-      f0 = _minor_faults()
+      f0 = bench.minor_page_faults()
       for _ in range(block):
         t0 = time.perf_counter()
         fn()
         times[name].append(time.perf_counter() - t0)
       _log(f"{label}: round {r + 1}/{steps} {name}: "
            + ", ".join(f"{t:.3f}" for t in times[name][-block:])
-           + f" s ({_minor_faults() - f0:,} minor page faults)")
+           + f" s ({bench.minor_page_faults() - f0:,} minor page faults)")
   for name, fn in runs.items():          # the heap round: sampled, untimed (sampling costs 3-5%)
     heap[name].start()
     fn()

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import time
 from typing import Any, Dict, List, Sequence, Tuple
@@ -105,13 +104,13 @@ def compare(args: argparse.Namespace) -> List[Dict[str, Any]]:
       (state, carry), (batch, device_index) = live.pop(forms), s.args[2:]
       state, carry, sums = s.compiled(state, carry, batch, device_index)   # untimed
       jax.block_until_ready(sums)
-      these, f0 = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+      these, f0 = [], bench.minor_page_faults()
       for _ in range(args.per_round):
         t0 = time.perf_counter()
         state, carry, sums = s.compiled(state, carry, batch, device_index)
         jax.block_until_ready(sums)
         these.append(time.perf_counter() - t0)
-      faults[forms] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+      faults[forms] = bench.minor_page_faults() - f0
       live[forms] = (state, carry)
       times[forms] += these
       rounds[forms].append(float(np.median(these)))
