@@ -550,7 +550,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   values). In float32 the row sum divides the value product's [.., Sq, Dh] result instead of the
   [.., Sq, Sk] probabilities (softmax(s) v = (exp(s - max) v) / sum: the same quantity, rounded in
   another order), which makes the backward pass's row reduction one over Dh, not Sk: TRM-Att's
-  float32 step is 3% shorter (docs/benchmarks.md, "head_major"). bfloat16 keeps the normalised
+  float32 step was 1.3% and 3.0% shorter in two runs (docs/benchmarks.md, "head_major"). bfloat16 keeps the normalised
   probabilities (cast to bfloat16 for the value product, as without head_major): there the change
   gave nothing and took 6% more scratch.
   """

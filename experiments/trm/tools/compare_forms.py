@@ -93,25 +93,26 @@ def compare(args: argparse.Namespace) -> List[Dict[str, Any]]:
   loss: Dict[str, float] = {}
   live = {f: s.args[:2] for f, s in setups.items()}       # each variant's state and carry (donated)
   faults: Dict[str, int] = {}
+
+  def step(forms: str) -> Dict[str, Any]:
+    """One step of the variant, its state and carry carried on; returns its summed metrics."""
+    s = setups[forms]
+    state, carry, sums = s.compiled(*live[forms], *s.args[2:])
+    live[forms] = (state, carry)
+    return jax.block_until_ready(sums)
+
   for _ in range(args.warmup):                            # untimed: the heap grows to its size
-    for forms, s in setups.items():
-      (state, carry), (batch, device_index) = live.pop(forms), s.args[2:]
-      state, carry, sums = s.compiled(state, carry, batch, device_index)
-      jax.block_until_ready(sums)
-      live[forms] = (state, carry)
+    for forms in setups:
+      step(forms)
   for r in range(args.rounds):
-    for forms, s in setups.items():
-      (state, carry), (batch, device_index) = live.pop(forms), s.args[2:]
-      state, carry, sums = s.compiled(state, carry, batch, device_index)   # untimed
-      jax.block_until_ready(sums)
+    for forms in setups:
+      step(forms)                                         # untimed
       these, f0 = [], bench.minor_page_faults()
       for _ in range(args.per_round):
         t0 = time.perf_counter()
-        state, carry, sums = s.compiled(state, carry, batch, device_index)
-        jax.block_until_ready(sums)
+        sums = step(forms)
         these.append(time.perf_counter() - t0)
       faults[forms] = bench.minor_page_faults() - f0
-      live[forms] = (state, carry)
       times[forms] += these
       rounds[forms].append(float(np.median(these)))
       loss[forms] = float(np.asarray(sums["lm_loss"]).ravel()[0])
