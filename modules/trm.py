@@ -98,6 +98,12 @@ class TRMConfig:
     formula (`layers.swiglu_activation(lean_grad=True)`), instead of keeping them from the forward
     pass: two [rows, F] buffers fewer per SwiGLU call of the cycle with gradient. The same values;
     gradients agree to rounding. Off by default.
+  nograd_chunk_elements: (a CPU target only, set with fast_grad for bfloat16) the T-1 cycles without
+    gradient run on chunks of the batch one after another (`nograd_chunk`: the most examples, a
+    power of two dividing the batch, whose latents hold at most this many elements, chunk x S x D)
+    instead of the whole batch at once. Those cycles treat every example on its own, so the values
+    are the same; the activations between the matmuls are a chunk's, not the batch's, and the
+    passes over them run on memory nearer the cores. 0 = the whole batch (the default).
   """
   seq_len: int
   vocab_size: int
@@ -123,6 +129,7 @@ class TRMConfig:
   unroll: bool = False
   head_major: bool = False
   lean_swiglu: bool = False
+  nograd_chunk_elements: int = 0
 
   def __post_init__(self):
     def bad(field, value, fix):
@@ -141,9 +148,24 @@ class TRMConfig:
       bad("halt_max_steps", self.halt_max_steps, "must be >= 1")
     if not 0.0 <= self.halt_exploration_prob <= 1.0:
       bad("halt_exploration_prob", self.halt_exploration_prob, "must be in [0, 1]")
+    if self.nograd_chunk_elements < 0:
+      bad("nograd_chunk_elements", self.nograd_chunk_elements,
+          "use 0 (the whole batch) or a positive number of elements per chunk")
     if self.emb_ndim > self.prefix_len * self.hidden_size:
       bad("puzzle_emb_len", self.puzzle_emb_len,
           f"P * hidden_size must hold puzzle_emb_ndim={self.emb_ndim}")
+
+  def nograd_chunk(self, batch: int) -> int:
+    """Examples per chunk of the cycles without gradient for a batch of `batch` examples: the
+    largest power of two dividing `batch` whose chunk x S x D latents are at most
+    nograd_chunk_elements, at least 1; `batch` itself (one chunk) when that is off (0)."""
+    if not self.nograd_chunk_elements:
+      return batch
+    chunk = 1
+    while (batch % (2 * chunk) == 0 and 2 * chunk <= batch
+           and 2 * chunk * self.total_len * self.hidden_size <= self.nograd_chunk_elements):
+      chunk *= 2
+    return chunk
 
   @property
   def emb_ndim(self) -> int:
@@ -296,6 +318,34 @@ class TRMInner(hk.Module):
     z_H = self.L_level(z_H, z_L, rope)
     return z_H, z_L
 
+  def cycles_without_gradient(self, z_H, z_L, x, rope):
+    """The T-1 cycles before the one with gradient, in chunks of `config.nograd_chunk` examples
+    (one chunk: the whole batch). z_H, z_L, x: [B, S, D] ([S, B, D]: seq_first)."""
+    cfg = self.config
+
+    def cycles(z_H, z_L, x):
+      def cycle(_, z):
+        return self.latent_recursion(*z, x, rope)
+      return hk.fori_loop(0, cfg.H_cycles - 1, cycle, (z_H, z_L))
+
+    axis = 1 if cfg.seq_first else 0                             # the batch axis
+    B = z_H.shape[axis]
+    chunk = cfg.nograd_chunk(B)
+    if chunk == B:
+      return cycles(z_H, z_L, x)
+
+    def split(a):                                                # -> [B/chunk, (S,) chunk, (S,) D]
+      a = a.reshape(a.shape[:axis] + (B // chunk, chunk) + a.shape[axis + 1:])
+      return jnp.moveaxis(a, axis, 0)
+
+    def merge(a):                                                # the inverse of split
+      a = jnp.moveaxis(a, 0, axis)
+      return a.reshape(a.shape[:axis] + (B,) + a.shape[axis + 2:])
+
+    _, (z_H, z_L) = hk.scan(lambda carry, zs: (carry, cycles(*zs)), None,
+                            (split(z_H), split(z_L), split(x)))
+    return merge(z_H), merge(z_L)
+
   def __call__(self, z_H: jax.Array, z_L: jax.Array, inputs: jax.Array,
                puzzle_rows: Optional[jax.Array]):
     cfg = self.config
@@ -308,10 +358,7 @@ class TRMInner(hk.Module):
       # T-1 cycles WITHOUT gradient: parameters and inputs enter as constants, so no residuals are
       # stored and nothing flows back through these cycles.
       with hk.custom_getter(_stop_gradient_getter):
-        x_const = jax.lax.stop_gradient(x)
-        def cycle(_, z):
-          return self.latent_recursion(*z, x_const, rope)
-        z_H, z_L = hk.fori_loop(0, cfg.H_cycles - 1, cycle, (z_H, z_L))
+        z_H, z_L = self.cycles_without_gradient(z_H, z_L, jax.lax.stop_gradient(x), rope)
     z_H, z_L = self.latent_recursion(z_H, z_L, x, rope, unroll=cfg.unroll)  # the cycle WITH gradient
     if cfg.seq_first:
       logits = jnp.swapaxes(self.lm_head(z_H[cfg.prefix_len:]), 0, 1)  # [L, B, V] -> [B, L, V]

@@ -666,3 +666,48 @@ def test_lean_swiglu_equals_the_reference_gradients(mlp_t):
     ref, got = f64(ref).ravel(), f64(got).ravel()
     if ref.size >= 4:                                           # q_head bias: 2 numbers
       assert np.corrcoef(ref, got)[0, 1] > 0.9, jax.tree_util.keystr(path)
+
+
+def test_nograd_chunk_rule_and_its_field_check():
+  """nograd_chunk(B): the largest power of two dividing B whose chunk x S x D latents fit
+  nograd_chunk_elements; the whole batch when the field is 0; a negative field is refused."""
+  recipe = trm.TRMConfig(seq_len=81, vocab_size=11, puzzle_emb_len=16, hidden_size=512,
+                         nograd_chunk_elements=2 ** 19)            # S x D = 97 x 512 = 49,664
+  assert [recipe.nograd_chunk(b) for b in (64, 32, 12, 8, 6, 7, 1)] == [8, 8, 4, 8, 2, 1, 1]
+  off = dataclasses.replace(recipe, nograd_chunk_elements=0)
+  assert [off.nograd_chunk(b) for b in (64, 7)] == [64, 7]
+  tiny = dataclasses.replace(recipe, nograd_chunk_elements=1000)  # less than one example: 1
+  assert tiny.nograd_chunk(64) == 1
+  with pytest.raises(ValueError, match=r"nograd_chunk_elements=-1.*use 0"):
+    dataclasses.replace(recipe, nograd_chunk_elements=-1)
+
+
+@pytest.mark.parametrize("mlp_t", [False, True], ids=["att", "mlp"])
+def test_nograd_chunks_equal_the_whole_batch(mlp_t):
+  """nograd_chunk_elements (the cycles without gradient on chunks of the batch, one after another:
+  a CPU form, for bfloat16) treats every example on its own, as the whole batch does: with the
+  other CPU forms on (seq_major's [S, B, D] latents split along their batch axis), the value,
+  logits and every gradient equal the whole batch's to float32 rounding in float32 and to
+  bfloat16 rounding in bfloat16, in chunks of 2 and of 1 example."""
+  base = dataclasses.replace(TINY, mlp_t=mlp_t, pos_encodings="none" if mlp_t else "rope",
+                             fast_grad=True, unroll=True, seq_major=True, head_major=True,
+                             lean_swiglu=True)
+  _, params, state, table, _ = _cpu_form_case(base)
+  batch = make_batch(base, 4, seed=6)
+  per_example = base.total_len * base.hidden_size
+  for dtype in ("float32", "bfloat16"):
+    cfg = dataclasses.replace(base, forward_dtype=dtype)
+    ref = _value_and_grads(cfg, params, state, table, batch, cfg.dtype)
+    for elements, chunk in ((2 * per_example, 2), (per_example, 1)):
+      c = dataclasses.replace(cfg, nograd_chunk_elements=elements)
+      assert c.nograd_chunk(4) == chunk and cfg.nograd_chunk(4) == 4
+      got = _value_and_grads(c, params, state, table, batch, c.dtype)
+      if dtype == "float32":
+        _assert_float32_equal(got, ref, f"chunk {chunk}")
+        continue
+      (v1, l1, (g1, r1)), (v0, l0, (g0, r0)) = got, ref
+      scale = np.abs(f64(l0)).max()
+      assert np.abs(f64(l1) - f64(l0)).max() <= 2 ** -7 * scale, chunk   # bfloat16's rounding
+      for (path, a), b in zip(jax.tree.leaves_with_path((g1, r1)), jax.tree.leaves((g0, r0))):
+        a, b = f64(a), f64(b)
+        assert np.abs(a - b).max() <= 2 ** -7 * np.abs(b).max(), (chunk, jax.tree_util.keystr(path))

@@ -223,6 +223,16 @@ def test_cpu_forms_pick_the_model_fields_and_never_reach_a_tpu_program():
   assert train.compiler_options(c, cpu_tuning=False) == {}               # not a CPU target
   tpu = train.model_config(c, sudoku.METADATA, fast_grad=False)         # not a CPU target
   assert not any(forms(tpu))
+  # nograd_chunks: the cycles without gradient in chunks, for a bfloat16 forward on a CPU target.
+  assert on.nograd_chunk_elements == 0 and c.model.forward_dtype == "float32"   # make run's model
+  c.model.forward_dtype = "bfloat16"
+  assert train.model_config(c, sudoku.METADATA, fast_grad=True).nograd_chunk_elements == 2 ** 19
+  assert train.model_config(c, sudoku.METADATA, fast_grad=False).nograd_chunk_elements == 0
+  c.cpu_forms = "nograd_chunks"
+  chunks = train.model_config(c, sudoku.METADATA, fast_grad=True)
+  assert chunks.nograd_chunk_elements == train.CPU_NOGRAD_CHUNK_ELEMENTS and not any(forms(chunks))
+  c.cpu_forms = "fast_grad,seq_major,unroll,head_major,lean_swiglu,split_reduce,batch_slices"
+  assert train.model_config(c, sudoku.METADATA, fast_grad=True).nograd_chunk_elements == 0
   c.cpu_forms = "fast_grad,seqmajor"
   with pytest.raises(config_utils.ConfigError, match=r"cpu_forms.*seqmajor.*seq_major"):
     trainer.check_config(train.TRM(), c)

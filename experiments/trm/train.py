@@ -100,10 +100,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 
 
 CPU_FORMS = ("fast_grad", "seq_major", "unroll", "head_major", "lean_swiglu", "split_reduce",
-             "batch_slices")
+             "batch_slices", "nograd_chunks")
 """config.cpu_forms' names: the first five are TRMConfig fields (model forms); split_reduce is the
 XLA compiler option `parallel.CPU_DOTS_ONLY` for the training and evaluation steps; batch_slices is
-the training step's automatic `batch_slices` (slices of at most CPU_SLICE_ELEMENTS on a CPU target)."""
+the training step's automatic `batch_slices` (slices of at most CPU_SLICE_ELEMENTS on a CPU target);
+nograd_chunks sets TRMConfig.nograd_chunk_elements to CPU_NOGRAD_CHUNK_ELEMENTS for a bfloat16
+forward (the cycles without gradient in chunks of the batch)."""
 
 CPU_SLICE_ELEMENTS = 2 ** 21
 """config.batch_slices = 0 (automatic) on a CPU target with the batch_slices form: each device's
@@ -114,6 +116,14 @@ recipes (97 x 512) at batch 64 2 slices of 32 faster than 1 or 4; at batch 256 2
 within 1.3% of each other, in 5.81, 2.98 and 1.57 GB of scratch (TRM-MLP bfloat16). 2 ** 21 picks
 2, 2 and 8 there: the speed of the fastest, the memory of the smallest slices."""
 MODEL_FORMS = CPU_FORMS[:5]
+
+CPU_NOGRAD_CHUNK_ELEMENTS = 2 ** 19
+"""TRMConfig.nograd_chunk_elements on a CPU target with the nograd_chunks form and a bfloat16
+forward: the cycles without gradient run on chunks of at most this many latent elements (examples x
+positions x hidden): 8 examples of the recipes (97 x 512). Measured on the Intel/AMX CPU
+(docs/benchmarks.md, "nograd_chunks"): the bfloat16 steps 15% (TRM-MLP) and 9% (TRM-Att) shorter
+with chunks of 8 examples, less with 4 or 16; the float32 steps no faster (TRM-MLP 3% slower), so a
+float32 forward keeps the whole batch."""
 
 
 def cpu_forms(config: ml_collections.ConfigDict) -> Tuple[str, ...]:
@@ -135,7 +145,10 @@ def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any],
   `layout.cpu_tuning`, i.e. by the TARGET platform) turns on the CPU forms config.cpu_forms names:
   the CPU matmul forms, the sequence-major mlp_t recursion, the unrolled cycle with gradient."""
   fields = dict(config.model.to_dict())
-  forms = {name: fast_grad and name in cpu_forms(config) for name in MODEL_FORMS}
+  forms: Dict[str, Any] = {name: fast_grad and name in cpu_forms(config) for name in MODEL_FORMS}
+  chunked = (fast_grad and "nograd_chunks" in cpu_forms(config)
+             and config.model.get("forward_dtype", "bfloat16") == "bfloat16")
+  forms["nograd_chunk_elements"] = CPU_NOGRAD_CHUNK_ELEMENTS if chunked else 0
   try:
     return trm.TRMConfig(seq_len=int(metadata["seq_len"]), vocab_size=int(metadata["vocab_size"]),
                          num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]),
@@ -168,7 +181,8 @@ def batch_slices(config: ml_collections.ConfigDict, model_config: trm.TRMConfig,
 def forms_text(model_config: trm.TRMConfig, split_reduce: bool, slices: int) -> str:
   """One line of which CPU forms a compiled step carries (the tools print it)."""
   return ", ".join([f"{n} {getattr(model_config, n)}" for n in MODEL_FORMS]
-                   + [f"split_reduce {split_reduce}", f"batch_slices {slices}"])
+                   + [f"split_reduce {split_reduce}", f"batch_slices {slices}",
+                      f"nograd_chunk_elements {model_config.nograd_chunk_elements}"])
 
 
 def compiler_options(config: ml_collections.ConfigDict, cpu_tuning: bool) -> Dict[str, str]:
