@@ -121,9 +121,9 @@ CPU_NOGRAD_CHUNK_ELEMENTS = 2 ** 19
 """TRMConfig.nograd_chunk_elements on a CPU target with the nograd_chunks form and a bfloat16
 forward: the cycles without gradient run on chunks of at most this many latent elements (examples x
 positions x hidden): 8 examples of the recipes (97 x 512). Measured on the Intel/AMX CPU
-(docs/benchmarks.md, "nograd_chunks"): the bfloat16 steps 15% (TRM-MLP) and 9% (TRM-Att) shorter
-with chunks of 8 examples, less with 4 or 16; the float32 steps no faster (TRM-MLP 3% slower), so a
-float32 forward keeps the whole batch."""
+(docs/benchmarks.md, "nograd_chunks"): the bfloat16 steps at batch 64 16% (TRM-MLP) and 7.6%
+(TRM-Att) shorter with chunks of 8 examples, less with chunks of 4 or 16; the float32 steps no
+faster (TRM-MLP 3.5% slower), so a float32 forward keeps the whole batch."""
 
 
 def cpu_forms(config: ml_collections.ConfigDict) -> Tuple[str, ...]:

@@ -79,8 +79,8 @@ def get_config() -> ml_collections.ConfigDict:
   # fast_grad, seq_major, unroll, head_major, lean_swiglu (model forms), split_reduce (an XLA:CPU
   # option of the steps), batch_slices (batch_slices = 0 means train.batch_slices' automatic
   # count) and nograd_chunks (a bfloat16 forward's cycles without gradient in chunks of the batch,
-  # train.CPU_NOGRAD_CHUNK_ELEMENTS). Only with cpu_tuning and a CPU target; a TPU program never carries any. For measuring
-  # each one (make bench, make profile); results agree to rounding.
+  # train.CPU_NOGRAD_CHUNK_ELEMENTS). Only with cpu_tuning and a CPU target; a TPU program never
+  # carries any. For measuring each one (make bench, make profile); results agree to rounding.
   c.cpu_forms = "all"
 
   # Evaluation. The reference evaluates the full test set every eval interval (epochs); eval_subset > 0
