@@ -162,7 +162,7 @@ class TRMConfig:
     if not self.nograd_chunk_elements:
       return batch
     chunk = 1
-    while (batch % (2 * chunk) == 0 and 2 * chunk <= batch
+    while (batch % (2 * chunk) == 0
            and 2 * chunk * self.total_len * self.hidden_size <= self.nograd_chunk_elements):
       chunk *= 2
     return chunk
