@@ -250,7 +250,7 @@ def _sharded_layer(cfg: DreamConfig, m: int, axis: str, x: jax.Array, rope, mask
   hn = norm("post_attention_layernorm")(h)
   with hk.name_scope("mlp"):
     gate, up = jnp.split(linear(2 * F, "gate_up_proj")(hn), 2, axis=-1)  # [B, L, F/m] each
-    y = linear(D, "down_proj", output_dtype=jnp.float32)(jax.nn.silu(gate) * up)  # partial sum
+    y = linear(D, "down_proj", output_dtype=jnp.float32)(layers.silu(gate) * up)  # partial sum
   return h + jax.lax.psum(y, axis).astype(cfg.dtype), (k, v)
 
 
