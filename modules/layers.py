@@ -154,21 +154,35 @@ def matmul(x: jax.Array, w: jax.Array, dtype: DTypeLike, *, fast_grad: bool = Fa
   return _dot(x.astype(name), w.astype(name), int(w_transposed))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _wt_matmul(w: jax.Array, x: jax.Array, dtype: str) -> jax.Array:
-  return _dot(_row_major_transpose(w.astype(dtype)), x.astype(dtype), 0)
+PAD_CONTRACTION_TO = 32
+"""`pad_contraction`'s multiple: a bfloat16 product's contracted axis is zero-padded up to it."""
 
 
-def _wt_matmul_fwd(w, x, dtype):
+def _dot_nn(a: jax.Array, b: jax.Array, pad: bool) -> jax.Array:
+  """a [N, K] @ b [K, M] -> float32 [N, M]; with `pad`, a bfloat16 K that is not a multiple of
+  PAD_CONTRACTION_TO is zero-padded to the next one first (the added products are exact zeros)."""
+  extra = -a.shape[1] % PAD_CONTRACTION_TO
+  if pad and extra and a.dtype == jnp.bfloat16:
+    a = jnp.pad(a, ((0, 0), (0, extra)))
+    b = jnp.pad(b, ((0, extra), (0, 0)))
+  return _dot(a, b, 0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _wt_matmul(w: jax.Array, x: jax.Array, dtype: str, pad: bool) -> jax.Array:
+  return _dot_nn(_row_major_transpose(w.astype(dtype)), x.astype(dtype), pad)
+
+
+def _wt_matmul_fwd(w, x, dtype, pad):
   wc, xc = w.astype(dtype), x.astype(dtype)
-  return (_dot(_row_major_transpose(wc), xc, 0),
+  return (_dot_nn(_row_major_transpose(wc), xc, pad),
           (wc, xc, jnp.zeros((0,), w.dtype), jnp.zeros((0,), x.dtype)))
 
 
-def _wt_matmul_bwd(dtype, res, g):                            # g: [O, N] float32
+def _wt_matmul_bwd(dtype, pad, res, g):                        # g: [O, N] float32
   wc, xc, w_like, x_like = res
   gc = g.astype(dtype)
-  dx = _dot(wc, gc, 0)                                         # [I, O] [O, N] -> [I, N]
+  dx = _dot_nn(wc, gc, pad)                                    # [I, O] [O, N] -> [I, N]
   dw_t = _dot(gc, xc, 1)                                       # [O, N] [I, N]^T -> [O, I]
   return dw_t.T.astype(w_like.dtype), dx.astype(x_like.dtype)
 
@@ -176,7 +190,8 @@ def _wt_matmul_bwd(dtype, res, g):                            # g: [O, N] float3
 _wt_matmul.defvjp(_wt_matmul_fwd, _wt_matmul_bwd)
 
 
-def wt_matmul(w: jax.Array, x: jax.Array, dtype: DTypeLike, *, fast_grad: bool = False) -> jax.Array:
+def wt_matmul(w: jax.Array, x: jax.Array, dtype: DTypeLike, *, fast_grad: bool = False,
+              pad_contraction: bool = False) -> jax.Array:
   """w^T [O, I] @ x [I, N] -> float32 [O, N] for w [I, O]: a projection of FEATURE-MAJOR
   activations (features on the rows, the N tokens contiguous), operands cast to `dtype`, float32
   accumulation. The same products as `matmul(x.T, w).T`.
@@ -186,10 +201,16 @@ def wt_matmul(w: jax.Array, x: jax.Array, dtype: DTypeLike, *, fast_grad: bool =
   dw^T = g @ x^T (both operands' contracted axis contiguous), and bfloat16 backward operands stay
   bfloat16. With N large and I, O small (TRM's token mix: I = the sequence) no activation is ever
   transposed.
+
+  `pad_contraction` (with fast_grad; a CPU target only): in bfloat16, the two products that contract
+  over I or O (the value, and dx) zero-pad that axis to a multiple of PAD_CONTRACTION_TO first.
+  XLA:CPU's bfloat16 kernel runs TRM's K = 97 sequence positions at a third to a half of K = 128's
+  rate (docs/benchmarks.md, "pad_contraction"). The padded products are exact zeros; the sums may
+  be blocked in another order (float32 accumulation). float32 is never padded (slower there).
   """
   name = jnp.dtype(dtype).name
   if fast_grad and x.ndim == 2:
-    return _wt_matmul(w, x, name)
+    return _wt_matmul(w, x, name, bool(pad_contraction))
   return jax.lax.dot_general(w.astype(name), x.astype(name), (((0,), (0,)), ((), ())),
                              preferred_element_type=jnp.float32)
 
@@ -210,6 +231,8 @@ class Linear(hk.Module):
       bfloat16 `dtype` = torch-autocast style: bfloat16 matmul operands, float32 activations.
     feature_major: the input is [D, N] (features on the rows) and the result [output_size, N]
       (`wt_matmul`); the same parameters and products as the default [N, D] -> [N, output_size].
+    pad_contraction: `wt_matmul(pad_contraction=True)` (feature_major with fast_grad; a CPU target
+      only): a bfloat16 contraction over D or output_size zero-padded to a multiple of 32.
   Parameters: `w` [D, output_size], `b` [output_size] (float32).
   """
 
@@ -217,10 +240,12 @@ class Linear(hk.Module):
                w_init: Optional[hk.initializers.Initializer] = None,
                b_init: Optional[hk.initializers.Initializer] = None, name: Optional[str] = None,
                param_dtype: DTypeLike = jnp.float32, fast_grad: bool = False,
-               output_dtype: Optional[DTypeLike] = None, feature_major: bool = False):
+               output_dtype: Optional[DTypeLike] = None, feature_major: bool = False,
+               pad_contraction: bool = False):
     super().__init__(name=name)
     self.fast_grad = fast_grad
     self.feature_major = feature_major
+    self.pad_contraction = pad_contraction
     self.output_dtype = jnp.dtype(output_dtype or dtype)
     self.output_size = output_size
     self.with_bias = with_bias
@@ -234,7 +259,8 @@ class Linear(hk.Module):
     w = hk.get_parameter("w", [fan_in, self.output_size], self.param_dtype,
                          init=self.w_init or fan_in_init(fan_in))
     if self.feature_major:                                       # [D, N] -> [output_size, N]
-      y = wt_matmul(w, x, self.dtype, fast_grad=self.fast_grad)
+      y = wt_matmul(w, x, self.dtype, fast_grad=self.fast_grad,
+                    pad_contraction=self.pad_contraction)
       if self.with_bias:
         b = hk.get_parameter("b", [self.output_size], self.param_dtype, init=self.b_init)
         y = y.astype(self.output_dtype) + b.astype(self.output_dtype)[:, None]
@@ -420,17 +446,20 @@ class SwiGLU(hk.Module):
     fast_grad: `Linear.fast_grad` for both projections (a CPU target only: `layout.cpu_tuning`).
     feature_major: x is [D, N] and so is the result (`Linear.feature_major`); same parameters.
     lean_grad: `swiglu_activation(lean_grad=True)`: the backward pass keeps gate|up only.
+    pad_contraction: `Linear.pad_contraction` for both projections (feature_major, fast_grad).
   Parameters: `gate_up_proj/w` [D, 2F] (first half gate, second half up), `down_proj/w` [F, D].
   """
 
   def __init__(self, *, expansion: float = 4.0, inner_size: Optional[int] = None,
                dtype: DTypeLike = jnp.bfloat16, name: Optional[str] = None,
                param_dtype: DTypeLike = jnp.float32, fast_grad: bool = False,
-               feature_major: bool = False, lean_grad: bool = False):
+               feature_major: bool = False, lean_grad: bool = False,
+               pad_contraction: bool = False):
     super().__init__(name=name)
     self.fast_grad = fast_grad
     self.feature_major = feature_major
     self.lean_grad = lean_grad
+    self.pad_contraction = pad_contraction
     self.expansion = expansion
     self.inner_size = inner_size
     self.dtype = jnp.dtype(dtype)
@@ -442,11 +471,12 @@ class SwiGLU(hk.Module):
     inner = self.inner_size or swiglu_width(width, self.expansion)
     gate_up = Linear(2 * inner, dtype=self.dtype, param_dtype=self.param_dtype,
                      name="gate_up_proj", fast_grad=self.fast_grad,
-                     feature_major=self.feature_major)(x)       # [..., 2F] (or [2F, N])
+                     feature_major=self.feature_major,
+                     pad_contraction=self.pad_contraction)(x)   # [..., 2F] (or [2F, N])
     h = swiglu_activation(gate_up, axis=axis, lean_grad=self.lean_grad)   # [..., F] (or [F, N])
     return Linear(width, dtype=self.dtype, param_dtype=self.param_dtype,
                   name="down_proj", fast_grad=self.fast_grad,
-                  feature_major=self.feature_major)(h)
+                  feature_major=self.feature_major, pad_contraction=self.pad_contraction)(h)
 
 
 class Attention(hk.Module):

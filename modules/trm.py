@@ -104,6 +104,10 @@ class TRMConfig:
     instead of the whole batch at once. Those cycles treat every example on its own, so the values
     are the same; the activations between the matmuls are a chunk's, not the batch's, and the
     passes over them run on memory nearer the cores. 0 = the whole batch (the default).
+  pad_contraction: (seq_major's token mix; a CPU target only, set with fast_grad for bfloat16) the
+    token mix's two products that contract over the S sequence positions (gate|up's value, down's
+    input gradient) zero-pad S to a multiple of 32 (`layers.wt_matmul`): XLA:CPU's bfloat16 kernel
+    runs S = 97 far slower than 128. The added products are exact zeros. Off by default.
   """
   seq_len: int
   vocab_size: int
@@ -130,6 +134,7 @@ class TRMConfig:
   head_major: bool = False
   lean_swiglu: bool = False
   nograd_chunk_elements: int = 0
+  pad_contraction: bool = False
 
   def __post_init__(self):
     def bad(field, value, fix):
@@ -212,7 +217,7 @@ class TRMBlock(hk.Module):
       S, B, D = h.shape
       mix = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp_t",
                           fast_grad=cfg.fast_grad, feature_major=True,
-                          lean_grad=cfg.lean_swiglu)
+                          lean_grad=cfg.lean_swiglu, pad_contraction=cfg.pad_contraction)
       mixed = mix(h.reshape(S, B * D)).reshape(S, B, D)         # SwiGLU over S on [S, B*D] rows
       h = layers.rms_norm(h + mixed, axis=0, eps=eps)            # normalise over the SEQUENCE axis
     elif cfg.mlp_t:

@@ -5,6 +5,7 @@ Expected values are float64 NumPy computations of docs/nanogpt.md's formulas
 tied head), never a second call of the code under test. Small sizes keep it fast.
 """
 import math
+import re
 
 import haiku as hk
 import jax
@@ -270,6 +271,46 @@ def test_wt_matmul_value_and_gradients_match_numpy(dtype, tol, fast):
   y_rows = layers.matmul(jnp.asarray(x).T, w, dtype, fast_grad=fast).T
   np.testing.assert_allclose(layers.wt_matmul(w, x, dtype, fast_grad=fast), y_rows,
                              rtol=1e-6, atol=1e-6)
+
+
+def _dot_contractions(compiled_text):
+  """The contracted sizes of every dot in an optimized HLO text ({lhs operand size})."""
+  shapes = {m.group(1): [int(d) for d in m.group(2).split(",") if d]
+            for m in re.finditer(r"%(\S+) = \w+\[([\d,]*)\]", compiled_text)}
+  out = []
+  for m in re.finditer(r"dot\(%(\S+), %\S+\), lhs_contracting_dims=\{(\d+)\}", compiled_text):
+    out.append(shapes[m.group(1)][int(m.group(2))])
+  return sorted(out)
+
+
+def test_wt_matmul_pad_contraction():
+  """pad_contraction (TRM's token mix over S = 97 positions, a CPU form): the bfloat16 products
+  that contract over I (the value) or O (dx) run on K zero-padded to 128, and the value and both
+  gradients are the unpadded ones (the padded products are exact zeros: equal up to the float32
+  sums' order); float32 is never padded."""
+  rng = np.random.default_rng(2)
+  x = jnp.asarray(rng.standard_normal((97, 256)), jnp.bfloat16)            # [I, N]
+  w1 = jnp.asarray(rng.standard_normal((97, 64)) * 0.1, jnp.float32)       # [I, O]: over I
+  w2 = jnp.asarray(rng.standard_normal((64, 97)) * 0.1, jnp.float32)       # [O', I]: dx over I
+  c = jnp.asarray(rng.standard_normal((97, 256)), jnp.float32)
+
+  def loss(w1, w2, x, dtype, pad):
+    h = layers.wt_matmul(w1, x, dtype, fast_grad=True, pad_contraction=pad)   # [64, N]
+    y = layers.wt_matmul(w2, h, dtype, fast_grad=True, pad_contraction=pad)   # [97, N]
+    return jnp.sum(c * y)
+
+  for dtype in ("bfloat16", "float32"):
+    out, ks = {}, {}
+    for pad in (False, True):
+      f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=(3, 4))
+      compiled = f.lower(w1, w2, x, dtype, pad).compile()
+      ks[pad] = _dot_contractions(compiled.as_text())
+      out[pad] = compiled(w1, w2, x)
+    padded = dtype == "bfloat16"
+    assert (128 in ks[True]) == padded and 97 in ks[False] and 128 not in ks[False], ks
+    assert ks[True].count(97) == (ks[False].count(97) - 2 if padded else ks[False].count(97)), ks
+    for a, b in zip(jax.tree.leaves(out[True]), jax.tree.leaves(out[False])):
+      np.testing.assert_allclose(f64(a), f64(b), rtol=1e-5, atol=1e-5 * np.abs(f64(b)).max())
 
 
 def test_feature_major_swiglu_equals_the_row_major_one():

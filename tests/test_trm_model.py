@@ -716,3 +716,31 @@ def test_nograd_chunks_equal_the_whole_batch(mlp_t):
         a, b = f64(a), f64(b)
         assert np.linalg.norm(a - b) <= 2 ** -7 * np.linalg.norm(b), (chunk,
                                                                         jax.tree_util.keystr(path))
+
+
+def test_pad_contraction_equals_the_unpadded_token_mix():
+  """pad_contraction (seq_major's token mix with S zero-padded to a multiple of 32 in its two
+  products over S: a CPU form, for bfloat16) is the same computation: with the other CPU forms on
+  and S = 33 (padded to 64), the bfloat16 value, logits and every gradient equal the unpadded
+  model's to bfloat16 rounding (the padded products are exact zeros; only the float32 sums' order
+  may differ); in float32 the field changes nothing (it pads bfloat16 only)."""
+  base = dataclasses.replace(TINY, seq_len=17, mlp_t=True, pos_encodings="none", fast_grad=True,
+                             unroll=True, seq_major=True, lean_swiglu=True)
+  assert base.total_len == 33
+  _, params, state, table, _ = _cpu_form_case(base)
+  batch = make_batch(base, 4, seed=7)
+  for dtype in ("bfloat16", "float32"):
+    cfg = dataclasses.replace(base, forward_dtype=dtype)
+    ref = _value_and_grads(cfg, params, state, table, batch, cfg.dtype)
+    c = dataclasses.replace(cfg, pad_contraction=True)
+    got = _value_and_grads(c, params, state, table, batch, c.dtype)
+    if dtype == "float32":
+      for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+        np.testing.assert_array_equal(f64(a), f64(b))
+      continue
+    (v1, l1, (g1, r1)), (v0, l0, (g0, r0)) = got, ref
+    np.testing.assert_allclose(float(v1), float(v0), rtol=2 ** -7)
+    assert np.abs(f64(l1) - f64(l0)).max() <= 2 ** -7 * np.abs(f64(l0)).max()
+    for (path, a), b in zip(jax.tree.leaves_with_path((g1, r1)), jax.tree.leaves((g0, r0))):
+      a, b = f64(a), f64(b)
+      assert np.linalg.norm(a - b) <= 2 ** -7 * np.linalg.norm(b), jax.tree_util.keystr(path)

@@ -233,6 +233,15 @@ def test_cpu_forms_pick_the_model_fields_and_never_reach_a_tpu_program():
   assert chunks.nograd_chunk_elements == train.CPU_NOGRAD_CHUNK_ELEMENTS and not any(forms(chunks))
   c.cpu_forms = "fast_grad,seq_major,unroll,head_major,lean_swiglu,split_reduce,batch_slices"
   assert train.model_config(c, sudoku.METADATA, fast_grad=True).nograd_chunk_elements == 0
+  # pad_contraction: the token mix's products over the sequence padded, bfloat16 on a CPU target.
+  assert not on.pad_contraction                                          # float32 (make run)
+  assert not train.model_config(c, sudoku.METADATA, fast_grad=True).pad_contraction  # not listed
+  c.cpu_forms = "pad_contraction"
+  padded = train.model_config(c, sudoku.METADATA, fast_grad=True)
+  assert padded.pad_contraction and not any(forms(padded)) and padded.nograd_chunk_elements == 0
+  assert not train.model_config(c, sudoku.METADATA, fast_grad=False).pad_contraction
+  c.cpu_forms = "all"
+  assert train.model_config(c, sudoku.METADATA, fast_grad=True).pad_contraction
   c.cpu_forms = "fast_grad,seqmajor"
   with pytest.raises(config_utils.ConfigError, match=r"cpu_forms.*seqmajor.*seq_major"):
     trainer.check_config(train.TRM(), c)
