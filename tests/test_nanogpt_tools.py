@@ -156,6 +156,7 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     val_eval.main([])                               # nothing to evaluate: argparse's usage error
 
 
+@pytest.mark.slow
 def test_bench_sampling_verdicts_of_each_context_policy():
   """bench.py's sampling table: whether each policy's greedy tokens equal nanoGPT's crop (the
   PyTorch loop on the same weights) and the first position where they differ. A tiny GPT with
