@@ -378,9 +378,9 @@ def silu(x: jax.Array) -> jax.Array:
   bfloat16 tensor, bit for bit (torch computes reduced-precision activations in float32).
 
   `jax.nn.silu` on bfloat16 rounds twice: XLA rounds the sigmoid to bfloat16, then the product;
-  that equals torch's value for only ~61% of standard-normal inputs (and is off by up to one
-  bfloat16 step, 2^-7 relative). Rounding once is also faster on XLA:CPU: one float32 pass instead
-  of two bfloat16 ones (docs/benchmarks.md, "silu"). Identical to `jax.nn.silu` in float32.
+  that equals torch's value for only ~61% of standard-normal inputs. Rounding once is also faster
+  on XLA:CPU: one float32 pass instead of two bfloat16 ones (docs/benchmarks.md, "silu").
+  Identical to `jax.nn.silu` in float32.
   """
   x32 = x.astype(jnp.float32)
   return (x32 * jax.nn.sigmoid(x32)).astype(x.dtype)
