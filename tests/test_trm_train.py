@@ -1,5 +1,6 @@
 """End-to-end tests of the TRM trainer on tiny configs (4 fake CPU devices, see conftest.py)."""
 
+import dataclasses
 import glob
 import json
 import os
@@ -419,6 +420,16 @@ def test_batch_slices_give_the_whole_batch_step(tmp_path, cpu_forms):
   assert 32 * 97 * 512 <= train.CPU_SLICE_ELEMENTS < 64 * 97 * 512
   assert [auto(b, demo) for b in (128, 256)] == [2, 2]
   assert auto(150, recipe) == 2           # 75 examples per slice are over the budget, 4 does not divide 150
+  # A bfloat16 forward with the token mix (TRM-MLP): slices of at most CPU_TOKEN_MIX_SLICE_ELEMENTS,
+  # 8 examples of the recipe; float32, or attention (mlp_t False), keep CPU_SLICE_ELEMENTS.
+  token_mix = dataclasses.replace(recipe, mlp_t=True)
+  assert [auto(b, token_mix) for b in (64, 256)] == [8, 32]        # slices of 8 examples
+  assert 8 * 97 * 512 <= train.CPU_TOKEN_MIX_SLICE_ELEMENTS < 16 * 97 * 512
+  assert [auto(b, dataclasses.replace(token_mix, forward_dtype="float32")) for b in (64, 256)] == [2, 8]
+  assert recipe.forward_dtype == "bfloat16" and auto(64, recipe) == 2
+  demo_bf16 = dataclasses.replace(demo, mlp_t=True)                    # make run's model in bfloat16
+  assert auto(128, demo_bf16) == 2                                     # 64 x 81 x 64 fits the budget
+  assert auto(150, token_mix) == 2                                     # 4 does not divide 150
   config.cpu_forms = "fast_grad,split_reduce"
   assert auto(4) == 1 and auto(256, recipe) == 1
   config.batch_slices = 4                                             # explicit: any target
