@@ -574,9 +574,14 @@ def _softmax_tree_max(scores: jax.Array) -> jax.Array:
   return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
-def _head_major_bf16_forward(qh, kh, vh):
+def _head_major_bf16_forward(qh, kh, vh, mask=None):
+  """head_major's attention in bfloat16 (qh [B, K, G, Sq, Dh], kh, vh [B, K, Sk, Dh]; mask None or
+  [B, K, G, Sq, Sk], True = attend) -> (float32 output [B, K, G, Sq, Dh], float32 probabilities):
+  the probabilities are cast to bfloat16 for the value product."""
   scores = jnp.einsum("bkgqd,bksd->bkgqs", qh, kh,
                       preferred_element_type=jnp.float32) * (1.0 / math.sqrt(qh.shape[-1]))
+  if mask is not None:
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
   probs = _softmax_tree_max(scores)                             # [B, K, G, Sq, Sk] float32
   out = jnp.einsum("bkgqs,bksd->bkgqd", probs.astype(qh.dtype), vh,
                    preferred_element_type=jnp.float32)         # [B, K, G, Sq, Dh]
@@ -658,12 +663,18 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   Sk, K = k.shape[1], k.shape[2]
   G = H // K
   qg = q.reshape(B, Sq, K, G, Dh)                               # head h -> (h // G, h % G)
+  if causal:
+    causal_mask = jnp.tril(jnp.ones((Sq, Sk), bool), k=Sk - Sq)
+    mask = causal_mask if mask is None else jnp.logical_and(mask, causal_mask)
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, (B, H, Sq, Sk)).reshape(B, K, G, Sq, Sk)
   if head_major:
     qh = _row_major(jnp.transpose(qg, (0, 2, 3, 1, 4)))          # [B, K, G, Sq, Dh]
     kh = _row_major(jnp.transpose(k, (0, 2, 1, 3)))              # [B, K, Sk, Dh]
     vh = _row_major(jnp.transpose(v, (0, 2, 1, 3)))              # [B, K, Sk, Dh]
-    if q.dtype != jnp.float32 and mask is None and not causal:  # TRM-Att's bfloat16 attention
-      out = _head_major_attention(qh, kh, vh)                   # [B, K, G, Sq, Dh] float32
+    if q.dtype != jnp.float32:                                   # [B, K, G, Sq, Dh] float32:
+      out = (_head_major_attention(qh, kh, vh) if mask is None   # TRM-Att's, written-out backward
+             else _head_major_bf16_forward(qh, kh, vh, mask)[0])
       out = jnp.transpose(out.astype(q.dtype), (0, 3, 1, 2, 4))  # [B, Sq, K, G, Dh]
       return out.reshape(B, Sq, H, Dh)
     scores = jnp.einsum("bkgqd,bksd->bkgqs", qh, kh,
@@ -671,23 +682,14 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   else:
     scores = jnp.einsum("bqkgd,bskd->bkgqs", qg, k,
                         preferred_element_type=jnp.float32) * (1.0 / math.sqrt(Dh))  # [B, K, G, Sq, Sk]
-  if causal:
-    causal_mask = jnp.tril(jnp.ones((Sq, Sk), bool), k=Sk - Sq)
-    mask = causal_mask if mask is None else jnp.logical_and(mask, causal_mask)
   if mask is not None:
-    mask = jnp.broadcast_to(mask, (B, H, Sq, Sk)).reshape(B, K, G, Sq, Sk)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-  if head_major and q.dtype == jnp.float32:
+  if head_major:                                                 # float32
     e = _exp_minus_tree_max(scores)                              # [B, K, G, Sq, Sk]
     out = jnp.einsum("bkgqs,bksd->bkgqd", e, vh, preferred_element_type=jnp.float32)
     out = out / jnp.sum(e, axis=-1, keepdims=True)               # [B, K, G, Sq, Dh]
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, Sq, H, Dh)
-  probs = (_softmax_tree_max(scores) if head_major
-           else jax.nn.softmax(scores, axis=-1)).astype(q.dtype)
-  if head_major:
-    out = jnp.einsum("bkgqs,bksd->bkgqd", probs, vh, preferred_element_type=jnp.float32)
-    out = jnp.transpose(out.astype(q.dtype), (0, 3, 1, 2, 4))    # [B, Sq, K, G, Dh]
-    return out.reshape(B, Sq, H, Dh)
+  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
   out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v, preferred_element_type=jnp.float32)
   return out.reshape(B, Sq, H, Dh).astype(q.dtype)
 
