@@ -29,6 +29,21 @@ def test_hlo_index_counts_the_matmul_flops_of_the_compiled_program():
   assert sum(flops) == 2.0 * 256 * 384 * 128
 
 
+def test_hlo_index_marks_the_backward_pass():
+  """An op of the backward pass is named `... (bwd)`; the forward's keep their plain name."""
+  a = jnp.ones((64, 32), jnp.float32)
+  b = jnp.ones((32, 16), jnp.float32)
+  loss = lambda a, b: jnp.sum(jnp.tanh(a @ b))                  # noqa: E731
+  compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(a, b).compile()
+  index = profile_step.hlo_index(compiled.as_text())
+  dots = [h for h in index.values() if h.flops]
+  backward = [h for h in dots if h.source.endswith(" (bwd)")]
+  forward = [h for h in dots if not h.source.endswith(" (bwd)")]
+  assert len(forward) == 1 and forward[0].shape == "f32[64,16]"  # a @ b
+  assert len(backward) == 2                                     # d a and d b
+  assert sorted(h.flops for h in backward) == [2.0 * 32 * 64 * 16] * 2
+
+
 def test_traced_steps_give_one_matmul_row_per_step(tmp_path):
   compiled, args = _program()
   index = profile_step.hlo_index(compiled.as_text())

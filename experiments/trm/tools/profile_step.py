@@ -17,7 +17,9 @@ Table rows group the operations by (result shape, source op); columns, per optim
                thread(s) (XLA's thunk executor runs independent operations concurrently, and two
                operations then share the cores: a high overlap inflates ms).
   shape, op    the HLO result shape and the tail of its JAX op name (e.g.
-               `mlp_t/gate_up_proj/transpose` = that projection's backward).
+               `mlp_t/gate_up_proj/transpose` = that projection's backward), with ` (bwd)` when
+               the op belongs to the backward pass (`transpose(jvp(...))` in its name): a forward
+               op and a backward one of the same name and shape are two rows.
 The header gives the wall time per step (first traced op to last), the time with 0, 1 and 2+
 operations running, and the summed matmul FLOPs against the peak. Tracing slows the operations
 (on the dev CPU the demo step took ~440 ms untraced and 740-950 ms traced, unevenly across
@@ -141,6 +143,8 @@ def hlo_index(hlo_text: str) -> Dict[str, HloOp]:
     if opcode == "dot":
       flops = dot_flops(m.group(0))
     source = "/".join(src.group(1).split("/")[-3:]) if src else opcode
+    if src and "transpose(jvp(" in src.group(1):
+      source += " (bwd)"                      # part of the backward pass (autodiff's or a custom_vjp's)
     index[name] = HloOp(shape, source, flops)
   return index
 
