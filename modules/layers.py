@@ -479,6 +479,29 @@ class SwiGLU(hk.Module):
                   feature_major=self.feature_major, pad_contraction=self.pad_contraction)(h)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _split_qkv(qkv: jax.Array, H: int, K: int) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """q, k, v = the [B, S, H | K | K, Dh] parts of qkv, whose gradient is the three parts'
+  gradients, each materialised first, then concatenated (head_major's form; see `Attention`)."""
+  return qkv[:, :, :H], qkv[:, :, H:H + K], qkv[:, :, H + K:]
+
+
+def _split_qkv_fwd(qkv, H, K):
+  return _split_qkv(qkv, H, K), None
+
+
+def _split_qkv_bwd(H, K, res, g):
+  # Autodiff's gradient of the three slices is pad(dq) + pad(dk) + pad(dv), which XLA:CPU fuses,
+  # with RoPE's backward pass and the copies back from head-major order, into ONE loop that pads
+  # and adds in every element (TRM-Att bfloat16: ~5% of the step in `make profile`). The barrier
+  # has dq, dk and dv written by their own loops first; the concatenation is then a plain copy.
+  dq, dk, dv = jax.lax.optimization_barrier(g)
+  return (jnp.concatenate([dq, dk, dv], axis=2),)
+
+
+_split_qkv.defvjp(_split_qkv_fwd, _split_qkv_bwd)
+
+
 class Attention(hk.Module):
   """Multi-head attention with a fused q|k|v projection, optional grouped KV heads and RoPE.
 
@@ -498,7 +521,11 @@ class Attention(hk.Module):
   own (k, v) [B, S, K, Dh] after RoPE (used by Dream's block-wise KV cache).
   param_dtype: storage dtype of the weights (float32 default).
   fast_grad: `Linear.fast_grad` for the two projections (a CPU target only: `layout.cpu_tuning`).
-  head_major: `dot_product_attention`'s head-major copies (a CPU target only).
+  head_major: `dot_product_attention`'s head-major copies (a CPU target only); the gradient of
+    q|k|v is then assembled from dq, dk and dv written out first (`_split_qkv`): the same values
+    (but for float32 rounding in RoPE's backward pass: in a test 4 of 596k entries, all nearly
+    cancelled sums, 1-2 bfloat16 ulps apart),
+    TRM-Att's bfloat16 step 7.9% shorter (docs/benchmarks.md, "head_major").
   """
 
   def __init__(self, *, num_heads: int, head_dim: int, num_kv_heads: Optional[int] = None,
@@ -535,7 +562,10 @@ class Attention(hk.Module):
                  w_init=self.qkv_w_init, param_dtype=self.param_dtype,
                  name="qkv_proj", fast_grad=self.fast_grad)(x)   # [B, S, (H+2K) Dh]
     qkv = qkv.reshape(B, S, H + 2 * K, Dh)
-    q, k, v = qkv[:, :, :H], qkv[:, :, H:H + K], qkv[:, :, H + K:]  # [B, S, H|K, Dh]
+    if self.head_major:                                          # a CPU target's form
+      q, k, v = _split_qkv(qkv, H, K)                            # [B, S, H|K, Dh]
+    else:
+      q, k, v = qkv[:, :, :H], qkv[:, :, H:H + K], qkv[:, :, H + K:]  # [B, S, H|K, Dh]
     if rope is not None:
       q = apply_rope(q, *rope)
       k = apply_rope(k, *rope)
