@@ -522,10 +522,10 @@ class Attention(hk.Module):
   param_dtype: storage dtype of the weights (float32 default).
   fast_grad: `Linear.fast_grad` for the two projections (a CPU target only: `layout.cpu_tuning`).
   head_major: `dot_product_attention`'s head-major copies (a CPU target only); the gradient of
-    q|k|v is then assembled from dq, dk and dv written out first (`_split_qkv`): the same values
-    (but for float32 rounding in RoPE's backward pass: in a test 4 of 596k entries, all nearly
-    cancelled sums, 1-2 bfloat16 ulps apart),
-    TRM-Att's bfloat16 step 7.9% shorter (docs/benchmarks.md, "head_major").
+    q|k|v is then assembled from dq, dk and dv written out first (`_split_qkv`). The same values
+    but for float32 rounding in RoPE's backward pass (in a test 4 of 596k entries, all nearly
+    cancelled sums, came out 1-2 bfloat16 ulps apart); TRM-Att's bfloat16 step 7.9% shorter
+    (docs/benchmarks.md, "head_major").
   """
 
   def __init__(self, *, num_heads: int, head_dim: int, num_kv_heads: Optional[int] = None,
