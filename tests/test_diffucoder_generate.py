@@ -165,7 +165,8 @@ def test_cli_writes_jsonl(tmp_path):
   prompts = tmp_path / "prompts.jsonl"
   prompts.write_text('{"id": "a", "prompt": "def f():"}\n{"id": "b", "prompt": "import os"}\n')
   out = tmp_path / "out.jsonl"
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2 "
+             + os.environ.get("PODLAB_TEST_XLA_OPT_FLAGS", ""))
   subprocess.run([sys.executable, "-m", "experiments.diffucoder.generate",
                   "--config=configs/tiny.py:dtype=float32", f"--config.checkpoint={config.checkpoint}",
                   f"--prompts_jsonl={prompts}", "--prompt=x", f"--output={out}", "--noprogress"],

@@ -228,7 +228,8 @@ EIGHT_DEVICE_MESHES = {"tiny": [(1, 8), (2, 4), (4, 2), (8, 1)],
 @pytest.mark.parametrize("name", ["tiny", pytest.param("mid", marks=pytest.mark.slow)])
 def test_eight_device_meshes(name):
   """1x8, 2x4, 4x2, 8x1 on 8 fake CPU devices (a subprocess): logits, kv and cached logits."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8 "
+             + os.environ.get("PODLAB_TEST_XLA_OPT_FLAGS", ""))
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "tests")])
   proc = subprocess.run([sys.executable, os.path.abspath(__file__), name], env=env,

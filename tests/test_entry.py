@@ -14,7 +14,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _run(args, tmp_path, timeout=180):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4 "
+             + os.environ.get("PODLAB_TEST_XLA_OPT_FLAGS", ""))
   env.pop("PODLAB_VERBOSE", None)
   return subprocess.run([sys.executable, "-m"] + [str(a) for a in args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=timeout)

@@ -260,7 +260,8 @@ def test_main_runs_the_used_by_command_and_names_the_device_mismatch(tmp_path):
   import subprocess
   import sys
   repo = os.path.dirname(TRM_DIR.rstrip("/").rsplit("/", 1)[0])
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4 "
+             + os.environ.get("PODLAB_TEST_XLA_OPT_FLAGS", ""))
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.trm.main", "--config=configs/v4_64.py",
        f"--config.dataset.data_dir={tmp_path}"],
