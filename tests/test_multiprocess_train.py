@@ -5,7 +5,8 @@ Three layouts (processes x devices per process) run tests/_mp_train_worker.py in
 runtime), all at once, on the same global batches of 8, with the same seed and the puzzle embedding
 on: 1 x 1 (8 rows per device, every collective has one participant), 1 x 4 and 2 x 2 (2 rows per
 device; gradients pmean'd over all devices of all hosts, the SignSGD row gradients and ids
-all-gathered across hosts, with ids repeated across hosts, metrics psummed).
+all-gathered across hosts, with ids repeated across hosts, metrics psummed). `make test` runs
+1 x 4 against 2 x 2 (3 processes); `make test-slow` runs all three (4 processes).
 
 Tolerances, from measured differences (run with -s to print them):
 
@@ -56,7 +57,7 @@ import pytest
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO_ROOT / "tests" / "_mp_train_worker.py"
 TIMEOUT_S = 300                    # all 4 workers together: 1-1.6 min on 2 (idle to busy) cores
-LAYOUTS = {"1x1": (1, 1), "1x4": (1, 4), "2x2": (2, 2)}   # name: (processes, devices per process)
+ALL_LAYOUTS = {"1x1": (1, 1), "1x4": (1, 4), "2x2": (2, 2)}   # name: (processes, devices per process)
 GLOBAL_BATCH = 8                   # the worker's
 ABSENT_IDS = (4, 7)                # never in the worker's batches
 EVAL_SIZE = 13                     # the worker's test split (not a multiple of GLOBAL_BATCH)
@@ -81,7 +82,8 @@ def _launch(num_processes: int, devices_per_process: int, out_path: pathlib.Path
   env = dict(os.environ)
   for name in ("PODLAB_COORDINATOR", "PODLAB_NUM_PROCESSES", "PODLAB_PROCESS_ID"):
     env.pop(name, None)
-  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
+  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process} "
+                       + os.environ.get("PODLAB_TEST_XLA_OPT_FLAGS", ""),
              JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO_ROOT))
   port = _free_port()
   return [subprocess.Popen(
@@ -184,7 +186,13 @@ def _eval_diff(a, b, prefix, prefix_b=None):
              for k in a if k.startswith(prefix))
 
 
-def test_layouts_train_and_evaluate_alike(tmp_path):
+@pytest.mark.parametrize("names", [
+    ("1x4", "2x2"),                                   # across hosts: 3 processes
+    pytest.param(("1x1", "1x4", "2x2"), marks=pytest.mark.slow)])   # + one device: 4 processes
+def test_layouts_train_and_evaluate_alike(tmp_path, names):
+  """`make test` compares 1 x 4 with 2 x 2 (the cross-host collectives); `make test-slow` adds
+  1 x 1 (8 rows on one device against 2 on each of 4)."""
+  LAYOUTS = {name: ALL_LAYOUTS[name] for name in names}  # pylint: disable=invalid-name
   start = time.monotonic()
   paths = {name: tmp_path / f"{name}.npz" for name in LAYOUTS}
   procs = []
