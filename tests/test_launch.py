@@ -273,6 +273,7 @@ def test_a_run_survives_a_gcloud_retry_and_its_launcher_dying(reference, tmp_pat
   _same_result(workdir, reference)
 
 
+@pytest.mark.slow     # ~45 CPU-s: 4 trainer processes; the stand-in version below stays in make test
 def test_watch_relaunches_after_a_preemption_and_the_run_resumes_exactly(reference, tmp_path):
   """A maintenance event at step 2 (SIGTERM to everything on the workers; the slice PREEMPTED,
   then READY): the trainer saves and exits, pod.sh --watch waits for READY, relaunches, the run
@@ -305,6 +306,32 @@ def test_watch_relaunches_after_a_preemption_and_the_run_resumes_exactly(referen
 
 # --------------------------------------------------------------------------------------------------
 # The launcher's behaviour with the stand-in trainer (seconds each).
+
+
+def test_watch_relaunches_the_stand_in_after_a_preemption_and_it_resumes(tmp_path):
+  """The same maintenance event with the stand-in trainer (make test; the real trainer's version,
+  bitwise against the undisturbed run, is in make test-slow): each worker saves at SIGTERM and
+  exits 143, pod.sh --watch waits for READY, copies the code again and starts attempt 1 of the same
+  run, which resumes after the saved step and finishes."""
+  env = _env(tmp_path, FAKE_PREEMPT_ON=r"\] step 3$", FAKE_PREEMPT_GRACE_S="60")
+  proc, _ = _pod(tmp_path, "--watch", *_steps_args(tmp_path, "--steps=12", "--interval=0.2"),
+                 env=env, timeout=180)
+  assert proc.returncode == 0, _explain(proc)
+  out = proc.stdout + proc.stderr
+  assert "Simulated a maintenance event on fake-pod" in out
+  assert "the slice fake-pod is PREEMPTED" in out
+  assert "relaunch 1 of at most 5" in out and "relaunch 2 of" not in out
+  assert "all 2 workers finished run" in out and "(attempt 1)" in out
+  assert [c[3] for c in _tpu_calls(tmp_path)].count("scp") == 2       # the code copied again
+  assert sum("worker.sh run" in c and "--attempt 1 " in c for c in _ssh_commands(tmp_path)) == 1
+  for i in range(2):
+    starts = _starts(tmp_path, i)
+    assert [s[2] for s in starts] == ["0", "1"] and len({s[1] for s in starts}) == 1, starts
+    first, second = _remote_log(tmp_path, i), _remote_log(tmp_path, i, attempt=1)
+    stop = int(re.search(r"preempted by SIGTERM after step (\d+); saved", first).group(1))
+    assert 3 <= stop < 12, first
+    assert f"from step {stop} to 12" in second and "done at step 12" in second, second
+    assert (tmp_path / "podlogs" / "relaunch-1" / f"worker-{i}.log").read_text() == second
 
 def _terminal_signals():
   """In the child before exec: SIGINT delivered and handled by default, as from a terminal. A test
