@@ -27,7 +27,7 @@ def test_tiny_arc_run_evaluates_and_writes_a_valid_submission(tmp_path, shared_d
   c.model.puzzle_emb_ndim = 16
   c.model.puzzle_emb_len = 2
   c.model.H_cycles, c.model.L_cycles, c.model.L_layers = 1, 1, 1
-  c.model.halt_max_steps = 2
+  c.model.halt_max_steps = 1      # one evaluation forward per batch (2: twice the evaluation time)
   c.model.forward_dtype = "float32"
   c.global_batch_size = 16
   c.total_steps = 3
