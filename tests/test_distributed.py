@@ -108,3 +108,34 @@ def test_two_processes_initialize_save_restore_finalize(tmp_path):
   # Each host wrote its own shard of the per-device state.
   assert {p.name for p in (ckpt_dir / "7" / "per_device").glob("ocdbt.process_*")} == {
       "ocdbt.process_0", "ocdbt.process_1"}
+
+
+def test_every_program_that_uses_jax_keeps_off_libtpu_off_a_tpu_vm():
+  """Every `python -m` program under experiments/ that imports JAX picks the CPU off a TPU VM before
+  its backend starts (`distributed.choose_platforms()`, or entry's run / run_program, which call
+  it): with libtpu installed (the `tpu` extra) JAX would otherwise probe for a TPU and print
+  libtpu's warnings about TPU_ACCELERATOR_TYPE and TPU_WORKER_HOSTNAMES."""
+  import re  # pylint: disable=g-import-not-at-top
+  missing = []
+  for path in sorted((REPO_ROOT / "experiments").rglob("*.py")):
+    text = path.read_text()
+    if '__name__ == "__main__"' not in text or not re.search(r"^\s*(import|from) jax\b", text,
+                                                               re.M):
+      continue
+    if "distributed.choose_platforms()" not in text and not re.search(
+        r"entry\.(run|run_program)\(", text):
+      missing.append(str(path.relative_to(REPO_ROOT)))
+  assert not missing, ("call distributed.choose_platforms() first thing in main(): "
+                       + ", ".join(missing))
+
+
+def test_a_tool_prints_no_tpu_probe_lines_without_jax_platforms():
+  """`make params` (a tool that starts JAX's backend) with JAX_PLATFORMS unset: the table, and no
+  line from a TPU probe on stderr."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  proc = subprocess.run([sys.executable, "-m", "experiments.trm.tools.params"], cwd=REPO_ROOT,
+                        env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "TRM-MLP Sudoku" in proc.stdout and "5,028,866" in proc.stdout
+  for noise in ("TPU", "libtpu", "InitGoogle"):
+    assert noise not in proc.stderr, proc.stderr[-3000:]

@@ -76,6 +76,7 @@ from jax.sharding import NamedSharding
 import numpy as np
 
 from experiments.common import config_utils
+from experiments.common import distributed
 from experiments.common import errors
 from experiments.common import parallel
 from experiments.common import safetensors_io as st
@@ -571,6 +572,7 @@ def dream_config_from(fields: Dict[str, object], source: str) -> dream.DreamConf
 
 
 def main(argv: Sequence[str]) -> int:
+  distributed.choose_platforms()     # off a TPU VM: the CPU, no libtpu probe (and its warnings)
   parser = argparse.ArgumentParser(
       prog="python -m experiments.diffucoder.convert",
       description="Hugging Face Dream/DiffuCoder safetensors -> podlab orbax params.")

@@ -40,6 +40,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from experiments.common import config_utils
+from experiments.common import distributed
 from experiments.common import errors
 from input_pipeline import pipeline
 from input_pipeline.datasets import text_corpus
@@ -234,6 +235,7 @@ def split_loss(model: gpt.GPTModel, params, tokens: np.ndarray, *, batch_size: i
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """The CLI (see the module synopsis). Returns the exit status: 0, or errors.exit_code (2 for bad
   input) with one error line; any other exception is a bug and keeps its traceback."""
+  distributed.choose_platforms()     # off a TPU VM: the CPU, no libtpu probe (and its warnings)
   here = os.path.dirname(os.path.abspath(__file__))
   argv = list(sys.argv if argv is None else argv)
   if not any(a.split("=")[0] in ("--config", "-config") for a in argv[1:]):

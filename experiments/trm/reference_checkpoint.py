@@ -95,6 +95,7 @@ import ml_dtypes
 import numpy as np
 
 from experiments.common import checkpointing
+from experiments.common import distributed
 from experiments.common import errors
 from modules import layers
 from modules import trm
@@ -817,6 +818,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   """CLI entry point; returns the exit status: 0, or errors.exit_code (2 for bad input) with one
   `error:` line (any other exception is a bug and keeps its traceback). argv excludes the program
   name."""
+  distributed.choose_platforms()     # off a TPU VM: the CPU, no libtpu probe (and its warnings)
   args = _parser().parse_args(argv)
   command = {"inspect": _inspect, "import": _import, "export": _export}[args.command]
   try:

@@ -34,6 +34,7 @@ import numpy as np
 
 from experiments.common import checkpointing  # noqa: F401  (orbax and TF loaded before the baseline)
 from experiments.common import console
+from experiments.common import distributed
 from experiments.common import parallel
 from experiments.diffucoder import convert
 from modules import dream
@@ -86,6 +87,7 @@ def orbax_dir() -> str:
 
 
 def main(argv) -> None:
+  distributed.choose_platforms()     # off a TPU VM: the CPU, no libtpu probe (and its warnings)
   del argv
   if _CHILD.value:
     print(json.dumps(child(_CHILD.value)), flush=True)

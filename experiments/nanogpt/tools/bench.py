@@ -46,6 +46,7 @@ import time
 import jax
 import numpy as np
 
+from experiments.common import distributed
 from experiments.common import host_malloc
 from experiments.common import mfu
 from experiments.common import parallel
@@ -59,6 +60,7 @@ REFERENCE_MS = (35.0, 38.0)          # the issue's uncontended nanoGPT figure on
 
 
 def main(argv=None) -> None:
+  distributed.choose_platforms()     # off a TPU VM: the CPU, no libtpu probe (and its warnings)
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--config", default="shakespeare_char_cpu")
   ap.add_argument("--variants", default="float32,bfloat16")

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from experiments.common import checkpointing
+from experiments.common import distributed
 from experiments.common import errors
 from experiments.common import workdir as workdir_lib
 from experiments.nanogpt import nanogpt_checkpoint
@@ -115,6 +116,7 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  distributed.choose_platforms()     # off a TPU VM: the CPU, no libtpu probe (and its warnings)
   a = parse(argv)
   try:
     _, val_ids, chars = reference_curve.prepare(a.input)

@@ -83,6 +83,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from experiments.common import distributed
 from experiments.common import parallel
 from experiments.common import trainer
 from experiments.trm import flops
@@ -573,6 +574,7 @@ def _define_flags() -> None:
 
 
 def main(argv: Sequence[str]) -> None:
+  distributed.choose_platforms()     # off a TPU VM: the CPU, no libtpu probe (and its warnings)
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   f = flags.FLAGS

@@ -72,6 +72,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments.common import cpu_features  # noqa: E402
+from experiments.common import distributed  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
 from experiments.common import parallel  # noqa: E402
 from experiments.trm import reference_checkpoint  # noqa: E402
@@ -389,6 +390,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str]) -> int:
+  distributed.choose_platforms()     # off a TPU VM: the CPU, no libtpu probe (and its warnings)
   args = parse_args(argv)
   keep = (not args.no_keep_heap) and host_malloc.keep_heap()   # before the backends' threads
   torch, _ = _torch()

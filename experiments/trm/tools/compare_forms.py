@@ -50,6 +50,7 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments.common import cpu_features  # noqa: E402
+from experiments.common import distributed  # noqa: E402
 from experiments.common import errors  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
 from experiments.trm import train  # noqa: E402
@@ -181,6 +182,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str]) -> int:
+  distributed.choose_platforms()     # off a TPU VM: the CPU, no libtpu probe (and its warnings)
   args = parse_args(argv)
   host_malloc.keep_heap()          # as the trainer does on a CPU target; before the backend's threads
   print(f"CPU: {cpu_features.describe()}; XLA uses the {cpu_features.usable_cores()} usable cores",

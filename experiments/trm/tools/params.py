@@ -8,6 +8,7 @@ the puzzle-embedding table, as the reference's printed counts do; the published 
 
 import jax
 
+from experiments.common import distributed
 from modules import trm
 
 # name: (TRMConfig fields, published count)
@@ -37,4 +38,5 @@ def table() -> str:
 
 
 if __name__ == "__main__":
+  distributed.choose_platforms()     # off a TPU VM: the CPU, no libtpu probe (and its warnings)
   print(table())

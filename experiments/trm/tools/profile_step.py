@@ -60,6 +60,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import jax  # noqa: E402
 
+from experiments.common import distributed  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
 from experiments.common import trainer  # noqa: E402
 from experiments.trm import train  # noqa: E402
@@ -275,6 +276,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str]) -> int:
+  distributed.choose_platforms()     # off a TPU VM: the CPU, no libtpu probe (and its warnings)
   args = parse_args(argv)
   if args.cpu_tuning:
     host_malloc.keep_heap()   # as the trainer does on a CPU target; before the backend's threads
