@@ -17,8 +17,9 @@ import tempfile
 # within one bfloat16 ulp), not bit for bit, so a test compares programs compiled in one setting.
 # Subprocesses inherit it; a test that sets a subprocess's device count appends
 # $PODLAB_TEST_XLA_OPT_FLAGS (set here) to keep the level (launch/local.sh keeps it too). The
-# trainers that launch/pod.sh starts (the fake gcloud sets their XLA_FLAGS) compile at the default
-# level, as a user's run does. docs/testing.md says so.
+# trainers that launch/pod.sh starts (the fake gcloud sets their XLA_FLAGS) and those of the fault
+# tool (`faults.environment`) compile at the default level, as a user's run does. docs/testing.md
+# says so.
 os.environ.setdefault("PODLAB_TEST_XLA_OPT_FLAGS",
                       "" if os.environ.get("PODLAB_TEST_XLA_OPT") == "default"
                       else "--xla_backend_optimization_level=0")
