@@ -110,7 +110,7 @@ def test_two_processes_initialize_save_restore_finalize(tmp_path):
       "ocdbt.process_0", "ocdbt.process_1"}
 
 
-def test_every_program_that_uses_jax_keeps_off_libtpu_off_a_tpu_vm():
+def test_every_program_that_uses_jax_skips_the_tpu_probe_off_a_tpu_vm():
   """Every `python -m` program under experiments/ that imports JAX picks the CPU off a TPU VM before
   its backend starts (`distributed.choose_platforms()`, or entry's run / run_program, which call
   it): with libtpu installed (the `tpu` extra) JAX would otherwise probe for a TPU and print

@@ -57,7 +57,7 @@ import pytest
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO_ROOT / "tests" / "_mp_train_worker.py"
 TIMEOUT_S = 300                    # all 4 workers together: 1-1.6 min on 2 (idle to busy) cores
-ALL_LAYOUTS = {"1x1": (1, 1), "1x4": (1, 4), "2x2": (2, 2)}   # name: (processes, devices per process)
+ALL_LAYOUTS = {"1x1": (1, 1), "1x4": (1, 4), "2x2": (2, 2)}   # name: (processes, devices each)
 GLOBAL_BATCH = 8                   # the worker's
 ABSENT_IDS = (4, 7)                # never in the worker's batches
 EVAL_SIZE = 13                     # the worker's test split (not a multiple of GLOBAL_BATCH)
