@@ -417,17 +417,21 @@ def test_batch_slices_give_the_whole_batch_step(tmp_path, cpu_forms):
   recipe = trm.TRMConfig(seq_len=81, vocab_size=11, hidden_size=512, puzzle_emb_ndim=512)  # 97 x 512
   demo = trm.TRMConfig(seq_len=81, vocab_size=11, hidden_size=64, puzzle_emb_ndim=0)  # make run
   assert (recipe.total_len, demo.total_len) == (97, 81)
-  assert [auto(b, recipe) for b in (64, 128, 256, 512)] == [2, 4, 8, 16]   # slices of 32 examples
+  recipe_f32 = dataclasses.replace(recipe, forward_dtype="float32")
+  assert [auto(b, recipe_f32) for b in (64, 128, 256, 512)] == [2, 4, 8, 16]   # slices of 32
   assert 32 * 97 * 512 <= train.CPU_SLICE_ELEMENTS < 64 * 97 * 512
   assert [auto(b, demo) for b in (128, 256)] == [2, 2]
-  assert auto(150, recipe) == 2           # 75 examples per slice are over the budget, 4 does not divide 150
+  assert auto(150, recipe_f32) == 2       # 75 examples per slice are over the budget, 4 does not divide 150
   # A bfloat16 forward with the token mix (TRM-MLP): slices of at most CPU_TOKEN_MIX_SLICE_ELEMENTS,
-  # 8 examples of the recipe; float32, or attention (mlp_t False), keep CPU_SLICE_ELEMENTS.
+  # 8 examples of the recipe; with attention (TRM-Att), CPU_BF16_ATTENTION_SLICE_ELEMENTS, 16
+  # examples; float32 keeps CPU_SLICE_ELEMENTS (32 examples).
   token_mix = dataclasses.replace(recipe, mlp_t=True)
   assert [auto(b, token_mix) for b in (64, 256)] == [8, 32]        # slices of 8 examples
   assert 8 * 97 * 512 <= train.CPU_TOKEN_MIX_SLICE_ELEMENTS < 16 * 97 * 512
   assert [auto(b, dataclasses.replace(token_mix, forward_dtype="float32")) for b in (64, 256)] == [2, 8]
-  assert recipe.forward_dtype == "bfloat16" and auto(64, recipe) == 2
+  assert recipe.forward_dtype == "bfloat16" and not recipe.mlp_t
+  assert [auto(b, recipe) for b in (64, 256)] == [4, 16]           # slices of 16 examples
+  assert 16 * 97 * 512 <= train.CPU_BF16_ATTENTION_SLICE_ELEMENTS < 32 * 97 * 512
   demo_bf16 = dataclasses.replace(demo, mlp_t=True)                    # make run's model in bfloat16
   assert auto(128, demo_bf16) == 2                                     # 64 x 81 x 64 fits the budget
   assert auto(150, token_mix) == 2                                     # 4 does not divide 150

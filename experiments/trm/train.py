@@ -117,7 +117,8 @@ make run's model (batch 128, 81 x 64) 2 slices of 64 faster than the whole batch
 recipes (97 x 512) at batch 64 2 slices of 32 faster than 1 or 4; at batch 256 2, 4 and 8 slices
 within 1.3% of each other, in 5.81, 2.98 and 1.57 GB of scratch (TRM-MLP bfloat16). 2 ** 21 picks
 2, 2 and 8 there: the speed of the fastest, the memory of the smallest slices. (A bfloat16 forward
-with the token mix has since taken CPU_TOKEN_MIX_SLICE_ELEMENTS instead.)"""
+has since taken CPU_TOKEN_MIX_SLICE_ELEMENTS with the token mix, CPU_BF16_ATTENTION_SLICE_ELEMENTS
+with attention.)"""
 
 CPU_TOKEN_MIX_SLICE_ELEMENTS = 2 ** 19
 """CPU_SLICE_ELEMENTS' value for a bfloat16 forward with the token mix (TRMConfig.mlp_t): 8
@@ -126,7 +127,15 @@ gradient. The token mix writes its float32 gate|up, [2F, examples x hidden] (64 
 of the recipe), and reads it back; smaller slices keep it nearer the cores. Measured on the
 Intel/AMX CPU (docs/benchmarks.md, "batch_slices"): TRM-MLP bfloat16 5.7% shorter at batch 64 (8
 slices against 2) and 7.6% at batch 256 (32 against 8), in a third of the scratch; TRM-MLP float32
-no faster (+0.8%), TRM-Att bfloat16 slower (+5.8% with 8 slices), so both keep CPU_SLICE_ELEMENTS."""
+no faster (+0.8%), so it keeps CPU_SLICE_ELEMENTS."""
+
+CPU_BF16_ATTENTION_SLICE_ELEMENTS = 2 ** 20
+"""CPU_SLICE_ELEMENTS' value for a bfloat16 forward with attention (TRMConfig.mlp_t False): 16
+examples of the recipe (97 x 512) per slice. Measured on the Intel/AMX CPU (docs/benchmarks.md,
+"batch_slices"): TRM-Att bfloat16 6.0% shorter at batch 64 (4 slices against 2, 4 of 4 rounds) and
+4.4% at batch 256 (16 against 8, 2 of 2), in 0.53-0.58x the scratch; 8 slices of 8 at batch 64
+were 5.8% slower than 2 in an earlier session. TRM-Att float32 was not measured in smaller slices
+and keeps CPU_SLICE_ELEMENTS."""
 MODEL_FORMS = CPU_FORMS[:5]
 
 CPU_NOGRAD_CHUNK_ELEMENTS = 2 ** 19
@@ -176,17 +185,20 @@ def batch_slices(config: ml_collections.ConfigDict, model_config: trm.TRMConfig,
   (`make_train_step`): config.batch_slices when >= 1 (any target); when 0 (automatic, the default)
   on a CPU target (`layout.cpu_tuning`) whose config.cpu_forms includes batch_slices, the smallest
   power of two >= 2 dividing the per-device batch whose slices hold at most CPU_SLICE_ELEMENTS
-  activations (examples x model_config.total_len x hidden_size; CPU_TOKEN_MIX_SLICE_ELEMENTS for a
-  bfloat16 forward with the token mix; the largest such power when none is that small), else 1
-  (the whole batch, as the reference)."""
+  activations (examples x model_config.total_len x hidden_size; for a bfloat16 forward
+  CPU_TOKEN_MIX_SLICE_ELEMENTS with the token mix, CPU_BF16_ATTENTION_SLICE_ELEMENTS with
+  attention; the largest such power when none is that small), else 1 (the whole batch, as the
+  reference)."""
   slices = int(config.batch_slices)
   if slices >= 1:
     return slices
   if not (cpu_tuning and "batch_slices" in cpu_forms(config)) or per_device_batch % 2:
     return 1
   per_example = model_config.total_len * model_config.hidden_size
-  budget = (CPU_TOKEN_MIX_SLICE_ELEMENTS
-            if model_config.mlp_t and model_config.dtype == jnp.bfloat16 else CPU_SLICE_ELEMENTS)
+  budget = CPU_SLICE_ELEMENTS
+  if model_config.dtype == jnp.bfloat16:
+    budget = (CPU_TOKEN_MIX_SLICE_ELEMENTS if model_config.mlp_t
+              else CPU_BF16_ATTENTION_SLICE_ELEMENTS)
   slices = 2
   while ((per_device_batch // slices) * per_example > budget
          and per_device_batch % (2 * slices) == 0):

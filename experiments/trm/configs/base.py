@@ -60,8 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
   # device's batch in turn, gradients summed: the same step in about a slice's activation memory
   # (weight gradients summed in another order). 1 = the reference's whole batch at once; 0 =
   # automatic: on a CPU target (the CPU form batch_slices, below) the fewest of 2, 4, 8, ... slices
-  # of at most train.CPU_SLICE_ELEMENTS activations each (CPU_TOKEN_MIX_SLICE_ELEMENTS for a
-  # bfloat16 forward with the token mix); 1 on a TPU.
+  # of at most train.CPU_SLICE_ELEMENTS activations each (for a bfloat16 forward
+  # CPU_TOKEN_MIX_SLICE_ELEMENTS with the token mix, CPU_BF16_ATTENTION_SLICE_ELEMENTS with
+  # attention); 1 on a TPU.
   c.batch_slices = 0
 
   # Optimisation (docs/trm.md section 4). global_batch_size (run section) = the reference's 768.
