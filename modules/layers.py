@@ -479,11 +479,16 @@ class SwiGLU(hk.Module):
                   feature_major=self.feature_major, pad_contraction=self.pad_contraction)(h)
 
 
+def _qkv_parts(qkv: jax.Array, H: int, K: int) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """q, k, v = the [B, S, H | K | K, Dh] parts of qkv."""
+  return qkv[:, :, :H], qkv[:, :, H:H + K], qkv[:, :, H + K:]
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
 def _split_qkv(qkv: jax.Array, H: int, K: int) -> Tuple[jax.Array, jax.Array, jax.Array]:
-  """q, k, v = the [B, S, H | K | K, Dh] parts of qkv, whose gradient is the three parts'
-  gradients, each materialised first, then concatenated (head_major's form; see `Attention`)."""
-  return qkv[:, :, :H], qkv[:, :, H:H + K], qkv[:, :, H + K:]
+  """`_qkv_parts`, whose gradient is the three parts' gradients, each materialised first, then
+  concatenated (head_major's form; see `Attention`)."""
+  return _qkv_parts(qkv, H, K)
 
 
 def _split_qkv_fwd(qkv, H, K):
@@ -562,10 +567,8 @@ class Attention(hk.Module):
                  w_init=self.qkv_w_init, param_dtype=self.param_dtype,
                  name="qkv_proj", fast_grad=self.fast_grad)(x)   # [B, S, (H+2K) Dh]
     qkv = qkv.reshape(B, S, H + 2 * K, Dh)
-    if self.head_major:                                          # a CPU target's form
-      q, k, v = _split_qkv(qkv, H, K)                            # [B, S, H|K, Dh]
-    else:
-      q, k, v = qkv[:, :, :H], qkv[:, :, H:H + K], qkv[:, :, H + K:]  # [B, S, H|K, Dh]
+    split = _split_qkv if self.head_major else _qkv_parts       # head_major: a CPU target's form
+    q, k, v = split(qkv, H, K)                                   # [B, S, H|K, Dh]
     if rope is not None:
       q = apply_rope(q, *rope)
       k = apply_rope(k, *rope)
