@@ -45,16 +45,28 @@ from modules import layers
 INIT_STD = 0.02
 
 
+ACTIVATIONS = ("autocast", "float32")
+"""GPTConfig.activations, the dtypes of a "bfloat16" model's activations (float32 models: float32):
+  "autocast" (default; nanoGPT's GPU runs, torch.autocast's rules): every Linear's output, the
+    attention (bfloat16 q, k, v and output; float32 scores and softmax, as
+    scaled_dot_product_attention), the GELU (float32 inside, rounded once) and the logits in
+    bfloat16; the embeddings, LayerNorm, the residual stream and the loss in float32.
+  "float32" (a podlab option, before 2026-11-27 the only form): only the matmul operands are
+    bfloat16; every activation, the attention's operands and the logits are float32. Closer to a
+    float32 run, further from nanoGPT's bfloat16 run (docs/nanogpt.md, "bfloat16")."""
+
+
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
   """nanoGPT's model_args (+ the compute dtype).
 
   Fields: block_size (max T), vocab_size, n_layer, n_head, n_embd (divisible by n_head), dropout
   (probability, 0 = off), bias (LayerNorm and Linear biases), dtype (matmul dtype: "float32" is the
-  reference; "bfloat16" is an option: bfloat16 matmul operands with float32 accumulation, float32
-  activations, norms, softmax and residual stream, as torch.autocast), fast_grad (for a CPU
-  target only, set from `layout.cpu_tuning`: `layers.matmul`'s gradient: the weight gradient as a row-major matmul, and bfloat16
-  backward operands under "bfloat16"; float32 results are the same sums in another order).
+  reference's CPU run; "bfloat16" is nanoGPT's GPU run under torch.autocast: bfloat16 matmul operands
+  with float32 accumulation), activations (with "bfloat16" only; see ACTIVATIONS), fast_grad (for a
+  CPU target only, set from `layout.cpu_tuning`: `layers.matmul`'s gradient: the weight gradient as
+  a row-major matmul, and bfloat16 backward operands under "bfloat16"; float32 results are the same
+  sums in another order).
   """
   block_size: int = 1024
   vocab_size: int = 50304
@@ -64,6 +76,7 @@ class GPTConfig:
   dropout: float = 0.0
   bias: bool = True
   dtype: str = "float32"
+  activations: str = "autocast"
   fast_grad: bool = False
 
   def __post_init__(self):
@@ -80,6 +93,9 @@ class GPTConfig:
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"model.dtype={self.dtype!r}: must be 'float32' or 'bfloat16'. Fix: use "
                        "'float32' (the reference)")
+    if self.activations not in ACTIVATIONS:
+      raise ValueError(f"model.activations={self.activations!r}: must be one of "
+                       f"{', '.join(map(repr, ACTIVATIONS))}. Fix: use 'autocast' (the reference)")
 
   @property
   def head_dim(self) -> int:
@@ -105,7 +121,8 @@ class GPT(hk.Module):
   def __call__(self, idx: jax.Array, *, is_training: bool = False,
                kv_cache: Optional[KVCache] = None, cache_index: Optional[jax.Array] = None,
                last_only: bool = False):
-    """Logits [B, T, V] float32 (`last_only`: [B, 1, V]); with `kv_cache`, (logits, new cache).
+    """Logits [B, T, V] float32 (bfloat16 values in a bfloat16 model with "autocast" activations;
+    `last_only`: [B, 1, V]); with `kv_cache`, (logits, new cache).
 
     `cache_index` is the position of idx[:, 0] (tokens before it are in the cache); positions are
     cache_index + [0, T).
@@ -113,7 +130,8 @@ class GPT(hk.Module):
     cfg = self.config
     B, T = idx.shape
     mm = jnp.dtype(cfg.dtype)                                    # matmul operands
-    dtype = jnp.float32                                          # activations
+    dtype = jnp.float32                                          # embeddings, residual stream, norms
+    act = mm if cfg.activations == "autocast" else dtype         # Linear, attention, GELU outputs
     normal = hk.initializers.RandomNormal(INIT_STD)
     proj = hk.initializers.RandomNormal(INIT_STD / math.sqrt(2 * cfg.n_layer))
     wte = layers.Embed(cfg.vocab_size, cfg.n_embd, w_init=normal, dtype=dtype, name="wte")
@@ -129,7 +147,7 @@ class GPT(hk.Module):
       with hk.name_scope(f"h_{i}"):
         attn = layers.CausalSelfAttention(
             num_heads=cfg.n_head, head_dim=cfg.head_dim, with_bias=cfg.bias,
-            dropout_rate=cfg.dropout, dtype=dtype, qkv_w_init=normal, out_w_init=proj, name="attn",
+            dropout_rate=cfg.dropout, dtype=act, qkv_w_init=normal, out_w_init=proj, name="attn",
             fast_grad=cfg.fast_grad, matmul_dtype=mm)
         h = layers.LayerNorm(with_bias=cfg.bias, name="ln_1")(x)
         if kv_cache is None:
@@ -137,15 +155,19 @@ class GPT(hk.Module):
         else:
           a, layer_cache = attn(h, kv_cache=kv_cache[i], cache_index=start)
           new_cache.append(layer_cache)
-        x = x + a                                                # [B, T, C]
+        x = x + a                                                # [B, T, C] float32
         h = layers.LayerNorm(with_bias=cfg.bias, name="ln_2")(x)
-        x = x + layers.GeluMLP(with_bias=cfg.bias, dropout_rate=cfg.dropout, dtype=dtype,
+        x = x + layers.GeluMLP(with_bias=cfg.bias, dropout_rate=cfg.dropout, dtype=act,
                                w_init=normal, out_w_init=proj, name="mlp",
                                fast_grad=cfg.fast_grad, matmul_dtype=mm)(h, is_training=is_training)
     x = layers.LayerNorm(with_bias=cfg.bias, name="ln_f")(x)
     if last_only:
       x = x[:, -1:]                                              # [B, 1, C]
     logits = wte.attend(x, matmul_dtype=mm, fast_grad=cfg.fast_grad)   # [B, T, V] float32
+    if act == jnp.bfloat16:
+      # autocast's lm_head returns bfloat16 logits: their values, kept in float32 (reduce_precision,
+      # which XLA never drops as it may a float32 -> bfloat16 -> float32 round trip).
+      logits = jax.lax.reduce_precision(logits, exponent_bits=8, mantissa_bits=7)
     return logits if kv_cache is None else (logits, new_cache)
 
 

@@ -777,8 +777,10 @@ def gelu_exact(x: jax.Array) -> jax.Array:
 
   `jax.nn.gelu(approximate=False)` computes the same function through erfc, which XLA CPU evaluates
   ~3x slower; the two agree to 1.2e-6 (both within that of torch's GELU on [-12, 12]).
+  A bfloat16 x is computed in float32 and rounded once, as torch's GELU does on a bfloat16 tensor.
   """
-  return x * 0.5 * (1.0 + jax.lax.erf(x * (1.0 / math.sqrt(2.0))))
+  x32 = x.astype(jnp.float32)
+  return (x32 * 0.5 * (1.0 + jax.lax.erf(x32 * (1.0 / math.sqrt(2.0))))).astype(x.dtype)
 
 
 class GeluMLP(hk.Module):
@@ -790,7 +792,7 @@ class GeluMLP(hk.Module):
     dtype: compute dtype.  w_init / out_w_init: initialisers of c_fc / c_proj.
     fast_grad: `Linear.fast_grad` for both projections.
     matmul_dtype: the projections' operand dtype when it differs from `dtype` (bfloat16 matmuls
-      with float32 activations, torch-autocast style); default `dtype`.
+      with float32 activations: GPT's activations="float32"); default `dtype`.
   Parameters: `c_fc/w` [D, F], `c_proj/w` [F, D] (+ `b`).
   """
 
@@ -887,8 +889,8 @@ class CausalSelfAttention(hk.Module):
       v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), (0, start, 0, 0))
       kv_cache = (k, v)                                          # [B, C, H, Dh]
       mask = jnp.arange(k.shape[1])[None, :] <= start + jnp.arange(S)[:, None]   # [S, C]
-    # The two attention matmuls (~7% of the FLOPs) stay in `dtype`: XLA CPU has no bfloat16 kernel
-    # for their batched gradients.
+    # The two attention products take `dtype` operands with float32 accumulation, the softmax is
+    # float32: torch's scaled_dot_product_attention under autocast (GPT's "autocast" activations).
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k.astype(q.dtype),
                         preferred_element_type=jnp.float32) * (1.0 / math.sqrt(Dh))  # [B, H, S, C]
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)

@@ -367,3 +367,111 @@ def test_bfloat16_gpt_is_autocast_style_and_close_to_float32():
     assert b.dtype == jnp.float32
     np.testing.assert_allclose(f64(c), f64(a), rtol=1e-4, atol=1e-6, err_msg=str(path))
     assert np.abs(f64(b) - f64(a)).max() <= 0.05 * np.abs(f64(a)).max() + 1e-4, path
+
+
+def _torch_nanogpt(torch, params, idx, targets, cfg):
+  """nanoGPT's forward and loss as its model.py computes them (F.linear, F.layer_norm,
+  scaled_dot_product_attention with is_causal, F.gelu, the tied head, F.cross_entropy) in torch on
+  podlab's parameters; under torch.autocast when the caller opens one. Returns (logits, loss, grads
+  by podlab's parameter path)."""
+  F = torch.nn.functional
+  flat = {f"{m}/{n}": v for m, d in params.items() for n, v in d.items()}
+  P = {k: torch.tensor(np.asarray(v, np.float32), requires_grad=True) for k, v in flat.items()}
+  g = lambda name: P.get(f"gpt/{name}")  # noqa: E731
+  lin = lambda x, name: F.linear(x, g(f"{name}/w").T, g(f"{name}/b"))  # noqa: E731
+  B, T = idx.shape
+  C, H = cfg.n_embd, cfg.n_head
+  ids = torch.from_numpy(np.asarray(idx, np.int64))
+  x = g("wte/embedding")[ids] + g("wpe/embedding")[:T][None]
+  for i in range(cfg.n_layer):
+    h = F.layer_norm(x, (C,), g(f"h_{i}/ln_1/weight"), g(f"h_{i}/ln_1/bias"), 1e-5)
+    q, k, v = (t.reshape(B, T, H, C // H).transpose(1, 2)
+               for t in lin(h, f"h_{i}/attn/qkv_proj").split(C, dim=2))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+    x = x + lin(y, f"h_{i}/attn/o_proj")
+    h = F.layer_norm(x, (C,), g(f"h_{i}/ln_2/weight"), g(f"h_{i}/ln_2/bias"), 1e-5)
+    x = x + lin(F.gelu(lin(h, f"h_{i}/mlp/c_fc")), f"h_{i}/mlp/c_proj")
+  x = F.layer_norm(x, (C,), g("ln_f/weight"), g("ln_f/bias"), 1e-5)
+  logits = F.linear(x, g("wte/embedding"))
+  loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                         torch.from_numpy(np.asarray(targets, np.int64)).reshape(-1))
+  loss.backward()
+  return logits, loss, {k: p.grad.numpy() for k, p in P.items()}
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_bfloat16_autocast_activations_follow_torch_autocast(bias):
+  """model.dtype="bfloat16" with activations="autocast" (the default) computes what nanoGPT computes
+  under torch.autocast(bfloat16): bfloat16 Linear outputs, attention and GELU, bfloat16 logits, a
+  float32 residual stream. Against torch 2.13's autocast on the same parameters: its logits are
+  bfloat16 values, ~46% of them torch's bit for bit (activations="float32": none), the rest a
+  rounding apart (torch's attention kernel rounds the unnormalised probabilities; summation
+  orders); loss and gradients agree to bfloat16 rounding, with and without fast_grad."""
+  torch = pytest.importorskip("torch", reason="the torch cross-check needs torch (pip '.[torch]')")
+  args = dict(block_size=32, vocab_size=67, n_layer=2, n_head=4, n_embd=64, bias=bias)
+  params = gpt.GPTModel(gpt.GPTConfig(**args)).init(jax.random.key(3))
+  if bias:   # nonzero biases, so that they take part
+    params = {m: {n: v + 0.05 * jax.random.normal(jax.random.key(i), v.shape)
+                  if n in ("b", "bias") else v for n, v in d.items()}
+              for i, (m, d) in enumerate(params.items())}
+  rng = np.random.default_rng(4)
+  idx = rng.integers(0, 67, (3, 32))
+  targets = rng.integers(0, 67, (3, 32))
+  with torch.autocast("cpu", dtype=torch.bfloat16):
+    t_logits, t_loss, t_grads = _torch_nanogpt(torch, params, idx, targets, gpt.GPTConfig(**args))
+  assert t_logits.dtype == torch.bfloat16
+  want = t_logits.float().detach().numpy()
+  t_loss = float(t_loss.detach())
+
+  equal = {}
+  for act in ("autocast", "float32"):
+    for fast in (False, True):
+      cfg = gpt.GPTConfig(**args, dtype="bfloat16", activations=act, fast_grad=fast)
+      model = gpt.GPTModel(cfg)
+
+      def loss_fn(p):
+        logits = model.apply(p, jnp.asarray(idx))
+        return gpt.cross_entropy(logits, jnp.asarray(targets)), logits
+
+      (loss, logits), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
+      got = f64(logits)
+      equal[act, fast] = (got == want).mean()
+      if act == "float32":
+        continue
+      assert logits.dtype == jnp.float32                          # bfloat16 values in float32
+      np.testing.assert_array_equal(got, f64(logits.astype(jnp.bfloat16)))
+      assert np.abs(got - want).mean() < 4e-3 * np.abs(want).mean()
+      assert abs(float(loss) - t_loss) < 1e-4
+      for m, d in grads.items():
+        for n, v in d.items():
+          ref = t_grads[f"{m}/{n}"]
+          assert np.linalg.norm(f64(v) - ref) < 0.02 * np.linalg.norm(ref), (m, n)
+  assert min(equal["autocast", False], equal["autocast", True]) > 0.3, equal
+  assert max(equal["float32", False], equal["float32", True]) < 0.05, equal
+
+
+def _eqns(jaxpr):
+  """Every equation of a jaxpr and of the jaxprs inside it (jit, custom_vjp, ...)."""
+  for e in jaxpr.eqns:
+    yield e
+    for v in e.params.values():
+      for sub in v if isinstance(v, (tuple, list)) else (v,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from _eqns(inner)
+
+
+def test_activations_config_field():
+  """activations names the attention's operand dtype: bfloat16 in every dot of an "autocast" model,
+  float32 in the attention's two per layer with "float32"; a bad value names the field."""
+  args = dict(SMALL, dtype="bfloat16")
+  idx = jnp.zeros((2, 12), jnp.int32)
+  for act, want_f32 in (("autocast", 0), ("float32", 2 * SMALL["n_layer"])):
+    model = gpt.GPTModel(gpt.GPTConfig(**args, activations=act))
+    params = model.init(jax.random.key(0))
+    jaxpr = jax.make_jaxpr(lambda p: model.apply(p, idx))(params)
+    dots = [e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+    f32 = [e for e in dots if e.invars[0].aval.dtype == jnp.float32]
+    assert len(dots) == 4 * SMALL["n_layer"] + 2 * SMALL["n_layer"] + 1 and len(f32) == want_f32
+  with pytest.raises(ValueError, match="model.activations='bf16'.*autocast"):
+    gpt.GPTConfig(activations="bf16")

@@ -94,7 +94,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int,
     return gpt.GPTConfig(block_size=m.block_size,
                          vocab_size=m.vocab_size if m.vocab_size > 0 else vocab_size,
                          n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
-                         bias=m.bias, dtype=m.dtype, fast_grad=fast_grad)
+                         bias=m.bias, dtype=m.dtype, activations=m.activations,
+                         fast_grad=fast_grad)
   except ValueError as e:
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 
@@ -136,7 +137,7 @@ def init_from_model_config(config: ml_collections.ConfigDict, model: gpt.GPTConf
         "prepare the text with this folder's tokenizer (dataset.builder_kwargs.tokenizer_dir) and "
         "leave model.vocab_size at -1")
   run = dataclasses.replace(folder, block_size=config.model.block_size, dtype=model.dtype,
-                            fast_grad=model.fast_grad)
+                            activations=model.activations, fast_grad=model.fast_grad)
   return folder, run
 
 

@@ -58,7 +58,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.bias = False
   c.model.dropout = 0.0
   c.model.vocab_size = -1
-  c.model.dtype = "float32"                       # "bfloat16" is a podlab option (not the reference)
+  c.model.dtype = "float32"                       # the reference's CPU run; "bfloat16": its GPU runs
+  c.model.activations = "autocast"                # with bfloat16: torch.autocast's activation dtypes
+  # (modules.gpt.ACTIVATIONS; "float32": only the matmul operands in bfloat16, a podlab option)
   # (config.cpu_tuning, run section: on a CPU target the weight gradients run as row-major matmuls,
   # XLA CPU's fast path; float32 results are the same sums in another order. modules/layers.py.)
 

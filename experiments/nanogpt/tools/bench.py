@@ -25,13 +25,15 @@ context; scaled, the argmax depends on the context, as a trained model's does).
   python -m experiments.nanogpt.tools.bench                          # float32 and bfloat16, 200 each
   python -m experiments.nanogpt.tools.bench --torch --skip_sampling  # + the PyTorch step, interleaved
   python -m experiments.nanogpt.tools.bench --variants=float32,float32:autodiff --iters=100
+  python -m experiments.nanogpt.tools.bench --variants=bfloat16,bfloat16@float32 --skip_sampling
   python -m experiments.nanogpt.tools.bench --iters=40 --skip_sampling --no_keep_heap   # glibc default
   python -m experiments.nanogpt.tools.bench --sampling_only            # the sampling table alone
   python -m experiments.nanogpt.tools.bench --sampling_only --sample_workdir=workdirs/shakespeare_char_cpu
   make gpt-bench GPT_BENCH_ARGS="--torch"
 
-A variant is DTYPE[:autodiff]: model.dtype, and `:autodiff` sets model.fast_grad=False (plain
-autodiff gradients instead of modules/layers.py `matmul`'s).
+A variant is DTYPE[@ACTIVATIONS][:autodiff]: model.dtype, `@` model.activations (default "autocast";
+`bfloat16@float32`: bfloat16 matmul operands only, modules/gpt.py ACTIVATIONS), and `:autodiff` sets
+model.fast_grad=False (plain autodiff gradients instead of modules/layers.py `matmul`'s).
 """
 
 from __future__ import annotations
@@ -159,7 +161,12 @@ def _jax_run(c, spec: str, warmup: int) -> dict:
   dtype, _, mode = spec.partition(":")
   if mode not in ("", "autodiff"):
     raise SystemExit(f"--variants: {spec!r}: the suffix must be ':autodiff' (e.g. float32:autodiff)")
+  dtype, _, activations = dtype.partition("@")
+  if activations and activations not in gpt.ACTIVATIONS:
+    raise SystemExit(f"--variants: {spec!r}: '@' names model.activations, one of "
+                     f"{', '.join(gpt.ACTIVATIONS)} (e.g. bfloat16@float32)")
   c.model.dtype = dtype
+  c.model.activations = activations or "autocast"
   c.cpu_tuning = mode != "autodiff"          # the CPU matmul forms (fast_grad) on or off
   vocab = c.model.vocab_size if c.model.vocab_size > 0 else 65
   layout, built = trainer.build(train.NanoGPT(), c, abstract=True)   # the trainer's own step
@@ -190,8 +197,9 @@ def _jax_run(c, spec: str, warmup: int) -> dict:
   compile_s = time.perf_counter() - t0
   for _ in range(warmup):
     one()
-  return {"name": f"podlab {dtype}" + (" (autodiff grads)" if mode else ""), "step": one, "ms": [],
-          "cpu": [], "tokens": c.global_batch_size * c.grad_accum * T, "compile_s": compile_s,
+  act = f" ({c.model.activations} activations)" if dtype == "bfloat16" else ""
+  return {"name": f"podlab {dtype}{act}" + (" (autodiff grads)" if mode else ""), "step": one,
+          "ms": [], "cpu": [], "tokens": c.global_batch_size * c.grad_accum * T, "compile_s": compile_s,
           "flops": gpt.flops_per_token(cfg, n_params) * c.global_batch_size * c.grad_accum * T,
           "scratch": memory.temp_size_in_bytes if memory is not None else None,
           "desc": f"{cfg.n_layer}x{cfg.n_head}x{cfg.n_embd}, block {T}, batch "
