@@ -121,7 +121,7 @@ class GPT(hk.Module):
   def __call__(self, idx: jax.Array, *, is_training: bool = False,
                kv_cache: Optional[KVCache] = None, cache_index: Optional[jax.Array] = None,
                last_only: bool = False):
-    """Logits [B, T, V] float32 (bfloat16 values in a bfloat16 model with "autocast" activations;
+    """Logits [B, T, V] float32 (bfloat16 in a bfloat16 model with "autocast" activations;
     `last_only`: [B, 1, V]); with `kv_cache`, (logits, new cache).
 
     `cache_index` is the position of idx[:, 0] (tokens before it are in the cache); positions are
@@ -165,9 +165,9 @@ class GPT(hk.Module):
       x = x[:, -1:]                                              # [B, 1, C]
     logits = wte.attend(x, matmul_dtype=mm, fast_grad=cfg.fast_grad)   # [B, T, V] float32
     if act == jnp.bfloat16:
-      # autocast's lm_head returns bfloat16 logits: their values, kept in float32 (reduce_precision,
-      # which XLA never drops as it may a float32 -> bfloat16 -> float32 round trip).
-      logits = jax.lax.reduce_precision(logits, exponent_bits=8, mantissa_bits=7)
+      # autocast's lm_head returns bfloat16 logits. reduce_precision first: XLA never drops it, as
+      # it may drop the float32 -> bfloat16 -> float32 round trip into the loss's float32.
+      logits = jax.lax.reduce_precision(logits, exponent_bits=8, mantissa_bits=7).astype(act)
     return logits if kv_cache is None else (logits, new_cache)
 
 

@@ -403,9 +403,9 @@ def _torch_nanogpt(torch, params, idx, targets, cfg):
 def test_bfloat16_autocast_activations_follow_torch_autocast(bias):
   """model.dtype="bfloat16" with activations="autocast" (the default) computes what nanoGPT computes
   under torch.autocast(bfloat16): bfloat16 Linear outputs, attention and GELU, bfloat16 logits, a
-  float32 residual stream. Against torch 2.13's autocast on the same parameters: its logits are
-  bfloat16 values, ~46% of them torch's bit for bit (activations="float32": none), the rest a
-  rounding apart (torch's attention kernel rounds the unnormalised probabilities; summation
+  float32 residual stream. Against torch 2.13's autocast on the same parameters: of its bfloat16
+  logits about half are torch's bit for bit (activations="float32": none), the rest
+  a rounding apart (torch's attention kernel rounds the unnormalised probabilities; summation
   orders); loss and gradients agree to bfloat16 rounding, with and without fast_grad."""
   torch = pytest.importorskip("torch", reason="the torch cross-check needs torch (pip '.[torch]')")
   args = dict(block_size=32, vocab_size=67, n_layer=2, n_head=4, n_embd=64, bias=bias)
@@ -438,10 +438,9 @@ def test_bfloat16_autocast_activations_follow_torch_autocast(bias):
       equal[act, fast] = (got == want).mean()
       if act == "float32":
         continue
-      assert logits.dtype == jnp.float32                          # bfloat16 values in float32
-      np.testing.assert_array_equal(got, f64(logits.astype(jnp.bfloat16)))
+      assert logits.dtype == jnp.bfloat16
       assert np.abs(got - want).mean() < 4e-3 * np.abs(want).mean()
-      assert abs(float(loss) - t_loss) < 1e-4
+      assert abs(float(loss) - t_loss) < 2e-4
       for m, d in grads.items():
         for n, v in d.items():
           ref = t_grads[f"{m}/{n}"]

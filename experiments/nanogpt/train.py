@@ -398,10 +398,10 @@ class NanoGPT(experiment.Experiment):
     return experiment.Build(batches=batches, evaluators=[evaluation], on_start=on_start, **common)
 
   def fit_variants(self, config: ml_collections.ConfigDict):
-    """--dry_run's fixes for a step too big for the chip: bfloat16 matmuls (a podlab option)."""
+    """--dry_run's fixes for a step too big for the chip: bfloat16 (nanoGPT's GPU runs)."""
     if config.model.dtype == "bfloat16":
       return ()
-    return (("bfloat16 matmul operands (podlab option; nanoGPT's GPU runs autocast to bf16)",
+    return (("bfloat16 under torch.autocast's dtypes (nanoGPT's GPU runs)",
              "--config.model.dtype=bfloat16", lambda c: setattr(c.model, "dtype", "bfloat16")),)
 
   def load_init(self, path: str, build: experiment.Build,

@@ -3,9 +3,10 @@
 795,904 parameters; the reference reaches val 1.8857 at iteration 2000 here (torch, 2 cores), and so
 does this recipe: rng="torch" (base) replays nanoGPT's initial weights and batches, the curve equal
 to the reference's to 4 decimals (docs/nanogpt.md section 6).
-Arguments: "smoke": 20 iterations with 2 eval batches (tests); "bf16": model.dtype=bfloat16, a
-podlab option (bfloat16 matmul operands, float32 everything else, as torch.autocast; nanoGPT's CPU
-run is float32): ~0.75x the float32 step time here, val 1.8868 at iteration 2000 (README).
+Arguments: "smoke": 20 iterations with 2 eval batches (tests); "bf16": model.dtype=bfloat16, what
+nanoGPT's GPU runs compute under torch.autocast (nanoGPT's CPU run is float32; docs/nanogpt.md
+section 2): val 1.8862 at iteration 2000, 0.69x the float32 step time on the Intel CPU of
+docs/nanogpt.md section 9.
 
   python -m experiments.nanogpt.main --config=configs/shakespeare_char_cpu.py
   python -m experiments.nanogpt.main --config=configs/shakespeare_char_cpu.py:bf16

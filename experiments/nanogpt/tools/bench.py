@@ -113,13 +113,14 @@ def main(argv=None) -> None:
         f"{os.environ.get('XLA_FLAGS', '') or '(none)'}; glibc heap kept {'on' if keep_heap else 'off'}; "
         f"{args.iters} iterations per variant in blocks of {args.block}; CPU matmul peak "
         f"{peak / 1e9:.0f} GFLOP/s (measured)")
-  head = (f"{'variant':<34} {'median ms':>9} {'p10-p90':>13} {'CPU ms':>7} {'tokens/s':>9} "
+  w = max(34, *(len(run["name"]) for run in runs))
+  head = (f"{'variant':<{w}} {'median ms':>9} {'p10-p90':>13} {'CPU ms':>7} {'tokens/s':>9} "
           f"{'MFU':>6} {'/torch':>7} {'/35-38 ms':>10}")
   print(head + "\n" + "-" * len(head))
   for run in runs:
     ms = float(np.median(run["ms"]))
     vs_torch = f"{ms / torch_ms:.2f}x" if torch_ms else "-"
-    print(f"{run['name']:<34} {ms:9.2f} {np.percentile(run['ms'], 10):6.1f}-"
+    print(f"{run['name']:<{w}} {ms:9.2f} {np.percentile(run['ms'], 10):6.1f}-"
           f"{np.percentile(run['ms'], 90):<6.1f} {np.median(run['cpu']):7.1f} "
           f"{run['tokens'] / ms * 1000:9,.0f} {100 * run['flops'] / (ms / 1000) / peak:5.1f}% "
           f"{vs_torch:>7} {ms / REFERENCE_MS[0]:.2f}-{ms / REFERENCE_MS[1]:.2f}x")
