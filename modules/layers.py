@@ -383,7 +383,40 @@ def silu(x: jax.Array) -> jax.Array:
   Identical to `jax.nn.silu` in float32.
   """
   x32 = x.astype(jnp.float32)
+  if x.dtype == jnp.float32:
+    return x32 * jax.nn.sigmoid(x32)
+  return _silu_rounded(x)
+
+
+def _to_precision(x32: jax.Array, dtype) -> jax.Array:
+  """float32 x32 rounded to `dtype`'s precision (e.g. bfloat16), still float32. reduce_precision,
+  which XLA keeps: a float32 -> bfloat16 -> float32 round trip it may drop under
+  `xla_allow_excess_precision` (on by default), leaving the value unrounded in a jitted program."""
+  fi = jnp.finfo(dtype)
+  return jax.lax.reduce_precision(x32, exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
+
+
+@jax.custom_vjp
+def _silu_rounded(x: jax.Array) -> jax.Array:                   # x: bfloat16 (or float16)
+  x32 = x.astype(jnp.float32)
   return (x32 * jax.nn.sigmoid(x32)).astype(x.dtype)
+
+
+def _silu_rounded_fwd(x):
+  return _silu_rounded(x), x
+
+
+def _silu_rounded_bwd(x, g):
+  # torch's SiLU backward in float32 from the incoming gradient as a `x.dtype` value: upstream,
+  # autodiff's gradient of silu(gate) * up is g * up in bfloat16, whose rounding XLA would drop on
+  # its way into this float32 formula (jitted: 25% of d gate one ulp off torch's).
+  x32 = x.astype(jnp.float32)
+  s = jax.nn.sigmoid(x32)
+  g32 = _to_precision(g.astype(jnp.float32), x.dtype)
+  return ((g32 * s * (1.0 + x32 * (1.0 - s))).astype(x.dtype),)
+
+
+_silu_rounded.defvjp(_silu_rounded_fwd, _silu_rounded_bwd)
 
 
 def _swiglu(gate_up: jax.Array, axis: int) -> jax.Array:
@@ -412,9 +445,9 @@ def _lean_swiglu_bwd(axis, gate_up, g):                         # g: [..., F], g
   up = jax.lax.index_in_dim(pair, 1, a, keepdims=True)
   g = jnp.expand_dims(g, a)
   d_up = g * silu(gate)                                         # the forward's value, same rounding
-  d_silu = g * up
-  s = jax.nn.sigmoid(gate.astype(jnp.float32))                  # torch's SiLU backward, in float32:
-  d_gate = d_silu.astype(jnp.float32) * s * (1.0 + gate.astype(jnp.float32) * (1.0 - s))
+  d_silu = _to_precision(g.astype(jnp.float32) * up.astype(jnp.float32), gate_up.dtype)  # torch's
+  s = jax.nn.sigmoid(gate.astype(jnp.float32))                  # SiLU backward, in float32:
+  d_gate = d_silu * s * (1.0 + gate.astype(jnp.float32) * (1.0 - s))
   d_pair = jnp.concatenate([d_gate.astype(gate_up.dtype), d_up], axis=a)   # [..., 2, F]
   return (d_pair.reshape(gate_up.shape),)
 

@@ -309,6 +309,11 @@ def test_silu_equals_torch_bit_for_bit():
     h, vjp = jax.vjp(lambda v: layers.swiglu_activation(v, lean_grad=lean), gate_up)
     np.testing.assert_array_equal(f64(h), out.detach().float().numpy())
     np.testing.assert_array_equal(f64(vjp(ct)[0]), tg.grad.float().numpy())
+    # Jitted too (as a training step runs): there XLA drops a bfloat16 round trip between float32
+    # operations unless it is a reduce_precision; d silu = g * up is rounded as torch rounds it.
+    jitted = jax.jit(lambda v, c: jax.vjp(
+        lambda w: layers.swiglu_activation(w, lean_grad=lean), v)[1](c)[0])
+    np.testing.assert_array_equal(f64(jitted(gate_up, ct)), tg.grad.float().numpy())
 
 
 def _np_swiglu_grads(gate, up, ct):

@@ -134,8 +134,8 @@ CPU_BF16_ATTENTION_SLICE_ELEMENTS = 2 ** 20
 examples of the recipe (97 x 512) per slice. Measured on the Intel/AMX CPU (docs/benchmarks.md,
 "batch_slices"): TRM-Att bfloat16 6.0% shorter at batch 64 (4 slices against 2, 4 of 4 rounds) and
 4.4% at batch 256 (16 against 8, 2 of 2), in 0.53-0.58x the scratch; 8 slices of 8 at batch 64
-were 5.8% slower than 2 in an earlier session. TRM-Att float32 was not measured in smaller slices
-and keeps CPU_SLICE_ELEMENTS."""
+were 5.8% slower than 2 in an earlier session. TRM-Att float32 in 4 slices was no faster (+1.4%,
+1 of 3 rounds) and keeps CPU_SLICE_ELEMENTS."""
 MODEL_FORMS = CPU_FORMS[:5]
 
 CPU_NOGRAD_CHUNK_ELEMENTS = 2 ** 19
