@@ -380,7 +380,9 @@ def silu(x: jax.Array) -> jax.Array:
   `jax.nn.silu` on bfloat16 rounds twice: XLA rounds the sigmoid to bfloat16, then the product;
   that equals torch's value for only ~61% of standard-normal inputs. Rounding once is also faster
   on XLA:CPU: one float32 pass instead of two bfloat16 ones (docs/benchmarks.md, "silu").
-  Identical to `jax.nn.silu` in float32.
+  Identical to `jax.nn.silu` in float32. The gradient of a bfloat16 silu is torch's SiLU backward,
+  g * s * (1 + x * (1 - s)) in float32 with s = sigmoid(x), from g rounded to bfloat16 by
+  reduce_precision, which XLA keeps in a jitted program (docs/trm.md section 1).
   """
   x32 = x.astype(jnp.float32)
   if x.dtype == jnp.float32:
