@@ -389,7 +389,8 @@ class NanoGPT(experiment.Experiment):
 
     def on_start(wd: workdir_lib.Workdir, start_step: int) -> None:
       workdir_lib.write_json(wd.path("model_args.json"),
-                             dict(model.model_args(), dtype=model.dtype, vocab=data.vocab or "",
+                             dict(model.model_args(), dtype=model.dtype,
+                                  activations=model.activations, vocab=data.vocab or "",
                                   dataset=config.dataset.name))
 
     evaluation = experiment.Evaluator(

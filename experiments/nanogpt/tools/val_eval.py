@@ -23,6 +23,7 @@ prepare.py makes them (sorted characters, last 10%).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -73,6 +74,8 @@ def load_workdir(workdir: str) -> Tuple[gpt.GPTConfig, Dict[str, Any], int, str]
   tree = checkpointing.read_tree(run.replicated(step))
   params = jax.tree.map(np.asarray, tree["state"]["params"])
   config = nanogpt_checkpoint.config_from_args(args, args.get("dtype", "float32"))
+  # A workdir from before model.activations existed (2e39947) ran bfloat16 as "float32".
+  config = dataclasses.replace(config, activations=args.get("activations", "float32"))
   return config, params, step, args.get("vocab", "")
 
 
