@@ -165,9 +165,9 @@ class GPT(hk.Module):
       x = x[:, -1:]                                              # [B, 1, C]
     logits = wte.attend(x, matmul_dtype=mm, fast_grad=cfg.fast_grad)   # [B, T, V] float32
     if act == jnp.bfloat16:
-      # autocast's lm_head returns bfloat16 logits. reduce_precision first: XLA never drops it, as
-      # it may drop the float32 -> bfloat16 -> float32 round trip into the loss's float32.
-      logits = jax.lax.reduce_precision(logits, exponent_bits=8, mantissa_bits=7).astype(act)
+      # autocast's lm_head returns bfloat16 logits; rounded by to_precision first, which XLA keeps,
+      # where it may drop the float32 -> bfloat16 -> float32 round trip into the loss's float32.
+      logits = layers.to_precision(logits, act).astype(act)
     return logits if kv_cache is None else (logits, new_cache)
 
 

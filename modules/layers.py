@@ -390,7 +390,7 @@ def silu(x: jax.Array) -> jax.Array:
   return _silu_rounded(x)
 
 
-def _to_precision(x32: jax.Array, dtype) -> jax.Array:
+def to_precision(x32: jax.Array, dtype) -> jax.Array:
   """float32 x32 rounded to `dtype`'s precision (e.g. bfloat16), still float32. reduce_precision,
   which XLA keeps: a float32 -> bfloat16 -> float32 round trip it may drop under
   `xla_allow_excess_precision` (on by default), leaving the value unrounded in a jitted program."""
@@ -414,7 +414,7 @@ def _silu_rounded_bwd(x, g):
   # its way into this float32 formula (jitted: 25% of d gate one ulp off torch's).
   x32 = x.astype(jnp.float32)
   s = jax.nn.sigmoid(x32)
-  g32 = _to_precision(g.astype(jnp.float32), x.dtype)
+  g32 = to_precision(g.astype(jnp.float32), x.dtype)
   return ((g32 * s * (1.0 + x32 * (1.0 - s))).astype(x.dtype),)
 
 
@@ -447,7 +447,7 @@ def _lean_swiglu_bwd(axis, gate_up, g):                         # g: [..., F], g
   up = jax.lax.index_in_dim(pair, 1, a, keepdims=True)
   g = jnp.expand_dims(g, a)
   d_up = g * silu(gate)                                         # the forward's value, same rounding
-  d_silu = _to_precision(g.astype(jnp.float32) * up.astype(jnp.float32), gate_up.dtype)  # torch's
+  d_silu = to_precision(g.astype(jnp.float32) * up.astype(jnp.float32), gate_up.dtype)  # torch's
   s = jax.nn.sigmoid(gate.astype(jnp.float32))                  # SiLU backward, in float32:
   d_gate = d_silu * s * (1.0 + gate.astype(jnp.float32) * (1.0 - s))
   d_pair = jnp.concatenate([d_gate.astype(gate_up.dtype), d_up], axis=a)   # [..., 2, F]
