@@ -254,10 +254,15 @@ class Linear(hk.Module):
     self.b_init = b_init or jnp.zeros
     self.param_dtype = jnp.dtype(param_dtype)
 
+  def weight(self, fan_in: int) -> jax.Array:
+    """The parameter `w` [fan_in, output_size] (created at init), for a caller that computes the
+    projection itself (`SwiGLU` with split_grad)."""
+    return hk.get_parameter("w", [fan_in, self.output_size], self.param_dtype,
+                            init=self.w_init or fan_in_init(fan_in))
+
   def __call__(self, x: jax.Array) -> jax.Array:                # [..., D] -> [..., output_size]
     fan_in = x.shape[0] if self.feature_major else x.shape[-1]
-    w = hk.get_parameter("w", [fan_in, self.output_size], self.param_dtype,
-                         init=self.w_init or fan_in_init(fan_in))
+    w = self.weight(fan_in)
     if self.feature_major:                                       # [D, N] -> [output_size, N]
       y = wt_matmul(w, x, self.dtype, fast_grad=self.fast_grad,
                     pad_contraction=self.pad_contraction)
@@ -435,13 +440,9 @@ def _lean_swiglu_fwd(gate_up, axis):
   return _lean_swiglu(gate_up, axis), gate_up                  # residual: gate|up only
 
 
-def _lean_swiglu_bwd(axis, gate_up, g):                         # g: [..., F], gate_up's dtype
-  # Written on gate and up as the two halves of gate_up, XLA merges this recomputation with the
-  # forward pass's sigmoid and silu (common subexpressions) and so keeps those after all; and along
-  # the last axis it does not fuse the concatenation of d gate and d up, so sigmoid(gate) becomes a
-  # buffer of its own. Viewed as [..., 2, F] (a new axis of 2 at `axis`), the gradient is one
-  # elementwise expression whose halves meet along that axis: one fused pass, nothing kept.
-  a = axis % gate_up.ndim
+def _lean_swiglu_grads(gate_up: jax.Array, g: jax.Array, a: int) -> Tuple[jax.Array, jax.Array]:
+  """(d gate, d up), each [..., 1, F] in gate_up's dtype: the halves of gate_up's gradient viewed as
+  [..., 2, F] (a new axis of 2 at `a`, a non-negative axis), from g [..., F]."""
   pair = gate_up.reshape(gate_up.shape[:a] + (2, gate_up.shape[a] // 2) + gate_up.shape[a + 1:])
   gate = jax.lax.index_in_dim(pair, 0, a, keepdims=True)        # [..., 1, F]
   up = jax.lax.index_in_dim(pair, 1, a, keepdims=True)
@@ -450,7 +451,18 @@ def _lean_swiglu_bwd(axis, gate_up, g):                         # g: [..., F], g
   d_silu = to_precision(g.astype(jnp.float32) * up.astype(jnp.float32), gate_up.dtype)  # torch's
   s = jax.nn.sigmoid(gate.astype(jnp.float32))                  # SiLU backward, in float32:
   d_gate = d_silu * s * (1.0 + gate.astype(jnp.float32) * (1.0 - s))
-  d_pair = jnp.concatenate([d_gate.astype(gate_up.dtype), d_up], axis=a)   # [..., 2, F]
+  return d_gate.astype(gate_up.dtype), d_up
+
+
+def _lean_swiglu_bwd(axis, gate_up, g):                         # g: [..., F], gate_up's dtype
+  # Written on gate and up as the two halves of gate_up, XLA merges this recomputation with the
+  # forward pass's sigmoid and silu (common subexpressions) and so keeps those after all; and along
+  # the last axis it does not fuse the concatenation of d gate and d up, so sigmoid(gate) becomes a
+  # buffer of its own. Viewed as [..., 2, F] (a new axis of 2 at `axis`), the gradient is one
+  # elementwise expression whose halves meet along that axis: one fused pass, nothing kept.
+  a = axis % gate_up.ndim
+  d_gate, d_up = _lean_swiglu_grads(gate_up, g, a)
+  d_pair = jnp.concatenate([d_gate, d_up], axis=a)              # [..., 2, F]
   return (d_pair.reshape(gate_up.shape),)
 
 
@@ -470,6 +482,64 @@ def swiglu_activation(gate_up: jax.Array, *, axis: int = -1, lean_grad: bool = F
   return _lean_swiglu(gate_up, axis) if lean_grad else _swiglu(gate_up, axis)
 
 
+def _gate_up(xc: jax.Array, wc: jax.Array, feature_major: bool, pad: bool) -> jax.Array:
+  """gate|up = x @ w ([N, 2F]) or, feature-major, w^T x ([2F, N]), rounded to the operands' dtype:
+  the products `Linear(fast_grad=True)` computes."""
+  if feature_major:
+    return _dot_nn(_row_major_transpose(wc), xc, pad).astype(xc.dtype)
+  return _dot(xc, wc, 0).astype(xc.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _gate_up_swiglu(x: jax.Array, w: jax.Array, dtype: str, feature_major: bool,
+                    pad: bool) -> jax.Array:
+  gate_up = _gate_up(x.astype(dtype), w.astype(dtype), feature_major, pad)
+  return _swiglu(gate_up, 0 if feature_major else -1)
+
+
+def _gate_up_swiglu_fwd(x, w, dtype, feature_major, pad):
+  xc, wc = x.astype(dtype), w.astype(dtype)
+  gate_up = _gate_up(xc, wc, feature_major, pad)
+  return (_swiglu(gate_up, 0 if feature_major else -1),
+          (xc, wc, gate_up, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype)))
+
+
+def _gate_up_swiglu_bwd(dtype, feature_major, pad, res, g):   # g: [N, F] (feature-major [F, N])
+  xc, wc, gate_up, x_like, w_like = res
+  a = 0 if feature_major else 1
+  d_gate, d_up = (jnp.squeeze(d, a) for d in _lean_swiglu_grads(gate_up, g, a))
+  F = wc.shape[1] // 2
+  w_gate, w_up = wc[:, :F], wc[:, F:]                           # [I, F] each
+  if feature_major:                                             # x [I, N], d [F, N]
+    dx = _dot_nn(w_gate, d_gate, pad) + _dot_nn(w_up, d_up, pad)                  # [I, N]
+    dw = jnp.concatenate([_dot(d_gate, xc, 1), _dot(d_up, xc, 1)], axis=0).T     # [I, 2F]
+  else:                                                         # x [N, I], d [N, F]
+    dx = _dot(d_gate, w_gate, 1) + _dot(d_up, w_up, 1)                            # [N, I]
+    dw = jnp.concatenate([_at_b(xc, d_gate), _at_b(xc, d_up)], axis=1)           # [I, 2F]
+  return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
+
+
+_gate_up_swiglu.defvjp(_gate_up_swiglu_fwd, _gate_up_swiglu_bwd)
+
+
+def gate_up_swiglu(x: jax.Array, w: jax.Array, dtype: DTypeLike, *, feature_major: bool = False,
+                   pad_contraction: bool = False) -> jax.Array:
+  """silu(gate) * up of the projection gate|up = x @ w, x [N, I], w [I, 2F] -> [N, F] in `dtype`
+  (feature-major: x [I, N] -> [F, N], as `wt_matmul`): `Linear(2F, fast_grad=True)` followed by
+  `swiglu_activation(lean_grad=True)`, the same values bit for bit, with one gradient for both.
+
+  The gradient never forms the [N, 2F] gradient of gate|up: d gate and d up go into the
+  projection's gradient products separately (dx = d_gate w_gate^T + d_up w_up^T, dw = [x^T d_gate |
+  x^T d_up]). XLA:CPU writes a concatenated gradient in one fused pass per half, each recomputing
+  sigmoid(gate) (its loop fusions have one output); split, it computes the sigmoid once into a
+  buffer that both halves read. The weight gradient is bit for bit the concatenated form's; dx adds
+  the two halves' float32 products (float32 rounding apart; a bfloat16 dx at most one rounding of
+  the result apart). For a CPU
+  target only (TRMConfig.split_gate_up; docs/benchmarks.md, "split_gate_up").
+  """
+  return _gate_up_swiglu(x, w, jnp.dtype(dtype).name, bool(feature_major), bool(pad_contraction))
+
+
 class SwiGLU(hk.Module):
   """down(silu(gate) * up) with a fused gate|up projection (no biases).
 
@@ -482,6 +552,9 @@ class SwiGLU(hk.Module):
     feature_major: x is [D, N] and so is the result (`Linear.feature_major`); same parameters.
     lean_grad: `swiglu_activation(lean_grad=True)`: the backward pass keeps gate|up only.
     pad_contraction: `Linear.pad_contraction` for both projections (feature_major, fast_grad).
+    split_grad: (with fast_grad and lean_grad; a CPU target only) the gate|up projection and the
+      activation are one `gate_up_swiglu`, whose gradient takes d gate and d up into the
+      projection's gradient separately. The same values and parameters.
   Parameters: `gate_up_proj/w` [D, 2F] (first half gate, second half up), `down_proj/w` [F, D].
   """
 
@@ -489,11 +562,12 @@ class SwiGLU(hk.Module):
                dtype: DTypeLike = jnp.bfloat16, name: Optional[str] = None,
                param_dtype: DTypeLike = jnp.float32, fast_grad: bool = False,
                feature_major: bool = False, lean_grad: bool = False,
-               pad_contraction: bool = False):
+               pad_contraction: bool = False, split_grad: bool = False):
     super().__init__(name=name)
     self.fast_grad = fast_grad
     self.feature_major = feature_major
     self.lean_grad = lean_grad
+    self.split_grad = split_grad
     self.pad_contraction = pad_contraction
     self.expansion = expansion
     self.inner_size = inner_size
@@ -504,11 +578,19 @@ class SwiGLU(hk.Module):
     axis = 0 if self.feature_major else -1                       # feature_major: [D, N] -> [D, N]
     width = x.shape[axis]
     inner = self.inner_size or swiglu_width(width, self.expansion)
-    gate_up = Linear(2 * inner, dtype=self.dtype, param_dtype=self.param_dtype,
-                     name="gate_up_proj", fast_grad=self.fast_grad,
-                     feature_major=self.feature_major,
-                     pad_contraction=self.pad_contraction)(x)   # [..., 2F] (or [2F, N])
-    h = swiglu_activation(gate_up, axis=axis, lean_grad=self.lean_grad)   # [..., F] (or [F, N])
+    gate_up_proj = Linear(2 * inner, dtype=self.dtype, param_dtype=self.param_dtype,
+                          name="gate_up_proj", fast_grad=self.fast_grad,
+                          feature_major=self.feature_major, pad_contraction=self.pad_contraction)
+    if self.split_grad and self.fast_grad and self.lean_grad and (x.ndim == 2
+                                                                  or not self.feature_major):
+      w = gate_up_proj.weight(width)                             # [D, 2F]
+      rows = x if self.feature_major else x.reshape(-1, width)   # [D, N] or [N, D]
+      h = gate_up_swiglu(rows, w, self.dtype, feature_major=self.feature_major,
+                         pad_contraction=self.pad_contraction)
+      h = h if self.feature_major else h.reshape(x.shape[:-1] + (inner,))   # [..., F] (or [F, N])
+    else:
+      gate_up = gate_up_proj(x)                                  # [..., 2F] (or [2F, N])
+      h = swiglu_activation(gate_up, axis=axis, lean_grad=self.lean_grad)   # [..., F] (or [F, N])
     return Linear(width, dtype=self.dtype, param_dtype=self.param_dtype,
                   name="down_proj", fast_grad=self.fast_grad,
                   feature_major=self.feature_major, pad_contraction=self.pad_contraction)(h)

@@ -385,6 +385,70 @@ def test_swiglu_lean_grad_keeps_fewer_buffers_and_equal_gradients(axis):
                                err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.parametrize("feature_major", [False, True], ids=["rows", "feature_major"])
+def test_gate_up_swiglu_equals_the_projection_then_lean_swiglu(feature_major):
+  """gate_up_swiglu (TRM's split_gate_up CPU form) is `Linear(2F, fast_grad=True)` followed by
+  `swiglu_activation(lean_grad=True)` with one gradient: the same values bit for bit and the same
+  weight gradient bit for bit; the input gradient sums the gate and up halves' products apart, so
+  it agrees to float32 rounding (bfloat16: within one rounding of the result). float32 matches
+  float64 numpy. feature_major with bfloat16 also pads the contraction (I = 33 -> 64)."""
+  rng = np.random.default_rng(13)
+  N, I, F = 40, 33, 24
+  x64 = rng.standard_normal((I, N) if feature_major else (N, I))
+  w64 = rng.standard_normal((I, 2 * F)) / 4
+  ct64 = rng.standard_normal((F, N) if feature_major else (N, F))
+  for dtype in (jnp.float32, jnp.bfloat16):
+    pad = feature_major and dtype == jnp.bfloat16
+    x, w, ct = jnp.asarray(x64, dtype), jnp.asarray(w64, jnp.float32), jnp.asarray(ct64, dtype)
+
+    def two_steps(x, w):
+      if feature_major:
+        gu = layers.wt_matmul(w, x, dtype, fast_grad=True, pad_contraction=pad).astype(dtype)
+      else:
+        gu = layers.matmul(x, w, dtype, fast_grad=True).astype(dtype)
+      return layers.swiglu_activation(gu, axis=0 if feature_major else -1, lean_grad=True)
+
+    def one_step(x, w):
+      return layers.gate_up_swiglu(x, w, dtype, feature_major=feature_major, pad_contraction=pad)
+
+    out = {}
+    for name, f in (("two", two_steps), ("one", one_step)):
+      h, vjp = jax.jit(lambda x, w: jax.vjp(f, x, w))(x, w)
+      out[name] = (h,) + tuple(vjp(ct))
+    (h1, dx1, dw1), (h0, dx0, dw0) = out["one"], out["two"]
+    assert h1.dtype == dtype and dx1.dtype == dtype and dw1.dtype == jnp.float32
+    np.testing.assert_array_equal(f64(h1), f64(h0))
+    np.testing.assert_array_equal(f64(dw1), f64(dw0))
+    tol = 1e-6 if dtype == jnp.float32 else 2.0 ** -8
+    assert np.abs(f64(dx1) - f64(dx0)).max() <= tol * np.abs(f64(dx0)).max()
+    if dtype == jnp.float32:                                    # float64 numpy on the same inputs
+      gu = (x64.T @ w64).T if feature_major else x64 @ w64
+      gate, up = np.split(gu, 2, axis=0 if feature_major else 1)
+      s_ = 1.0 / (1.0 + np.exp(-gate))
+      assert_close(h1, gate * s_ * up, rtol=1e-5, atol=1e-5)
+      d_gate, d_up = _np_swiglu_grads(gate, up, ct64)
+      d_gu = np.concatenate([d_gate, d_up], axis=0 if feature_major else 1)
+      assert_close(dx1, w64 @ d_gu if feature_major else d_gu @ w64.T, rtol=1e-5, atol=1e-5)
+      assert_close(dw1, x64 @ d_gu.T if feature_major else x64.T @ d_gu, rtol=1e-5, atol=1e-5)
+
+
+def test_swiglu_split_grad_keeps_the_parameters_and_values():
+  """SwiGLU(split_grad=True) (with fast_grad and lean_grad) creates the same parameters, initialised
+  the same, and returns the same values; without fast_grad and lean_grad it is ignored."""
+  x = jnp.asarray(np.random.default_rng(14).standard_normal((2, 5, 16)), jnp.bfloat16)
+  outs, params = {}, {}
+  for split in (False, True):
+    f = hk.transform(lambda v: layers.SwiGLU(expansion=2.0, fast_grad=True, lean_grad=True,
+                                             split_grad=split)(v))
+    params[split] = f.init(jax.random.PRNGKey(3), x)
+    outs[split] = f.apply(params[split], None, x)
+  assert jax.tree.structure(params[True]) == jax.tree.structure(params[False])
+  assert sorted(params[True]["swi_glu/gate_up_proj"]) == ["w"]
+  for a, b in zip(jax.tree.leaves(params[True]), jax.tree.leaves(params[False])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  np.testing.assert_array_equal(f64(outs[True]), f64(outs[False]))
+
+
 # --------------------------------------------------------------------------------------------------
 # Attention
 # --------------------------------------------------------------------------------------------------

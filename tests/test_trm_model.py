@@ -718,6 +718,33 @@ def test_nograd_chunks_equal_the_whole_batch(mlp_t):
                                                                         jax.tree_util.keystr(path))
 
 
+@pytest.mark.parametrize("mlp_t", [False, True], ids=["att", "mlp"])
+def test_split_gate_up_equals_lean_swiglu(mlp_t):
+  """split_gate_up (every SwiGLU's gate|up gradient fed into its products as two halves: a CPU
+  form, for bfloat16) is lean_swiglu's computation: with the other CPU forms on, bfloat16 value,
+  logits and every gradient equal lean_swiglu's to bfloat16 rounding (only the float32 sums of the
+  input gradients run in another order), and float32 to float32 rounding."""
+  base = dataclasses.replace(TINY, mlp_t=mlp_t, pos_encodings="none" if mlp_t else "rope",
+                             fast_grad=True, unroll=True, seq_major=True, head_major=True,
+                             lean_swiglu=True)
+  _, params, state, table, _ = _cpu_form_case(base)
+  batch = make_batch(base, 4, seed=8)
+  for dtype in ("bfloat16", "float32"):
+    cfg = dataclasses.replace(base, forward_dtype=dtype)
+    ref = _value_and_grads(cfg, params, state, table, batch, cfg.dtype)
+    c = dataclasses.replace(cfg, split_gate_up=True)
+    got = _value_and_grads(c, params, state, table, batch, c.dtype)
+    if dtype == "float32":
+      _assert_float32_equal(got, ref, "split_gate_up")
+      continue
+    (v1, l1, (g1, r1)), (v0, l0, (g0, r0)) = got, ref
+    np.testing.assert_array_equal(f64(l1), f64(l0))             # the forward is the same
+    np.testing.assert_allclose(float(v1), float(v0), rtol=2 ** -7)
+    for (path, a), b in zip(jax.tree.leaves_with_path((g1, r1)), jax.tree.leaves((g0, r0))):
+      a, b = f64(a), f64(b)
+      assert np.linalg.norm(a - b) <= 2 ** -7 * np.linalg.norm(b), jax.tree_util.keystr(path)
+
+
 def test_pad_contraction_equals_the_unpadded_token_mix():
   """pad_contraction (seq_major's token mix with S zero-padded to a multiple of 32 in its two
   products over S: a CPU form, for bfloat16) is the same computation: with the other CPU forms on

@@ -243,6 +243,14 @@ def test_cpu_forms_pick_the_model_fields_and_never_reach_a_tpu_program():
   assert not train.model_config(c, sudoku.METADATA, fast_grad=False).pad_contraction
   c.cpu_forms = "all"
   assert train.model_config(c, sudoku.METADATA, fast_grad=True).pad_contraction
+  # split_gate_up: with fast_grad and lean_swiglu, bfloat16 on a CPU target.
+  assert train.model_config(c, sudoku.METADATA, fast_grad=True).split_gate_up
+  assert not train.model_config(c, sudoku.METADATA, fast_grad=False).split_gate_up
+  assert not on.split_gate_up                                            # float32 (make run)
+  c.cpu_forms = "split_gate_up"                                          # without its two forms
+  assert not train.model_config(c, sudoku.METADATA, fast_grad=True).split_gate_up
+  c.cpu_forms = "fast_grad,lean_swiglu,split_gate_up"
+  assert train.model_config(c, sudoku.METADATA, fast_grad=True).split_gate_up
   c.cpu_forms = "fast_grad,seqmajor"
   with pytest.raises(config_utils.ConfigError, match=r"cpu_forms.*seqmajor.*seq_major"):
     trainer.check_config(train.TRM(), c)

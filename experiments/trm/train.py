@@ -100,14 +100,16 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 
 
 CPU_FORMS = ("fast_grad", "seq_major", "unroll", "head_major", "lean_swiglu", "split_reduce",
-             "batch_slices", "nograd_chunks", "pad_contraction")
+             "batch_slices", "nograd_chunks", "pad_contraction", "split_gate_up")
 """config.cpu_forms' names: the first five are TRMConfig fields (model forms); split_reduce is the
 XLA compiler option `parallel.CPU_DOTS_ONLY` for the training and evaluation steps; batch_slices is
 the training step's automatic `batch_slices` (slices of at most CPU_SLICE_ELEMENTS on a CPU target);
 nograd_chunks sets TRMConfig.nograd_chunk_elements to CPU_NOGRAD_CHUNK_ELEMENTS for a bfloat16
 forward (the cycles without gradient in chunks of the batch); pad_contraction sets
 TRMConfig.pad_contraction for a bfloat16 forward (the token mix's products over the sequence
-zero-padded to a multiple of 32 positions)."""
+zero-padded to a multiple of 32 positions); split_gate_up sets TRMConfig.split_gate_up for a
+bfloat16 forward where fast_grad and lean_swiglu are on too (every SwiGLU's gradient feeds d gate
+and d up into the gate|up products separately)."""
 
 CPU_SLICE_ELEMENTS = 2 ** 21
 """config.batch_slices = 0 (automatic) on a CPU target with the batch_slices form: each device's
@@ -171,6 +173,8 @@ def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any],
   chunked = fast_grad and "nograd_chunks" in cpu_forms(config) and bfloat16
   forms["nograd_chunk_elements"] = CPU_NOGRAD_CHUNK_ELEMENTS if chunked else 0
   forms["pad_contraction"] = fast_grad and "pad_contraction" in cpu_forms(config) and bfloat16
+  forms["split_gate_up"] = (forms["fast_grad"] and forms["lean_swiglu"] and bfloat16
+                           and "split_gate_up" in cpu_forms(config))
   try:
     return trm.TRMConfig(seq_len=int(metadata["seq_len"]), vocab_size=int(metadata["vocab_size"]),
                          num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]),
@@ -211,7 +215,8 @@ def forms_text(model_config: trm.TRMConfig, split_reduce: bool, slices: int) -> 
   return ", ".join([f"{n} {getattr(model_config, n)}" for n in MODEL_FORMS]
                    + [f"split_reduce {split_reduce}", f"batch_slices {slices}",
                       f"nograd_chunk_elements {model_config.nograd_chunk_elements}",
-                      f"pad_contraction {model_config.pad_contraction}"])
+                      f"pad_contraction {model_config.pad_contraction}",
+                      f"split_gate_up {model_config.split_gate_up}"])
 
 
 def compiler_options(config: ml_collections.ConfigDict, cpu_tuning: bool) -> Dict[str, str]:

@@ -81,8 +81,9 @@ def get_config() -> ml_collections.ConfigDict:
   # fast_grad, seq_major, unroll, head_major, lean_swiglu (model forms), split_reduce (an XLA:CPU
   # option of the steps), batch_slices (batch_slices = 0 means train.batch_slices' automatic
   # count), nograd_chunks (a bfloat16 forward's cycles without gradient in chunks of the batch,
-  # train.CPU_NOGRAD_CHUNK_ELEMENTS) and pad_contraction (a bfloat16 token mix's products over the
-  # sequence zero-padded to a multiple of 32). Only with cpu_tuning and a CPU target; a TPU program never
+  # train.CPU_NOGRAD_CHUNK_ELEMENTS), pad_contraction (a bfloat16 token mix's products over the
+  # sequence zero-padded to a multiple of 32) and split_gate_up (a bfloat16 SwiGLU's gradient fed
+  # into the gate|up products as two halves). Only with cpu_tuning and a CPU target; a TPU program never
   # carries any. For measuring each one (make bench, make profile); results agree to rounding.
   c.cpu_forms = "all"
 

@@ -48,7 +48,8 @@ Command lines:
 Flags: --models=mlp,att  --dtypes=float32,bfloat16  --batches=64,256  --steps=3  --block=1  --warmup=3
   --hidden=0 (the recipe's 512)  --quick  --no_keep_heap  --no_fast_grad  --no_reference
   --cpu_forms=all (or none, or a comma list of fast_grad,seq_major,unroll,head_major,lean_swiglu,
-    split_reduce,batch_slices,nograd_chunks,pad_contraction: which CPU forms podlab uses)
+    split_reduce,batch_slices,nograd_chunks,pad_contraction,split_gate_up: which CPU forms podlab
+    uses)
   --json_out=PATH  --matmul_shapes=4096x512x2048 (the header's products, MxKxN, comma-separated)
   --rates_only (print the header, with its matmul rates, and stop)
 At the recipe size one step takes 10-40 s per framework on a 2-core CPU: narrow the cells.

@@ -3,7 +3,8 @@ r"""podlab's TRM training step compiled with several CPU-form lists, timed in al
 Each variant is the trainer's real pmapped step (experiments/trm/tools/bench.py `compile_step` /
 `compile_config_step`: AdamATan2, EMA, sparse SignSGD, the non-finite guard) with `config.cpu_forms`
 set to one list ("all", "none" or a comma list of fast_grad, seq_major, unroll, head_major,
-lean_swiglu, split_reduce, batch_slices, nograd_chunks, pad_contraction; docs/trm.md section 11),
+lean_swiglu, split_reduce, batch_slices, nograd_chunks, pad_contraction, split_gate_up;
+docs/trm.md section 11),
 optionally followed by `/slices=N` for config.batch_slices (the training step on N slices of the
 batch in turn; docs/trm.md section 11). All variants are compiled in one process, then run in turn:
 first `--warmup` untimed steps of each (default 2: a run's first steps still grow the kept heap and

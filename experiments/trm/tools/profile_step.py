@@ -35,7 +35,7 @@ Command lines:
 Flags: --model=demo|mlp|att  --dtype=float32|bfloat16 (recipes; demo is float32)  --batch=0 (0: the
   config's, 64 for the recipes)  --steps=3  --warmup=5  --top=30  --cpu_tuning=true|false
   --hidden=0 (recipes: 0 = 512)  --cpu_forms=all (none, or a comma list of fast_grad,seq_major,unroll,
-  head_major,lean_swiglu,split_reduce,batch_slices,nograd_chunks,pad_contraction)
+  head_major,lean_swiglu,split_reduce,batch_slices,nograd_chunks,pad_contraction,split_gate_up)
 
 Functions (tests call them): `parse_trace`, `hlo_index`, `profile_table`, `format_profile`.
 """
