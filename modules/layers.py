@@ -585,8 +585,9 @@ class SwiGLU(hk.Module):
                                                                   or not self.feature_major):
       w = gate_up_proj.weight(width)                             # [D, 2F]
       rows = x if self.feature_major else x.reshape(-1, width)   # [D, N] or [N, D]
-      h = gate_up_swiglu(rows, w, self.dtype, feature_major=self.feature_major,
-                         pad_contraction=self.pad_contraction)
+      with jax.named_scope("gate_up_proj"):                     # profiles name it as Linear's
+        h = gate_up_swiglu(rows, w, self.dtype, feature_major=self.feature_major,
+                           pad_contraction=self.pad_contraction)
       h = h if self.feature_major else h.reshape(x.shape[:-1] + (inner,))   # [..., F] (or [F, N])
     else:
       gate_up = gate_up_proj(x)                                  # [..., 2F] (or [2F, N])
