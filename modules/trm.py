@@ -108,11 +108,12 @@ class TRMConfig:
     token mix's two products that contract over the S sequence positions (gate|up's value, down's
     input gradient) zero-pad S to a multiple of 32 (`layers.wt_matmul`): XLA:CPU's bfloat16 kernel
     runs S = 97 far slower than 128. The added products are exact zeros. Off by default.
-  split_gate_up: (with lean_swiglu; a CPU target only, set with fast_grad) every SwiGLU's gate|up
-    projection and activation are one `layers.gate_up_swiglu`, whose backward pass feeds d gate
-    and d up into the projection's gradient products separately instead of concatenating them:
-    XLA:CPU then computes sigmoid(gate) once per backward pass instead of once per half. The same
-    values; weight gradients equal, input gradients agree to float32 rounding. Off by default.
+  split_gate_up: (with fast_grad and lean_swiglu; a CPU target only, set with them for bfloat16)
+    every SwiGLU's gate|up projection and activation are one `layers.gate_up_swiglu`, whose
+    backward pass feeds d gate and d up into the projection's gradient products separately instead
+    of concatenating them: XLA:CPU then computes sigmoid(gate) once per backward pass instead of
+    once per half. The same values and weight gradients; the input gradients add the two halves'
+    float32 products (rounding apart). Off by default.
   """
   seq_len: int
   vocab_size: int
