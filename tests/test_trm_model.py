@@ -718,31 +718,44 @@ def test_nograd_chunks_equal_the_whole_batch(mlp_t):
                                                                         jax.tree_util.keystr(path))
 
 
-@pytest.mark.parametrize("mlp_t", [False, True], ids=["att", "mlp"])
-def test_split_gate_up_equals_lean_swiglu(mlp_t):
-  """split_gate_up (every SwiGLU's gate|up gradient fed into its products as two halves: a CPU
-  form, for bfloat16) is lean_swiglu's computation: with the other CPU forms on, bfloat16 value,
-  logits and every gradient equal lean_swiglu's to bfloat16 rounding (only the float32 sums of the
-  input gradients run in another order), and float32 to float32 rounding."""
-  base = dataclasses.replace(TINY, mlp_t=mlp_t, pos_encodings="none" if mlp_t else "rope",
-                             fast_grad=True, unroll=True, seq_major=True, head_major=True,
-                             lean_swiglu=True)
+def _with_and_without(base: trm.TRMConfig, seed: int, **fields):
+  """(dtype, `_value_and_grads` with `fields`, the same without) in bfloat16, then float32, on one
+  batch of 4 from the same parameters."""
   _, params, state, table, _ = _cpu_form_case(base)
-  batch = make_batch(base, 4, seed=8)
+  batch = make_batch(base, 4, seed=seed)
   for dtype in ("bfloat16", "float32"):
     cfg = dataclasses.replace(base, forward_dtype=dtype)
     ref = _value_and_grads(cfg, params, state, table, batch, cfg.dtype)
-    c = dataclasses.replace(cfg, split_gate_up=True)
-    got = _value_and_grads(c, params, state, table, batch, c.dtype)
+    c = dataclasses.replace(cfg, **fields)
+    yield dtype, _value_and_grads(c, params, state, table, batch, c.dtype), ref
+
+
+def _assert_bfloat16_equal(got, ref):
+  """Two bfloat16 `_value_and_grads` results agree to bfloat16 rounding: value, logits, every
+  weight gradient and the puzzle-row gradient."""
+  (v1, l1, (g1, r1)), (v0, l0, (g0, r0)) = got, ref
+  np.testing.assert_allclose(float(v1), float(v0), rtol=2 ** -7)
+  assert np.abs(f64(l1) - f64(l0)).max() <= 2 ** -7 * np.abs(f64(l0)).max()
+  for (path, a), b in zip(jax.tree.leaves_with_path((g1, r1)), jax.tree.leaves((g0, r0))):
+    a, b = f64(a), f64(b)
+    assert np.linalg.norm(a - b) <= 2 ** -7 * np.linalg.norm(b), jax.tree_util.keystr(path)
+
+
+@pytest.mark.parametrize("mlp_t", [False, True], ids=["att", "mlp"])
+def test_split_gate_up_equals_lean_swiglu(mlp_t):
+  """split_gate_up (every SwiGLU's gate|up gradient fed into its products as two halves: a CPU
+  form, for bfloat16) is lean_swiglu's computation: with the other CPU forms on, the bfloat16
+  logits equal lean_swiglu's bit for bit and the value and every gradient to bfloat16 rounding
+  (only the input gradients' float32 sums run in another order); float32 to float32 rounding."""
+  base = dataclasses.replace(TINY, mlp_t=mlp_t, pos_encodings="none" if mlp_t else "rope",
+                             fast_grad=True, unroll=True, seq_major=True, head_major=True,
+                             lean_swiglu=True)
+  for dtype, got, ref in _with_and_without(base, 8, split_gate_up=True):
     if dtype == "float32":
       _assert_float32_equal(got, ref, "split_gate_up")
       continue
-    (v1, l1, (g1, r1)), (v0, l0, (g0, r0)) = got, ref
-    np.testing.assert_array_equal(f64(l1), f64(l0))             # the forward is the same
-    np.testing.assert_allclose(float(v1), float(v0), rtol=2 ** -7)
-    for (path, a), b in zip(jax.tree.leaves_with_path((g1, r1)), jax.tree.leaves((g0, r0))):
-      a, b = f64(a), f64(b)
-      assert np.linalg.norm(a - b) <= 2 ** -7 * np.linalg.norm(b), jax.tree_util.keystr(path)
+    np.testing.assert_array_equal(f64(got[1]), f64(ref[1]))     # the forward is the same
+    _assert_bfloat16_equal(got, ref)
 
 
 def test_pad_contraction_equals_the_unpadded_token_mix():
@@ -754,20 +767,9 @@ def test_pad_contraction_equals_the_unpadded_token_mix():
   base = dataclasses.replace(TINY, seq_len=17, mlp_t=True, pos_encodings="none", fast_grad=True,
                              unroll=True, seq_major=True, lean_swiglu=True)
   assert base.total_len == 33
-  _, params, state, table, _ = _cpu_form_case(base)
-  batch = make_batch(base, 4, seed=7)
-  for dtype in ("bfloat16", "float32"):
-    cfg = dataclasses.replace(base, forward_dtype=dtype)
-    ref = _value_and_grads(cfg, params, state, table, batch, cfg.dtype)
-    c = dataclasses.replace(cfg, pad_contraction=True)
-    got = _value_and_grads(c, params, state, table, batch, c.dtype)
+  for dtype, got, ref in _with_and_without(base, 7, pad_contraction=True):
     if dtype == "float32":
       for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
         np.testing.assert_array_equal(f64(a), f64(b))
       continue
-    (v1, l1, (g1, r1)), (v0, l0, (g0, r0)) = got, ref
-    np.testing.assert_allclose(float(v1), float(v0), rtol=2 ** -7)
-    assert np.abs(f64(l1) - f64(l0)).max() <= 2 ** -7 * np.abs(f64(l0)).max()
-    for (path, a), b in zip(jax.tree.leaves_with_path((g1, r1)), jax.tree.leaves((g0, r0))):
-      a, b = f64(a), f64(b)
-      assert np.linalg.norm(a - b) <= 2 ** -7 * np.linalg.norm(b), jax.tree_util.keystr(path)
+    _assert_bfloat16_equal(got, ref)
