@@ -38,7 +38,7 @@ from experiments.trm.tools import bench_gpu            # noqa: F401
 from experiments.trm.tools import bench_reference      # noqa: F401
 from experiments.trm.tools import profile_step         # noqa: F401
 from experiments.nanogpt import train as gpt_train     # noqa: F401
-print(json.dumps({"loss": loss, "loaded": sorted({m.split(".")[0] for m in sys.modules} & set(BLOCKED))}))
+print(json.dumps({"loss": loss, "batch": setup.global_batch, "loaded": sorted({m.split(".")[0] for m in sys.modules} & set(BLOCKED))}))
 """ % (BLOCKED,)
 
 
@@ -48,5 +48,7 @@ def test_the_step_benchmarks_and_profiler_need_no_tensorflow_tfds_or_clu():
   assert proc.returncode == 0, proc.stderr[-4000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])
   assert out["loaded"] == []
-  # lm_loss sums the per-example mean token loss over the batch of 2: near 2 ln(V) at init (V = 11).
-  assert math.isfinite(out["loss"]) and 0.5 * 2 * math.log(11) < out["loss"] < 2 * 2 * math.log(11)
+  # lm_loss sums the per-example mean token loss over the global batch (2 per device): about
+  # ln(V) per example at init (V = 11).
+  per_example = out["loss"] / out["batch"]
+  assert math.isfinite(per_example) and 0.5 * math.log(11) < per_example < 2 * math.log(11)

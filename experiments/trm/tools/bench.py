@@ -489,6 +489,18 @@ def format_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str] = COLUMN
   return "\n".join(lines)
 
 
+def print_table(header: Sequence[str], rows: Sequence[Dict[str, Any]], columns: Sequence[str],
+                json_out: str = "") -> None:
+  """Prints `header`'s lines and the table of `rows`; with `json_out`, writes {"header", "rows"}
+  there too (the side-by-side tools' output)."""
+  for line in header:
+    print(line)
+  print(format_table(rows, columns))
+  if json_out:
+    with open(json_out, "w") as fh:
+      json.dump({"header": list(header), "rows": list(rows)}, fh, indent=1)
+
+
 def flop_report(hidden: Optional[int] = None, xla_check: bool = True) -> List[str]:
   """Lines with the analytic FLOPs per example per step of both recipes (and XLA's one-call check)."""
   out = []

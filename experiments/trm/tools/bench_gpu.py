@@ -243,7 +243,7 @@ def gpt_side(side: str, batch: int, *, steps: int, warmup: int, quick: bool = Fa
                 vocab_size=V, bias=cfg.bias)
     model = torch_reference.GPT(args)
     sd = nanogpt_checkpoint.to_state_dict(jax.device_get(state.params), cfg)
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()})
+    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in sd.items()})
     named = dict(model.named_parameters())
     opt = torch.optim.AdamW(                                 # nanoGPT's configure_optimizers
         [{"params": [p for p in named.values() if p.dim() >= 2], "weight_decay": c.weight_decay},
@@ -361,7 +361,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                   help="each side in its own process (auto: on a GPU)")
   ap.add_argument("--quick", action="store_true",
                   help="smoke run at tiny sizes (TRM hidden 32, batch 4; GPT 2x2x32, block 32, "
-                       "batch 2), 2 steps after 1 warm-up; flags given explicitly still win")
+                       "batch 4), 2 steps after 1 warm-up; flags given explicitly still win")
   ap.add_argument("--json_out", default="")
   ap.add_argument("--side", default="", choices=["", *SIDES], help=argparse.SUPPRESS)
   ap.add_argument("--cell", default="", help=argparse.SUPPRESS)
@@ -369,7 +369,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--row_out", default="", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.quick:
-    bench.quick_defaults(args, argv, trm_models=["mlp"], trm_batches=["4"], gpt_batch=2, steps=2,
+    bench.quick_defaults(args, argv, trm_models=["mlp"], trm_batches=["4"], gpt_batch=4, steps=2,
                          warmup=1)
   for c in args.cells:
     if c not in ("trm", "gpt"):
@@ -416,12 +416,7 @@ def main(argv: Sequence[str]) -> int:
   print()
   print("podlab vs the references, bf16 training steps on one device (ref = torch.compile, the "
         "references' default; eager = without it)")
-  for line in header:
-    print(line)
-  print(bench.format_table(rows, COLUMNS))
-  if args.json_out:
-    with open(args.json_out, "w") as fh:
-      json.dump({"header": header, "rows": rows}, fh, indent=1)
+  bench.print_table(header, rows, COLUMNS, args.json_out)
   return 0
 
 
