@@ -56,11 +56,24 @@ bench-throughput: $(STAMP)
 
 PROFILE_ARGS ?=
 # Where TRM's training step spends its time, per operation of the compiled program (a jax.profiler
-# trace joined with the optimized HLO): ms, calls, matmul GFLOP and GFLOP/s against this CPU's
-# measured peak, overlap. Default: make run's model; PROFILE_ARGS='--model=att --dtype=float32
-# --batch=64 --steps=1 --warmup=1' for a recipe.
+# trace joined with the optimized HLO): on a CPU ms, calls, matmul GFLOP and GFLOP/s against this
+# CPU's measured peak, overlap; on a GPU ms and launches per kernel, its GEMM dtype and HLO source;
+# PROFILE_ARGS='--tpu=v5litepod-1' compiles for a TPU instead (op counts, bf16 products run in
+# float32, scatters, compiler bytes). Default: make run's model; PROFILE_ARGS='--model=att
+# --dtype=float32 --batch=64 --steps=1 --warmup=1' for a recipe.
 profile: $(STAMP)
 	$(PY) -m experiments.trm.tools.profile_step $(PROFILE_ARGS)
+
+.PHONY: bench-gpu
+BENCH_GPU_ARGS ?=
+BENCH_GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+# podlab's bf16 steps beside the references' on one CUDA GPU: TRM-MLP/Att at batch 768 and 256 (the
+# reference under torch.compile, and eager) and GPT-2 124M beside nanoGPT (compile=True): ms/step,
+# p10-p90, items/s, TFLOP/s, MFU, peak device memory, podlab/reference. No venv needed: on a GPU
+# image run experiments/trm/tools/gpu_wheels.sh's two commands (python3 with PYTHONPATH set).
+# BENCH_GPU_ARGS=--quick: a smoke run at tiny sizes (also on a CPU).
+bench-gpu:
+	$(BENCH_GPU_PY) -m experiments.trm.tools.bench_gpu $(BENCH_GPU_ARGS)
 
 FAULT_ARGS ?=
 # Fault injection: R trials of train -> SIGKILL (at a random step or during a checkpoint save) or

@@ -166,6 +166,17 @@ def owners(targets: Sequence[Target]) -> Dict[str, Target]:
   return owned
 
 
+def _lazy_import(node: ast.AST) -> Optional[str]:
+  """The module of a `lazy_import.module("name")` call (experiments/common/lazy_import.py): an
+  import that runs on first use, a dependency all the same."""
+  if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+      and node.func.attr == "module" and isinstance(node.func.value, ast.Name)
+      and node.func.value.id == "lazy_import" and node.args
+      and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+    return node.args[0].value
+  return None
+
+
 def project_imports(relpath: str) -> Set[str]:
   """Repo-relative paths of the project modules a file imports (and the packages on the way)."""
   tree = ast.parse((REPO_ROOT / relpath).read_text(), relpath)
@@ -175,6 +186,8 @@ def project_imports(relpath: str) -> Set[str]:
       names += [(a.name, None) for a in node.names]
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
       names += [(node.module, a.name) for a in node.names]
+    elif _lazy_import(node):
+      names.append((_lazy_import(node), None))
   found = set()
   folder = pathlib.PurePosixPath(relpath).parent
   for module, attr in names:
@@ -220,6 +233,8 @@ def third_party_imports(relpath: str) -> List[str]:
       tops.update(a.name.split(".")[0] for a in node.names)
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
       tops.add(node.module.split(".")[0])
+    elif _lazy_import(node):
+      tops.add(_lazy_import(node).split(".")[0])
   tops -= set(sys.stdlib_module_names) | set(PROJECT_PACKAGES) | {"__future__"}
   return sorted({PIP_NAMES.get(t, t.replace("_", "-")) for t in tops})
 

@@ -59,11 +59,13 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 import numpy as np
 import orbax.checkpoint as ocp
-import tensorflow as tf
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
 from experiments.common import errors
+from experiments.common import lazy_import
 from experiments.common import parallel
+
+tf = lazy_import.module("tensorflow")   # tf.io.gfile, on the first file operation (lazy_import)
 
 PyTree = Any
 

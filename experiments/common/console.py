@@ -65,8 +65,9 @@ def _stderr_silenced():
 def quiet_native_logs() -> None:
   """Quietens the C++ loggers before TensorFlow/XLA/libtpu load (environment variables, kept if
   already set), and imports TensorFlow with stderr silenced: TF 2.21 prints its oneDNN and CPU
-  feature notices through absl's C++ logging before any threshold applies. An import error still
-  raises (with its traceback, once stderr is back)."""
+  feature notices through absl's C++ logging before any threshold applies. Where TensorFlow is not
+  installed (an accelerator image: the step needs none) there is nothing to quieten; any other import
+  error still raises (with its traceback, once stderr is back)."""
   if os.environ.get(ENV_VERBOSE, "") not in ("", "0"):
     return
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")       # TensorFlow and XLA: warnings and up
@@ -75,7 +76,11 @@ def quiet_native_logs() -> None:
   os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
   if "tensorflow" not in sys.modules:
     with _stderr_silenced():
-      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+      try:
+        import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+      except ModuleNotFoundError as e:
+        if e.name != "tensorflow":
+          raise
 
 
 # Warnings that libraries print on every run and that say nothing a podlab user can act on.

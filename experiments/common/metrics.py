@@ -23,10 +23,12 @@ from typing import Any, Dict, Iterable, Mapping, Optional
 
 import jax
 import numpy as np
-import tensorflow as tf
-from clu import metric_writers
-
+from experiments.common import lazy_import
 from experiments.common import parallel
+
+# Imported where a writer is made or a file written (a training step needs neither: lazy_import).
+tf = lazy_import.module("tensorflow")
+metric_writers = lazy_import.module("clu.metric_writers")
 
 
 def create_writer(workdir: str, *, asynchronous: bool = True) -> metric_writers.MetricWriter:

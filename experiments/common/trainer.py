@@ -52,7 +52,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from clu import periodic_actions
 
 from experiments.common import checkpointing
 from experiments.common import config_utils
@@ -62,12 +61,16 @@ from experiments.common import errors
 from experiments.common import experiment as experiment_lib
 from experiments.common import host_malloc
 from experiments.common import layout as layout_lib
+from experiments.common import lazy_import
 from experiments.common import metrics as metrics_lib
 from experiments.common import mfu
 from experiments.common import parallel
 from experiments.common import preemption
 from experiments.common import workdir as workdir_lib
 from experiments.common import workdir_lock
+
+# CLU (and TensorFlow under it) load when a run starts, not with the step (lazy_import).
+periodic_actions = lazy_import.module("clu.periodic_actions")
 
 Experiment = experiment_lib.Experiment
 Build = experiment_lib.Build

@@ -30,9 +30,11 @@ import json
 from typing import Any, Dict, Optional
 
 import jax
-import tensorflow as tf
 
 from experiments.common import errors
+from experiments.common import lazy_import
+
+tf = lazy_import.module("tensorflow")   # tf.io.gfile, on the first file operation (lazy_import)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,9 +42,12 @@ import numpy as np
 from experiments.common import config_utils
 from experiments.common import distributed
 from experiments.common import errors
-from input_pipeline import pipeline
-from input_pipeline.datasets import text_corpus
+from experiments.common import lazy_import
 from modules import gpt
+
+# The data libraries (TensorFlow, TFDS) load where a split is read (lazy_import).
+pipeline = lazy_import.module("input_pipeline.pipeline")
+text_corpus = lazy_import.module("input_pipeline.datasets.text_corpus")
 
 PREFIX = "_orig_mod."
 

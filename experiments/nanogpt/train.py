@@ -42,6 +42,7 @@ import optax
 from experiments.common import errors
 from experiments.common import experiment
 from experiments.common import layout as layout_lib
+from experiments.common import lazy_import
 from experiments.common import metrics as metrics_lib
 from experiments.common import parallel
 from experiments.common import trainer
@@ -50,11 +51,13 @@ from experiments.nanogpt import hf_gpt2
 from experiments.nanogpt import nanogpt_checkpoint
 from experiments.nanogpt import torch_rng
 from experiments.nanogpt.configs import base as base_config
-from input_pipeline import datasets
-from input_pipeline import pipeline
-from input_pipeline import text
-from input_pipeline.datasets import text_corpus
 from modules import gpt
+
+# The data libraries (TensorFlow, TFDS) load where data is read, not with the step (lazy_import).
+datasets = lazy_import.module("input_pipeline.datasets")
+pipeline = lazy_import.module("input_pipeline.pipeline")
+text = lazy_import.module("input_pipeline.text")
+text_corpus = lazy_import.module("input_pipeline.datasets.text_corpus")
 
 PROGRESS = ("train/loss", "train/lr")
 

@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from clu import parameter_overview
 
 from experiments.common import config_utils
 from experiments.common import errors
 from experiments.common import experiment
 from experiments.common import layout as layout_lib
+from experiments.common import lazy_import
 from experiments.common import metrics as metrics_lib
 from experiments.common import parallel
 from experiments.common import trainer
@@ -42,11 +42,17 @@ from experiments.trm import optim
 from experiments.trm import reference_checkpoint
 from experiments.trm import sharded_table
 from experiments.trm.configs import base as base_config
-from input_pipeline import datasets
-from input_pipeline import pipeline
-from input_pipeline.datasets import arc_agi
 from input_pipeline.puzzles import arc
+from input_pipeline.puzzles import maze
+from input_pipeline.puzzles import sudoku
 from modules import trm
+
+# The data and metric libraries (TensorFlow, TFDS, CLU) load where data is read and the parameter
+# table written, not with the step (lazy_import).
+parameter_overview = lazy_import.module("clu.parameter_overview")
+datasets = lazy_import.module("input_pipeline.datasets")
+pipeline = lazy_import.module("input_pipeline.pipeline")
+arc_agi = lazy_import.module("input_pipeline.datasets.arc_agi")
 
 RATIO_METRICS = ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")
 LOSS_METRICS = ("lm_loss", "q_halt_loss")
@@ -541,9 +547,19 @@ def _puzzle_ids_bound(config: ml_collections.ConfigDict) -> int:
   return tasks * (int(kwargs.get("num_aug", 1000)) + 1) + 1
 
 
+# A puzzle format's fixed metadata: a dry run's or a benchmark's step where TFDS is not installed.
+_FORMAT_METADATA = {"sudoku_generated": sudoku.METADATA, "sudoku_extreme": sudoku.METADATA,
+                    "maze_generated": maze.METADATA, "maze_hard": maze.METADATA}
+
+
 def _abstract_metadata(config: ml_collections.ConfigDict) -> Dict[str, Any]:
   ds = config.dataset
-  meta = dict(datasets.get_metadata(ds.name, ds.builder_kwargs.to_dict(), ds.data_dir))
+  try:
+    meta = dict(datasets.get_metadata(ds.name, ds.builder_kwargs.to_dict(), ds.data_dir))
+  except ModuleNotFoundError as e:       # no TFDS (an accelerator image): nothing is prepared here
+    if e.name not in ("tensorflow_datasets", "tensorflow") or ds.name not in _FORMAT_METADATA:
+      raise
+    meta = dict(_FORMAT_METADATA[ds.name])
   if meta.get("num_puzzle_identifiers") is None:   # known only from the data (ARC)
     meta["num_puzzle_identifiers"] = _puzzle_ids_bound(config)
   return meta

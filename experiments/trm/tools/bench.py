@@ -262,8 +262,9 @@ def compile_step(model: str, dtype: str, per_device_batch: int, *, remat: bool =
                                            cpu_tuning=cpu_tuning, cpu_forms=cpu_forms))
 
 
-def compile_config_step(config: ml_collections.ConfigDict) -> StepSetup:
-  """`compile_step` for any TRM config (e.g. configs/cpu_demo.py's), on a random Sudoku-shaped batch."""
+def compile_config_step(config: ml_collections.ConfigDict, compile: bool = True) -> StepSetup:  # pylint: disable=redefined-builtin
+  """`compile_step` for any TRM config (e.g. configs/cpu_demo.py's), on a random Sudoku-shaped batch;
+  `compile=False`: the state, carry and batch alone (`compiled` None, `memory` empty)."""
   per_device_batch = config.global_batch_size // jax.local_device_count()
   n_local = jax.local_device_count()
   layout, b = trainer.build(train.TRM(), config, abstract=True)  # the trainer's own step and state
@@ -272,6 +273,12 @@ def compile_config_step(config: ml_collections.ConfigDict) -> StepSetup:
   state, carry = parallel.replicate(state), parallel.shard(carry)
   batch = parallel.shard(random_batch(n_local, per_device_batch, config.seed))
   device_index = parallel.shard(parallel.device_indices())
+  slices = train.batch_slices(config, cfg, per_device_batch, layout.cpu_tuning)
+  if not compile:
+    return StepSetup(cfg=cfg, per_device_batch=per_device_batch,
+                     global_batch=per_device_batch * n_local, compiled=None, compile_s=0.0,
+                     memory={}, args=(state, carry, batch, device_index),
+                     split_reduce=bool(b.compiler_options), slices=slices)
   p_step = trainer.parallel_train_step(b.train_step, config.nonfinite)
   t0 = time.perf_counter()
   compiled = p_step.lower(state, carry, batch, device_index).compile(
@@ -280,8 +287,7 @@ def compile_config_step(config: ml_collections.ConfigDict) -> StepSetup:
   return StepSetup(cfg=cfg, per_device_batch=per_device_batch,
                    global_batch=per_device_batch * n_local, compiled=compiled, compile_s=compile_s,
                    memory=_memory(compiled), args=(state, carry, batch, device_index),
-                   split_reduce=bool(b.compiler_options),
-                   slices=train.batch_slices(config, cfg, per_device_batch, layout.cpu_tuning))
+                   split_reduce=bool(b.compiler_options), slices=slices)
 
 
 def percentiles_ms(times_s: Sequence[float]) -> Dict[str, float]:
@@ -481,6 +487,18 @@ def format_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str] = COLUMN
   lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in cells]
   lines.insert(1, "  ".join("-" * w for w in widths))
   return "\n".join(lines)
+
+
+def print_table(header: Sequence[str], rows: Sequence[Dict[str, Any]], columns: Sequence[str],
+                json_out: str = "") -> None:
+  """Prints `header`'s lines and the table of `rows`; with `json_out`, writes {"header", "rows"}
+  there too (the side-by-side tools' output)."""
+  for line in header:
+    print(line)
+  print(format_table(rows, columns))
+  if json_out:
+    with open(json_out, "w") as fh:
+      json.dump({"header": list(header), "rows": list(rows)}, fh, indent=1)
 
 
 def flop_report(hidden: Optional[int] = None, xla_check: bool = True) -> List[str]:

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import statistics
 import sys
@@ -420,14 +419,9 @@ def main(argv: Sequence[str]) -> int:
   print(f"TRM training step, podlab vs the reference (PyTorch), Sudoku recipes"
         f"{f' at hidden {args.hidden}' if args.hidden else ''}; {args.steps} alternating block(s) "
         f"of {args.block} step(s) each after {args.warmup} untimed step(s) of each")
-  for line in header:
-    print(line)
-  print(f"podlab CPU forms (config.cpu_forms): "
-        f"{'off (cpu_tuning False)' if args.no_fast_grad else args.cpu_forms}")
-  print(bench.format_table(rows, COLUMNS))
-  if args.json_out:
-    with open(args.json_out, "w") as fh:
-      json.dump({"header": header, "rows": rows}, fh, indent=1)
+  forms = ("podlab CPU forms (config.cpu_forms): "
+           f"{'off (cpu_tuning False)' if args.no_fast_grad else args.cpu_forms}")
+  bench.print_table(header + [forms], rows, COLUMNS, args.json_out)
   return 0
 
 

@@ -2,10 +2,27 @@ r"""Per-operation profile of TRM's real training step on this machine: where the
 
 Compiles the trainer's pmapped step (as `bench.compile_step`: the recipe's or `configs/cpu_demo.py`'s
 model, AdamATan2, EMA, SignSGD, the non-finite guard), runs warm-up steps, then traces `--steps`
-steps with `jax.profiler` (a Perfetto trace; no TensorBoard plugin needed) and joins every timed
-operation of the compiled program with its optimized HLO (`compiled.as_text()`).
+steps with `jax.profiler` (its chrome-trace JSON, `plugins/profile/<run>/<host>.trace.json.gz`; no
+TensorBoard plugin needed) and joins every timed operation of the compiled program with its
+optimized HLO (`compiled.as_text()`). Three readings, by what the target offers:
 
-Table rows group the operations by (result shape, source op); columns, per optimizer step:
+CPU (XLA:CPU's thunks on the host threads): the per-operation table below.
+GPU (the kernels, memcpys and memsets on the device's `Stream #N` lines of the same trace): one row
+  per kernel name, per step: ms, launches, share of the kernel time, the GEMM dtype its name shows
+  (`sm90_xmma_gemm_f32f32_tf32f32_...`: float32 operands on TF32 cores; `..._bf16bf16_...`: bf16;
+  `?`: a GEMM whose name shows none), its HLO op and that op's JAX source; the header gives kernel
+  ms and launches per step, the device's span and idle time, and GEMM ms by dtype.
+TPU (`--tpu=v5litepod-1`: compiled here by libtpu, as `--dry_run` does; nothing runs): op counts,
+  instructions outside fusions, matmuls with a float32 operand and those that are bfloat16
+  products run in float32 (a bf16 operand or one converted from bf16: autodiff's transpose of a
+  bf16 matmul with a float32 cotangent), scatters (the token embedding's gradient is one), the
+  compiler's FLOPs and bytes accessed, per-device temp bytes. Read both for the program as
+  lowered (what every compiler receives: a GPU runs its float32 products as f32/TF32 GEMMs) and as
+  the TPU compiler optimized it (which runs a float32 product at default precision in bf16 passes
+  itself, so its matmuls all show bf16 operands).
+`--trace=DIR` reads a saved trace (e.g. one taken on a GPU machine) without running anything.
+
+CPU table rows group the operations by (result shape, source op); columns, per optimizer step:
   ms           summed duration of the group's executions.
   calls        executions per step.
   GFLOP        matmul FLOPs of the group (2 x output size x contracted size, from the HLO).
@@ -31,13 +48,20 @@ Command lines:
   python -m experiments.trm.tools.profile_step                                  # make run's model
   python -m experiments.trm.tools.profile_step --model=mlp --dtype=float32 --batch=64 --steps=1
   python -m experiments.trm.tools.profile_step --cpu_tuning=false               # without the CPU forms
+  python -m experiments.trm.tools.profile_step --model=mlp --dtype=bfloat16 --batch=768 --steps=3
+      # on a GPU machine: the kernel table
+  python -m experiments.trm.tools.profile_step --model=mlp --dtype=bfloat16 --batch=8 --tpu=v5litepod-1
+  python -m experiments.trm.tools.profile_step --trace=/tmp/trace_dir --steps=3
 
 Flags: --model=demo|mlp|att  --dtype=float32|bfloat16 (recipes; demo is float32)  --batch=0 (0: the
   config's, 64 for the recipes)  --steps=3  --warmup=5  --top=30  --cpu_tuning=true|false
   --hidden=0 (recipes: 0 = 512)  --cpu_forms=all (none, or a comma list of fast_grad,seq_major,unroll,
   head_major,lean_swiglu,split_reduce,batch_slices,nograd_chunks,pad_contraction,split_gate_up)
+  --tpu=TYPE (compile for that TPU, print the HLO summary)  --trace=PATH (read a saved trace)
 
-Functions (tests call them): `parse_trace`, `hlo_index`, `profile_table`, `format_profile`.
+Functions (tests call them): `parse_trace`, `hlo_index`, `profile_table`, `format_profile`;
+`parse_device_trace`, `gemm_dtype`, `kernel_table`, `format_kernels`; `parse_hlo`, `hlo_summary`,
+`format_hlo_summary`, `tpu_train_step`, `tpu_hlo_report`.
 """
 
 from __future__ import annotations
@@ -59,9 +83,12 @@ from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import jax  # noqa: E402
+import ml_collections  # noqa: E402
 
 from experiments.common import distributed  # noqa: E402
+from experiments.common import dry_run  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
+from experiments.common import tpu  # noqa: E402
 from experiments.common import trainer  # noqa: E402
 from experiments.trm import train  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
@@ -81,19 +108,15 @@ class Op(NamedTuple):
 
 
 def parse_trace(path: str) -> List[Op]:
-  """The operations of a Perfetto trace (`*.trace.json.gz` or a folder holding one), sorted by start."""
-  if os.path.isdir(path):
-    found = sorted(glob.glob(os.path.join(path, "**", "perfetto_trace.json.gz"), recursive=True))
-    if not found:
-      raise FileNotFoundError(f"no perfetto_trace.json.gz under {path}")
-    path = found[-1]
-  opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rt") as fh:
-    data = json.load(fh)
-  events = data["traceEvents"] if isinstance(data, dict) else data
+  """The host's operations of a jax.profiler trace (`*.trace.json.gz`, `perfetto_trace.json.gz` or
+  a folder holding one), sorted by start: XLA:CPU's thunks (a GPU's kernels: `parse_device_trace`)."""
+  events = _events(path)
+  devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+             and e.get("args", {}).get("name", "").startswith("/device:")}
   ops = [Op(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]), int(e.get("tid", 0)))
          for e in events
-         if e.get("ph") == "X" and e.get("dur", 0) > 0 and not e["name"].startswith(_NOT_OPS)]
+         if e.get("ph") == "X" and e.get("dur", 0) > 0 and e.get("pid") not in devices
+         and not e["name"].startswith(_NOT_OPS)]
   return sorted(ops, key=lambda o: o.start)
 
 
@@ -227,17 +250,376 @@ def format_profile(rows: Sequence[Dict[str, Any]], totals: Dict[str, float], pea
   return "\n".join(lines)
 
 
-def _setup(args: argparse.Namespace) -> bench.StepSetup:
-  tuning = args.cpu_tuning
-  if args.model != "demo":
-    return bench.compile_step(args.model, args.dtype, args.batch or 64,
-                              hidden=args.hidden or None, cpu_tuning=tuning,
-                              cpu_forms=args.cpu_forms)
-  config = cpu_demo.get_config(f"batch={args.batch}" if args.batch else None)
-  config.cpu_tuning = tuning
-  config.cpu_forms = args.cpu_forms
+# --------------------------------------------------------------------------------------------------
+# A device's kernels (GPU) from the same trace: what ran on the accelerator, per stream.
+
+class Kernel(NamedTuple):
+  """One device event of a trace: a kernel or a memcpy/memset on a GPU stream (or an op on a TPU's
+  "XLA Ops" line), start and end in microseconds, its device and line, the HLO op it belongs to."""
+  name: str
+  start: float
+  end: float
+  device: str
+  line: str
+  hlo_op: str
+
+
+def _trace_file(path: str) -> str:
+  """`path`, or the newest `*.trace.json.gz` (else `perfetto_trace.json.gz`) under a jax.profiler
+  folder (`<dir>/plugins/profile/<run>/<host>.trace.json.gz`)."""
+  if not os.path.isdir(path):
+    return path
+  for pattern in ("*.trace.json.gz", "perfetto_trace.json.gz"):
+    found = sorted(glob.glob(os.path.join(path, "**", pattern), recursive=True),
+                   key=os.path.getmtime)
+    if found:
+      return found[-1]
+  raise FileNotFoundError(f"no *.trace.json.gz or perfetto_trace.json.gz under {path}")
+
+
+def _events(path: str) -> List[Dict[str, Any]]:
+  path = _trace_file(path)
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rt") as fh:
+    data = json.load(fh)
+  return data["traceEvents"] if isinstance(data, dict) else data
+
+
+# Lines of a device that summarize its kernels (one event per HLO op / module / step) rather than run
+# them: counting them too would count each kernel twice.
+_SUMMARY_LINES = ("XLA Modules", "XLA TraceMe", "Steps", "Framework", "TensorFlow", "Source",
+                  "Launch Stats", "SparseCore")
+
+
+def parse_device_trace(path: str) -> List[Kernel]:
+  """The device events of a jax.profiler trace (chrome-trace JSON, `*.trace.json.gz` or a folder
+  holding one): on a GPU the kernels, memcpys and memsets of its `Stream #N` lines; on a TPU, whose
+  trace has no streams, the ops of its `XLA Ops` line. Empty for a CPU-only trace. Sorted by start."""
+  events = _events(path)
+  process, thread = {}, {}
+  for e in events:
+    if e.get("ph") == "M" and e.get("name") == "process_name":
+      process[e["pid"]] = e.get("args", {}).get("name", "")
+    elif e.get("ph") == "M" and e.get("name") == "thread_name":
+      thread[(e["pid"], e.get("tid"))] = e.get("args", {}).get("name", "")
+  devices = {pid for pid, name in process.items() if name.startswith("/device:")}
+  lines = collections.defaultdict(list)
+  for e in events:
+    if e.get("ph") == "X" and e.get("pid") in devices:
+      lines[(e["pid"], e.get("tid"))].append(e)
+  streams = {k for k in lines if thread.get(k, "").startswith("Stream")}
+  chosen = streams or {k for k in lines if thread.get(k, "") == "XLA Ops"}
+  out = []
+  for k in chosen:
+    for e in lines[k]:
+      args = e.get("args") or {}
+      out.append(Kernel(e["name"], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)),
+                        process[k[0]], thread.get(k, ""), str(args.get("hlo_op", ""))))
+  return sorted(out, key=lambda x: x.start)
+
+
+_GEMM = re.compile(r"gemm|gemv|xmma|cutlass|cublas|nvjet|matmul|s16816|h16816|hmma", re.I)
+
+
+def gemm_dtype(kernel_name: str) -> str:
+  """The dtype a GEMM kernel's name shows ("tf32", "bf16", "f16", "fp8", "f32"), "?" for a GEMM
+  whose name shows none (e.g. a Triton GEMM named after its fusion), "" for a kernel that is no
+  GEMM. From cuBLAS/CUTLASS names such as `sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_...` (float32
+  operands on TF32 tensor cores) or `sm90_xmma_gemm_bf16bf16_bf16f32_f32_...`."""
+  if not _GEMM.search(kernel_name):
+    return ""
+  n = kernel_name.lower()
+  for dtype, pattern in (("fp8", r"e4m3|e5m2|fp8"), ("tf32", r"tf32"), ("bf16", r"bf16"),
+                         ("f16", r"(?<![a-z])f16|fp16|h16816|hgemm|hmma"),
+                         ("f32", r"f32|sgemm|fp32")):
+    if re.search(pattern, n):
+      return dtype
+  return "?"
+
+
+def kernel_table(kernels: Sequence[Kernel], steps: int, index: Optional[Dict[str, HloOp]] = None
+                 ) -> Tuple[List[Dict[str, Any]], Dict[str, float]]:
+  """Rows per kernel name, per step, sorted by ms: summed ms, launches, GEMM dtype (from the name),
+  share of the kernel time, and the HLO op / its JAX source (through `index`, `hlo_index` of the
+  compiled program) of its first launch; and the totals: kernel ms and launches per step, the
+  device's span per step (first start to last end) and its idle time within it."""
+  groups: Dict[str, Dict[str, Any]] = {}
+  for k in kernels:
+    g = groups.setdefault(k.name, {"us": 0.0, "n": 0, "hlo": collections.Counter()})
+    g["us"] += k.end - k.start
+    g["n"] += 1
+    if k.hlo_op:
+      g["hlo"][k.hlo_op] += 1
+  total_us = sum(g["us"] for g in groups.values())
+  rows = []
+  for name, g in groups.items():
+    hlo = g["hlo"].most_common(1)[0][0] if g["hlo"] else ""
+    source = index[hlo].source if index and hlo in index else ""
+    rows.append({"ms": g["us"] / 1e3 / steps, "launches": g["n"] / steps,
+                 "share": g["us"] / total_us if total_us else 0.0, "gemm": gemm_dtype(name),
+                 "kernel": name, "hlo_op": hlo, "op": source})
+  rows.sort(key=lambda r: -r["ms"])
+  busy = _busy_profile([Op(k.name, k.start, k.end, 0) for k in kernels])
+  span = (max(k.end for k in kernels) - kernels[0].start) if kernels else 0.0
+  gemm_ms = collections.Counter()
+  for r in rows:
+    if r["gemm"]:
+      gemm_ms[r["gemm"]] += r["ms"]
+  totals = {"kernel_ms": total_us / 1e3 / steps, "launches": len(kernels) / steps,
+            "span_ms": span / 1e3 / steps, "idle_ms": busy.get(0, 0.0) / 1e3 / steps,
+            "gemm_ms": dict(gemm_ms)}
+  return rows, totals
+
+
+def format_kernels(rows: Sequence[Dict[str, Any]], totals: Dict[str, Any], top: int = 30) -> str:
+  gemm = ", ".join(f"{d} {ms:.1f}" for d, ms in sorted(totals["gemm_ms"].items(), key=lambda kv: -kv[1]))
+  lines = [f"per step: kernels {totals['kernel_ms']:.1f} ms in {totals['launches']:.0f} launches; "
+           f"device span {totals['span_ms']:.1f} ms, idle {totals['idle_ms']:.1f} ms; GEMM ms by "
+           f"dtype: {gemm or 'none'}",
+           "",
+           f"{'ms':>8} {'launch':>6} {'share':>6} {'gemm':>5}  {'kernel':48} hlo_op  op"]
+  for r in rows[:top]:
+    lines.append(f"{r['ms']:8.2f} {r['launches']:6.0f} {r['share']:6.1%} {r['gemm'] or '-':>5}  "
+                 f"{r['kernel'][:48]:48} {r['hlo_op'] or '-'}  {r['op']}")
+  rest = rows[top:]
+  if rest:
+    lines.append(f"{sum(r['ms'] for r in rest):8.2f} {sum(r['launches'] for r in rest):6.0f} "
+                 f"{sum(r['share'] for r in rest):6.1%}        ({len(rest)} more kernels)")
+  return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# An HLO module read instruction by instruction (any target: a TPU compile's optimized HLO, or a
+# program as lowered, which every compiler receives).
+
+class Instr(NamedTuple):
+  """One HLO instruction: its computation, name, result dtype ("f32", "bf16", "tuple", ...) and
+  shape (e.g. "f32[81,8192]"), opcode, operand names, the rest of its line, its JAX op name."""
+  computation: str
+  name: str
+  dtype: str
+  shape: str
+  opcode: str
+  operands: Tuple[str, ...]
+  attrs: str
+  op_name: str
+
+
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*(?:\(.*\)\s*->\s*.*)?\{$")
+
+
+def _balanced(text: str) -> Tuple[str, str]:
+  """(the bracketed group that opens `text`, the rest)."""
+  depth = 0
+  for i, ch in enumerate(text):
+    depth += ch in "([{"
+    depth -= ch in ")]}"
+    if depth == 0:
+      return text[:i + 1], text[i + 1:]
+  return text, ""
+
+
+def parse_hlo(hlo_text: str) -> List[Instr]:
+  """Every instruction of an HLO module's text (`compiled.as_text()`, or `lowered.as_text("hlo",
+  debug_info=True)` for the op names), fused computations' included, in text order."""
+  out: List[Instr] = []
+  comp = ""
+  for line in hlo_text.splitlines():
+    s = line.strip()
+    if " = " not in s:
+      m = _COMPUTATION.match(s)
+      if m:
+        comp = m.group(1)
+      continue
+    lhs, rhs = s.split(" = ", 1)
+    if not comp or " " in lhs.replace("ROOT ", "").strip():
+      continue
+    name = lhs.replace("ROOT ", "").strip().lstrip("%")
+    if rhs.startswith("("):                                # a tuple-shaped result
+      shape, rest = _balanced(rhs)
+      dtype = "tuple"
+    else:
+      head, _, rest = rhs.partition(" ")
+      shape = re.sub(r"\{.*$", "", head)                   # without the layout
+      dtype = shape.split("[", 1)[0]
+    m = re.match(r"\s*([\w\-]+)\(", rest)
+    if not m:
+      continue
+    args, attrs = _balanced(rest[m.end() - 1:])
+    operands = tuple(a.strip().split(" ")[-1].lstrip("%")
+                     for a in args[1:-1].split(",") if a.strip())
+    src = re.search(r'op_name="([^"]*)"', attrs)
+    out.append(Instr(comp, name, dtype, shape, m.group(1), operands, attrs,
+                     src.group(1) if src else ""))
+  return out
+
+
+DOT_OPCODES = ("dot", "convolution")      # a TPU program runs its matmuls as `convolution`s
+_SAME_VALUE = ("bitcast", "copy", "reshape", "transpose", "broadcast")
+
+
+class _Module:
+  """Look-ups over `parse_hlo`'s instructions: by (computation, name), a fused computation's
+  caller, a computation's ROOT."""
+
+  def __init__(self, instrs: Sequence[Instr]):
+    self.instrs = list(instrs)
+    self.by_name = {(i.computation, i.name): i for i in instrs}
+    self.caller: Dict[str, Instr] = {}
+    self.root: Dict[str, Instr] = {}
+    for i in instrs:
+      self.root[i.computation] = i          # the last instruction of a computation is its ROOT
+      if i.opcode == "fusion":
+        called = re.search(r"calls=%?([\w.\-]+)", i.attrs)
+        if called:
+          self.caller[called.group(1)] = i
+
+  def origin(self, instr: Instr, depth: int = 0) -> Instr:
+    """The instruction whose value `instr` passes on in the same dtype: back through bitcasts,
+    copies, reshapes, transposes and broadcasts, into a fusion's ROOT, and out of a fused
+    computation's parameter to its caller's operand; a convert (or anything else) stops it."""
+    nxt = None
+    if instr.opcode in _SAME_VALUE and instr.operands:
+      nxt = self.by_name.get((instr.computation, instr.operands[0]))
+    elif instr.opcode == "fusion":
+      called = re.search(r"calls=%?([\w.\-]+)", instr.attrs)
+      nxt = self.root.get(called.group(1)) if called else None
+    elif instr.opcode == "parameter" and instr.computation in self.caller:
+      caller = self.caller[instr.computation]
+      k = int(instr.operands[0]) if instr.operands and instr.operands[0].isdigit() else -1
+      if 0 <= k < len(caller.operands):
+        nxt = self.by_name.get((caller.computation, caller.operands[k]))
+    return self.origin(nxt, depth + 1) if nxt is not None and depth < 64 else instr
+
+  def operand(self, instr: Instr, k: int) -> Optional[Instr]:
+    return self.by_name.get((instr.computation, instr.operands[k])) if k < len(instr.operands) else None
+
+
+class DotInfo(NamedTuple):
+  """A matmul (dot or convolution) of the program: result and operand dtypes, the dtype each
+  operand was converted FROM when a convert made it (else ""), its JAX op name."""
+  name: str
+  shape: str
+  dtype: str
+  operand_dtypes: Tuple[str, ...]
+  converted_from: Tuple[str, ...]
+  op_name: str
+
+  @property
+  def float32(self) -> bool:
+    """A float32 operand: the product runs in float32 (XLA converts a narrower other operand up;
+    a GPU runs it as an f32/TF32 GEMM)."""
+    return "f32" in self.operand_dtypes
+
+  @property
+  def from_bf16(self) -> bool:
+    """A float32 product with a bfloat16 operand, or one converted from bfloat16: a bf16 product
+    (autodiff's transpose of a bf16 matmul with a float32 cotangent) run in float32."""
+    return self.float32 and ("bf16" in self.operand_dtypes or "bf16" in self.converted_from)
+
+
+class HloSummary(NamedTuple):
+  """What `hlo_summary` finds in one HLO module."""
+  op_counts: Dict[str, int]            # opcode -> instructions, fused computations' included
+  kernels: int                         # instructions outside fused computations (launches, roughly)
+  dots: List[DotInfo]
+  scatters: List[Instr]
+
+  @property
+  def f32_dots_from_bf16(self) -> List[DotInfo]:
+    return [d for d in self.dots if d.from_bf16]
+
+
+_NOT_KERNELS = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")
+
+
+def hlo_summary(hlo_text: str) -> HloSummary:
+  """Op counts, matmuls with their operand dtypes and bf16 -> f32 converts, scatters, of an HLO
+  module's text."""
+  mod = _Module(parse_hlo(hlo_text))
+  counts: Dict[str, int] = collections.Counter(i.opcode for i in mod.instrs)
+  kernels = sum(1 for i in mod.instrs
+                if i.computation not in mod.caller and i.opcode not in _NOT_KERNELS)
+  dots = []
+  for i in mod.instrs:
+    if i.opcode not in DOT_OPCODES:
+      continue
+    ops = [mod.operand(i, k) for k in range(min(2, len(i.operands)))]
+    dtypes, sources = [], []
+    for op in ops:
+      if op is None:
+        dtypes.append("?")
+        sources.append("")
+        continue
+      dtypes.append(op.dtype)
+      src = mod.origin(op)
+      conv = mod.operand(src, 0) if src.opcode == "convert" else None
+      sources.append(mod.origin(conv).dtype if conv is not None else "")
+    dots.append(DotInfo(i.name, i.shape, i.dtype, tuple(dtypes), tuple(sources), i.op_name))
+  scatters = [i for i in mod.instrs if i.opcode == "scatter"]
+  return HloSummary(dict(counts), kernels, dots, scatters)
+
+
+def _tail(op_name: str, parts: int = 4) -> str:
+  return "/".join(op_name.split("/")[-parts:]) if op_name else "(no op name)"
+
+
+def format_hlo_summary(summary: HloSummary, *, title: str, cost: Optional[Dict[str, float]] = None,
+                       top: int = 12) -> str:
+  """A few lines: op counts, float32 matmuls (those fed by bf16 converts named), scatters, and the
+  compiler's cost figures when given (`compiled.cost_analysis()`: flops, bytes accessed)."""
+  f32 = [d for d in summary.dots if d.float32]
+  lines = [f"{title}: {sum(summary.op_counts.values()):,} instructions, {summary.kernels:,} outside "
+           f"fusions; matmuls {len(summary.dots)} ({len(f32)} float32, "
+           f"{len(summary.f32_dots_from_bf16)} of them bf16 products run in float32); scatters "
+           f"{len(summary.scatters)}"]
+  if cost:
+    lines.append("  compiler: " + ", ".join(
+        f"{k} {cost[k]:.4g}" for k in ("flops", "bytes accessed", "optimal_seconds") if k in cost))
+  common = sorted(summary.op_counts.items(), key=lambda kv: -kv[1])[:top]
+  lines.append("  op counts: " + ", ".join(f"{k} {v}" for k, v in common))
+  for d in summary.f32_dots_from_bf16:
+    lines.append(f"  bf16 product in float32: {d.shape} {d.name} <- {'/'.join(d.operand_dtypes)} "
+                 f"(converted from {'/'.join(s or '-' for s in d.converted_from)})  {_tail(d.op_name)}")
+  for s in summary.scatters:
+    lines.append(f"  scatter: {s.shape} {s.name}  {_tail(s.op_name)}")
+  return "\n".join(lines)
+
+
+
+def tpu_train_step(config: ml_collections.ConfigDict, target_name: str):
+  """(lowered, compiled) of the trainer's training step of a TRM `config` for a TPU slice, compiled
+  by libtpu on this machine as `--dry_run --target=...` does (experiments/common/dry_run.py)."""
+  target = tpu.parse_target(target_name)
+  layout = dry_run.tpu_layout(config, target)
   trainer.check_config(train.TRM(), config)
-  return bench.compile_config_step(config)
+  b = train.TRM().build(config, layout, abstract=True)
+  p = dry_run.programs(b, config, layout)["train_step"]
+  lowered = tpu.lower_pmap(p.fn, target, dry_run._per_device(p),  # pylint: disable=protected-access
+                           replicated_in=p.replicated_in, out_axes=p.out_axes,
+                           donate_argnums=p.donate_argnums)
+  return lowered, lowered.compile()
+
+
+def tpu_hlo_report(lowered, compiled, title: str, top: int = 12) -> str:
+  """`format_hlo_summary` of the program as lowered (what every compiler receives: its float32
+  products are what a GPU runs in f32/TF32) and as the TPU compiler optimized it (which runs a
+  float32 product at default precision in bf16 passes itself), with the compiler's costs."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  mem = compiled.memory_analysis()
+  lines = [format_hlo_summary(hlo_summary(lowered.as_text("hlo", debug_info=True)),
+                              title=f"{title}, as lowered", top=top),
+           format_hlo_summary(hlo_summary(compiled.as_text()), title=f"{title}, TPU-optimized",
+                              cost=cost, top=top)]
+  if mem is not None:
+    lines.append(f"  per device: temp {mem.temp_size_in_bytes / 1e9:.3f} GB, arguments "
+                 f"{mem.argument_size_in_bytes / 1e9:.3f} GB")
+  return "\n".join(lines)
+
+def _setup(args: argparse.Namespace) -> bench.StepSetup:
+  return bench.compile_config_step(_config(args))
 
 
 def _run(setup: bench.StepSetup, n: int) -> List[float]:
@@ -265,6 +647,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--cpu_tuning", default="true", choices=["true", "false"])
   ap.add_argument("--cpu_forms", default="all",
                   help=f"all, none or a comma list of {','.join(train.CPU_FORMS)} (config.cpu_forms)")
+  ap.add_argument("--tpu", default="",
+                  help="a TPU type (e.g. v5litepod-1): compile the step for it with libtpu and print "
+                       "the HLO summary instead of running it")
+  ap.add_argument("--trace", default="",
+                  help="read this jax.profiler trace (a *.trace.json.gz or its folder) of --steps "
+                       "steps instead of running the step")
   args = ap.parse_args(argv)
   args.cpu_tuning = args.cpu_tuning == "true"
   if args.model == "demo" and args.dtype != "float32":
@@ -272,33 +660,69 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
              "use --model=mlp or --model=att for bfloat16")
   if args.steps < 1:
     ap.error(f"--steps={args.steps}: trace at least one step")
+  if args.tpu and args.tpu not in tpu.valid_target_names():
+    ap.error(f"--tpu={args.tpu}: not a TPU type; use one of {', '.join(tpu.valid_target_names())}")
+  if args.trace and not os.path.exists(args.trace):
+    ap.error(f"--trace={args.trace}: no such file or folder; give a jax.profiler trace")
   return args
+
+
+def _config(args: argparse.Namespace) -> ml_collections.ConfigDict:
+  if args.model != "demo":
+    return bench.recipe_config(args.model, args.dtype, hidden=args.hidden or None,
+                               per_device_batch=args.batch or 64, cpu_tuning=args.cpu_tuning,
+                               cpu_forms=args.cpu_forms)
+  config = cpu_demo.get_config(f"batch={args.batch}" if args.batch else None)
+  config.cpu_tuning = args.cpu_tuning
+  config.cpu_forms = args.cpu_forms
+  trainer.check_config(train.TRM(), config)
+  return config
+
+
+def print_trace(path: str, steps: int, top: int, index: Optional[Dict[str, HloOp]] = None,
+                peak_gflop_s: float = 0.0) -> None:
+  """The device kernel table of a trace that has a device (GPU / TPU), else the host ops table."""
+  kernels = parse_device_trace(path)
+  if kernels:
+    print(format_kernels(*kernel_table(kernels, steps, index), top=top))
+  else:
+    rows, totals = profile_table(parse_trace(path), index or {}, steps)
+    print(format_profile(rows, totals, peak_gflop_s, top))
 
 
 def main(argv: Sequence[str]) -> int:
   distributed.choose_platforms()     # off a TPU VM: the CPU, no libtpu probe (and its warnings)
   args = parse_args(argv)
-  if args.cpu_tuning:
+  if args.trace:
+    print_trace(args.trace, args.steps, args.top)
+    return 0
+  if args.tpu:
+    config = _config(args)
+    t0 = time.perf_counter()
+    lowered, compiled = tpu_train_step(config, args.tpu)
+    print(f"model {args.model}, {config.model.forward_dtype}, global batch "
+          f"{config.global_batch_size}, compiled for {args.tpu} in {time.perf_counter() - t0:.1f} s")
+    print(tpu_hlo_report(lowered, compiled, f"training step ({args.tpu})", top=args.top))
+    return 0
+  if args.cpu_tuning and jax.default_backend() == "cpu":
     host_malloc.keep_heap()   # as the trainer does on a CPU target; before the backend's threads
   setup = _setup(args)
   print(f"model {args.model}, {setup.cfg.forward_dtype}, global batch {setup.global_batch}, "
-        f"cpu_tuning {args.cpu_tuning} ({setup.forms_text()}); compiled in {setup.compile_s:.1f} s",
-        flush=True)
+        f"cpu_tuning {args.cpu_tuning} ({setup.forms_text()}); compiled in {setup.compile_s:.1f} s "
+        f"for {jax.devices()[0].device_kind}", flush=True)
   index = hlo_index(setup.compiled.as_text())
   warm = _run(setup, args.warmup)
   with tempfile.TemporaryDirectory(prefix="podlab_profile_") as tmp:
     options = jax.profiler.ProfileOptions()
     options.python_tracer_level = 0         # Python frames are not wanted and slow the step
-    jax.profiler.start_trace(tmp, create_perfetto_trace=True, profiler_options=options)
+    jax.profiler.start_trace(tmp, profiler_options=options)
     timed = _run(setup, args.steps)
     jax.profiler.stop_trace()
-    ops = parse_trace(tmp)
-  peak = bench.matmul_peak_flops(setup.cfg.forward_dtype) / 1e9
-  rows, totals = profile_table(ops, index, args.steps)
-  print(f"step wall time: warm-up {', '.join(f'{t * 1e3:.0f}' for t in warm)} ms; traced median "
-        f"{statistics.median(timed) * 1e3:.0f} ms (tracing slows every operation: read the table for "
-        f"proportions and the untraced warm-up steps for speed)")
-  print(format_profile(rows, totals, peak, args.top))
+    print(f"step wall time: warm-up {', '.join(f'{t * 1e3:.0f}' for t in warm)} ms; traced median "
+          f"{statistics.median(timed) * 1e3:.0f} ms (tracing slows every operation: read the table "
+          f"for proportions and the untraced warm-up steps for speed)")
+    peak = bench.matmul_peak_flops(setup.cfg.forward_dtype) / 1e9
+    print_trace(tmp, args.steps, args.top, index, peak)
   return 0
 
 
