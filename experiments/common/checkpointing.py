@@ -108,10 +108,14 @@ def _is_pmap_stacked(x: jax.Array) -> bool:
   return rows == x.shape[0] and all(s is None for s in spec[1:])
 
 
-def _replicated_to_numpy(name: str, x: Any) -> np.ndarray:
-  """One host copy of a replicated leaf (pmap-stacked arrays lose their device axis)."""
+def _replicated_to_numpy(name: str, x: Any) -> Any:
+  """One host copy of a replicated leaf (pmap-stacked arrays lose their device axis); under the
+  "fsdp" state layout (experiments/common/parallel.py) a leaf split over the devices stays the
+  global array it is (every process writes its blocks)."""
   if not isinstance(x, jax.Array):
     return np.asarray(x)
+  if parallel.sharding() == "fsdp" and not x.sharding.is_fully_replicated:
+    return x
   # `x[0]` would run a computation (and fail on non-addressable arrays): read a local shard.
   data = np.array(x.addressable_shards[0].data, copy=True)
   if _is_pmap_stacked(x):
@@ -125,9 +129,10 @@ def _replicated_to_numpy(name: str, x: Any) -> np.ndarray:
 
 
 def _replicated_spec(name: str, x: Any) -> jax.ShapeDtypeStruct:
-  """Shape/dtype a replicated template leaf restores to (the value `_replicated_to_numpy` gives)."""
+  """Shape/dtype a replicated template leaf restores to (the value `_replicated_to_numpy` gives);
+  a ShapeDtypeStruct with a `sharding` keeps it (restored as a jax.Array split that way)."""
   if isinstance(x, jax.ShapeDtypeStruct):
-    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
   if isinstance(x, jax.Array):
     shape = x.shape[1:] if _is_pmap_stacked(x) else x.shape
     return jax.ShapeDtypeStruct(shape, x.dtype)
@@ -341,7 +346,9 @@ class CheckpointManager:
     Args:
       step: the step to restore; default the newest complete checkpoint.
       replicated_like: template pytree (arrays, scalars or jax.ShapeDtypeStruct) fixing the
-        structure and dtypes; pmap-stacked jax arrays count without their device axis.
+        structure and dtypes; pmap-stacked jax arrays count without their device axis. A
+        ShapeDtypeStruct with a `sharding` restores as a jax.Array with that sharding (each
+        process reads its blocks: the "fsdp" state), whichever layout saved it.
       per_device_like: template with leaves `[local_device_count, ...]`.
       restore_per_device: False skips the per-device state (returned as None), e.g. to resume on
         a different number of devices and re-initialise it.
@@ -349,7 +356,7 @@ class CheckpointManager:
         without the metric window): only that subset is read.
 
     Returns:
-      `replicated` as host numpy arrays; `per_device` as this process' `[local_device_count, ...]`
+      `replicated` as host numpy arrays (or jax.Arrays where the template has a sharding); `per_device` as this process' `[local_device_count, ...]`
       host numpy rows.
     """
     self._manager.wait_until_finished()
@@ -387,7 +394,10 @@ class CheckpointManager:
       args[_REPLICATED] = ocp.args.PyTreeRestore(
           rep_specs,
           restore_args=jax.tree.map(
-              lambda s: ocp.RestoreArgs(restore_type=np.ndarray, dtype=s.dtype), rep_specs),
+              lambda s: (ocp.RestoreArgs(restore_type=np.ndarray, dtype=s.dtype)
+                         if s.sharding is None else
+                         ocp.ArrayRestoreArgs(sharding=s.sharding, global_shape=s.shape,
+                                              dtype=s.dtype)), rep_specs),
           partial_restore=partial)
     local = jax.local_device_count()
     pd_specs = None
@@ -512,7 +522,8 @@ class CheckpointManager:
   @staticmethod
   def _check_shapes(path: str, item: str, restored: PyTree, specs: PyTree) -> None:
     def check(p, value, spec):
-      got, want = (np.shape(value), np.asarray(value).dtype), (tuple(spec.shape), spec.dtype)
+      dtype = np.dtype(value.dtype) if hasattr(value, "dtype") else np.asarray(value).dtype
+      got, want = (tuple(np.shape(value)), dtype), (tuple(spec.shape), spec.dtype)
       if got != want:
         raise CheckpointMismatch(
             f"checkpoint {path}: {_keystr(item, p)} has shape/dtype {got} but this run's is "

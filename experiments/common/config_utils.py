@@ -32,6 +32,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import ml_collections
 
 from experiments.common import errors
+from experiments.common import parallel
 
 ConfigError = errors.ConfigError     # the errors' home is experiments/common/errors.py
 WorkdirError = errors.WorkdirError
@@ -213,6 +214,10 @@ def run_config(**overrides: Any) -> ml_collections.ConfigDict:
   # CPU-only speed-ups (the glibc heap setting, the experiments' CPU matmul forms): on when the
   # program is compiled for a CPU; never part of a TPU program whatever this says.
   c.cpu_tuning = True
+  # Where the state lives (experiments/common/parallel.py): "replicated" (every device holds all
+  # of it: data parallelism) or "fsdp" (parameters, gradients and optimizer state split over the
+  # devices of all hosts; docs/architecture.md). The numbers are the same to float32 rounding.
+  c.sharding = "replicated"
   for key, value in overrides.items():
     c[key] = value
   return c
@@ -227,6 +232,10 @@ def validate_run_config(config: Any) -> None:
     raise ConfigError("nonfinite", config.nonfinite, f"must be one of {NONFINITE_POLICIES}",
                       "use 'stop' (end the run at the first NaN/Inf step, keeping the last "
                       "checkpoint)")
+  if config.sharding not in parallel.SHARDINGS:
+    raise ConfigError("sharding", config.sharding, f"must be one of {parallel.SHARDINGS}",
+                      "use 'replicated' (data parallelism) or 'fsdp' (state split over the devices, "
+                      "for models whose state does not fit one device)")
   if int(config.profile_steps) < 0:
     raise ConfigError("profile_steps", config.profile_steps, "must be >= 0", "use 0 (off) or 5")
 

@@ -249,11 +249,13 @@ def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -
 
 def run(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict, *,
         target: Optional[str] = None, search_batch: bool = False, name: str = "config") -> str:
-  """Compiles the config's programs for the target; returns the report (see the module doc)."""
+  """Compiles the config's programs for the target in the config's state layout
+  (`config.sharding`); returns the report (see the module doc)."""
   target = resolve_target(config, target)
-  if target == "cpu":
-    if search_batch:
-      raise errors.ConfigError("target", target, "--search_batch needs a TPU target",
-                               "pass --target=v4-8 (or the pod's accelerator type)")
-    return _cpu_report(experiment, config, name)
-  return _tpu_report(experiment, config, target, search_batch, name)
+  with parallel.use_sharding(config.sharding):
+    if target == "cpu":
+      if search_batch:
+        raise errors.ConfigError("target", target, "--search_batch needs a TPU target",
+                                 "pass --target=v4-8 (or the pod's accelerator type)")
+      return _cpu_report(experiment, config, name)
+    return _tpu_report(experiment, config, target, search_batch, name)

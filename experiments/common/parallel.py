@@ -33,15 +33,35 @@ Synopsis:
 `mesh_2d(data, model)` and `shard_map_step(fn, mesh, in_specs, out_specs)` are the model-parallel
 counterparts of `local_mesh` and `pmap_step`: the same per-device-program style, with
 `PartitionSpec`s saying which mesh axes split each argument (`MODEL_AXIS` for weights).
+
+State sharding (`SHARDINGS`): `pmap_step` runs the same per-device program in one of two layouts of
+the state that its `replicated_in` arguments carry, chosen per run (`use_sharding`, set by the
+trainer from `config.sharding`), never by experiment code:
+- "replicated": every device holds the whole state (pmap: data parallelism, the default);
+- "fsdp": every state leaf larger than `FSDP_MIN_ELEMENTS` is split over the devices of all hosts
+  along its largest axis that the device count divides (`fsdp_shardings`), between and during
+  steps: parameters, optimizer moments, EMA. The step is `jit(vmap(fn, axis_name=AXIS))` with the
+  state's `NamedSharding`s as in/out shardings and the per-device arguments split over `AXIS`:
+  the named-axis collectives of `fn` (pmean/psum/pmin) reduce over the vmapped device axis, and
+  XLA's SPMD partitioner gathers each weight where a layer uses it and reduces each gradient onto
+  its owner's shard (all-gathers forward and backward, reduce-scatters or all-reduces of the
+  gradients). Per-device arguments and outputs keep pmap's host-local `[local devices, ...]` form.
+
+  with parallel.use_sharding("fsdp"):
+    p_step = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0))
+    w = parallel.put_state(jnp.ones(4 * jax.device_count()))   # split over every device
+    w, s = p_step(w, x)                                         # the same numbers as above
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import inspect
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -52,6 +72,35 @@ AXIS = "data"
 MODEL_AXIS = "model"
 """The mesh axis that model-parallel weights are split over (`mesh_2d`); collectives of a sharded
 layer (`lax.psum` of row-split matmuls) run over it."""
+
+
+SHARDINGS = ("replicated", "fsdp")
+"""The layouts of a step's state (`use_sharding`; `config.sharding` in experiments/common/config_utils.py)."""
+
+FSDP_MIN_ELEMENTS = 2 ** 14
+"""State leaves with fewer elements stay whole on every device under "fsdp" (norm scales, biases,
+scalars): splitting them saves little memory and costs a gather each."""
+
+_sharding = "replicated"
+
+
+def sharding() -> str:
+  """The state layout `pmap_step` and `put_state` use now ("replicated" or "fsdp")."""
+  return _sharding
+
+
+@contextlib.contextmanager
+def use_sharding(name: str) -> Iterator[None]:
+  """Within the block, `pmap_step` and `put_state` use the state layout `name` (one of SHARDINGS).
+  The trainer wraps a run in it (config.sharding); experiments never choose the layout."""
+  global _sharding
+  if name not in SHARDINGS:
+    raise ValueError(f"sharding={name!r}: must be one of {SHARDINGS}")
+  previous, _sharding = _sharding, name
+  try:
+    yield
+  finally:
+    _sharding = previous
 
 
 def global_mesh() -> Mesh:
@@ -72,16 +121,88 @@ def replicate(tree: Any) -> Any:
   return jax.device_put(tree, NamedSharding(local_mesh(), PartitionSpec()))
 
 
+def fsdp_spec(shape: Sequence[int], devices: int) -> PartitionSpec:
+  """Where "fsdp" splits a leaf of `shape` over `devices`: its largest axis that `devices` divides
+  (the first of equal ones), or nowhere (P()) for a leaf under `FSDP_MIN_ELEMENTS` elements or
+  with no such axis."""
+  if int(np.prod(shape, dtype=np.int64)) < FSDP_MIN_ELEMENTS:
+    return PartitionSpec()
+  axes = [i for i, n in enumerate(shape) if n % devices == 0]
+  if not axes:
+    return PartitionSpec()
+  axis = max(axes, key=lambda i: (shape[i], -i))
+  return PartitionSpec(*[AXIS if i == axis else None for i in range(len(shape))])
+
+
+def fsdp_shardings(tree: Any, mesh: Optional[Mesh] = None) -> Any:
+  """`NamedSharding` of every leaf of `tree` (arrays or ShapeDtypeStructs) under "fsdp" on `mesh`
+  (default `global_mesh()`)."""
+  mesh = global_mesh() if mesh is None else mesh
+  size = mesh.shape[AXIS]
+  return jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(np.shape(x), size)), tree)
+
+
+def state_shardings(tree: Any, mesh: Optional[Mesh] = None) -> Any:
+  """The shardings `put_state` gives `tree` in the current layout (None leaves: replicated state
+  is placed by `replicate`)."""
+  if _sharding == "fsdp":
+    return fsdp_shardings(tree, mesh)
+  return jax.tree.map(lambda _: None, tree)
+
+
+_tracing_mesh: Optional[Mesh] = None      # the mesh of the "fsdp" step being traced, else None
+
+
+@contextlib.contextmanager
+def _tracing(mesh: Mesh) -> Iterator[None]:
+  global _tracing_mesh
+  previous, _tracing_mesh = _tracing_mesh, mesh
+  try:
+    yield
+  finally:
+    _tracing_mesh = previous
+
+
+def constrain_state(tree: Any) -> Any:
+  """Inside a step traced for "fsdp": `tree` (values shaped like state leaves, e.g. gradients that
+  were just reduced over the devices) laid out as the state is, split by `fsdp_shardings`, so XLA
+  keeps only each device's block (a reduce-scatter instead of an all-reduce). Anywhere else (the
+  "replicated" layout, shape-only tracing) `tree` unchanged."""
+  if _tracing_mesh is None:
+    return tree
+  return jax.lax.with_sharding_constraint(tree, fsdp_shardings(tree, _tracing_mesh))
+
+
+def put_state(tree: Any) -> Any:
+  """The state onto the devices in the current layout: `replicate` for "replicated"; for "fsdp"
+  each leaf split by `fsdp_shardings` over the devices of all hosts (every host passes the whole
+  value; each device keeps its block)."""
+  if _sharding != "fsdp":
+    return replicate(tree)
+
+  def put(x, s):
+    if isinstance(x, jax.Array) and x.sharding == s:
+      return x                       # already split so (a restored checkpoint)
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return jax.device_put(x, s)    # another global layout: XLA moves the blocks
+    value = np.asarray(x)
+    return jax.make_array_from_callback(value.shape, s, lambda index: value[index])
+  return jax.tree.map(put, tree, fsdp_shardings(tree))
+
+
 def shard(tree: Any) -> Any:
   """Puts host arrays with leading axis `local_device_count` onto the local devices, one slice each."""
   return jax.device_put(tree, NamedSharding(local_mesh(), PartitionSpec(AXIS)))
 
 
 def unreplicate(tree: Any) -> Any:
-  """Host numpy copy of a replicated value: reads one device's copy (not `x[0]`, which gathers)."""
+  """Host numpy copy of a replicated value: reads one device's copy (not `x[0]`, which gathers). A
+  leaf split by "fsdp" is gathered (across processes too)."""
   def one(x):
     if isinstance(x, jax.Array) and len(x.addressable_shards) > 1 and x.sharding.is_fully_replicated:
       return np.asarray(x.addressable_shards[0].data)
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
   return jax.tree.map(one, tree)
 
@@ -147,11 +268,81 @@ class _CompiledOnCall:
     return compiled(*args)
 
 
+class _FsdpStep:
+  """`pmap_step` under "fsdp": `jit(vmap(fn, axis_name=AXIS))` over a 1-D mesh of `devices` (default
+  every device of every process), compiled once per argument signature. Arguments and results keep
+  pmap's conventions: state (`replicated_in`, out_axes None) as whole-shaped arrays, split by
+  `fsdp_shardings`; per-device values as this host's `[local devices, ...]` rows (or, when lowering
+  for a TPU topology's `devices`, `[len(devices), ...]`)."""
+
+  def __init__(self, fn: Callable[..., Any], in_axes: tuple, out_axes: Any,
+               donate_argnums: Sequence[int], devices: Optional[Sequence[Any]],
+               compiler_options: dict):
+    self._vmapped = jax.vmap(fn, in_axes=in_axes, out_axes=out_axes, axis_name=AXIS)
+    self._in_axes, self._out_axes = in_axes, out_axes
+    self._donate = tuple(donate_argnums)
+    self._mesh = (global_mesh() if devices is None
+                  else Mesh(np.array(list(devices)), (AXIS,)))
+    self.compiler_options = dict(compiler_options)
+    self._compiled = {}
+
+  def _jitted(self, args: Sequence[Any]) -> Callable[..., Any]:
+    """The jitted program for global-shaped `args` (arrays or ShapeDtypeStructs)."""
+    split = NamedSharding(self._mesh, PartitionSpec(AXIS))
+    in_shardings = tuple(
+        fsdp_shardings(a, self._mesh) if axis is None else jax.tree.map(lambda _: split, a)
+        for a, axis in zip(args, self._in_axes))
+    with _tracing(self._mesh):
+      out = jax.eval_shape(self._vmapped, *args)
+    out_shardings = jax.tree_util.tree_map(
+        lambda axis, sub: (fsdp_shardings(sub, self._mesh) if axis is None
+                           else jax.tree.map(lambda _: split, sub)),
+        self._out_axes, out, is_leaf=lambda x: x is None)
+    jitted = jax.jit(self._vmapped, in_shardings=in_shardings, out_shardings=out_shardings,
+                     donate_argnums=self._donate)
+    mesh = self._mesh
+
+    class _Traced:                     # lowers (traces) with `constrain_state` pointing at the mesh
+      @staticmethod
+      def lower(*a):
+        with _tracing(mesh):
+          return jitted.lower(*a)
+    return _Traced
+
+  def _global(self, args: Sequence[Any]) -> tuple:
+    """Per-device arguments from this host's rows to global arrays over the mesh (no copy)."""
+    return tuple(a if axis is None else multihost_utils.host_local_array_to_global_array(
+        a, self._mesh, PartitionSpec(AXIS)) for a, axis in zip(args, self._in_axes))
+
+  def lower(self, *args) -> Any:
+    """Lowers for global-shaped `args` (per-device leaves `[len(devices), ...]`), e.g. a TPU
+    topology's abstract devices (experiments/common/tpu.py)."""
+    return self._jitted(args).lower(*args)
+
+  def __call__(self, *args):
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
+      return self._vmapped(*args)            # traced (jax.eval_shape, an outer jit): shapes only
+    gargs = self._global(args)
+    key = _signature(gargs)
+    compiled = self._compiled.get(key)
+    if compiled is None:
+      compiled = self._jitted(gargs).lower(*gargs).compile(
+          compiler_options=self.compiler_options or None)
+      self._compiled[key] = compiled
+    out = compiled(*gargs)
+    return jax.tree_util.tree_map(
+        lambda axis, sub: sub if axis is None else multihost_utils.global_array_to_host_local_array(
+            sub, self._mesh, PartitionSpec(AXIS)),
+        self._out_axes, out, is_leaf=lambda x: x is None)
+
+
 def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_axes: Any = 0,
               donate_argnums: Sequence[int] = (),
               devices: Optional[Sequence[Any]] = None,
               compiler_options: Optional[dict] = None) -> Callable[..., Any]:
-  """`jax.pmap(fn)` over local devices (or `devices`) with axis name `AXIS`.
+  """The per-device step `fn` over the devices, in the current state layout (`use_sharding`):
+  `jax.pmap(fn)` with axis name `AXIS` ("replicated"), or `_FsdpStep` ("fsdp"); `fn` and the
+  calling convention are the same in both.
 
   Args:
     fn: the per-device step (positional arguments only).
@@ -160,15 +351,19 @@ def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_
     out_axes: as in `jax.pmap`: None for outputs that are the same on every device (they stay
       replicated, with no device axis), 0 for per-device outputs; a tuple for a tuple of outputs.
     donate_argnums: arguments whose buffers may be reused for outputs (state updated in place).
-    devices: the devices to map over, in order (default: this process's devices, as `jax.pmap`);
-      `experiments.common.tpu` passes a TPU topology's devices to compile for a whole slice.
+    devices: the devices to map over, in order (default: this process's devices, as `jax.pmap`;
+      under "fsdp" every process's); `experiments.common.tpu` passes a TPU topology's devices to
+      compile for a whole slice.
     compiler_options: XLA options for this step's compiles (e.g. `CPU_DOTS_ONLY`; callers pass
       them only for a CPU target). The step is then compiled ahead of time on its first call per
-      argument signature. Single-process only: with several processes the options are not applied
-      (JAX's ahead-of-time pmap has no host-local to global conversion) and the step is plain.
+      argument signature. Single-process only under "replicated": with several processes the
+      options are not applied (JAX's ahead-of-time pmap has no host-local to global conversion)
+      and the step is plain.
   """
   num_args = len(inspect.signature(fn).parameters)
   in_axes = tuple(None if i in replicated_in else 0 for i in range(num_args))
+  if _sharding == "fsdp":
+    return _FsdpStep(fn, in_axes, out_axes, donate_argnums, devices, dict(compiler_options or {}))
   pmapped = jax.pmap(fn, axis_name=AXIS, in_axes=in_axes, out_axes=out_axes,
                      donate_argnums=tuple(donate_argnums), devices=devices)
   if compiler_options and jax.process_count() == 1:

@@ -152,26 +152,37 @@ def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransforma
   loss_fn(params, micro_batch, key) -> (loss, sums): the micro-batch's mean loss and a pytree of
   per-device sums ({} for none). `micro_batches`: a pytree whose leaves are [A, ...] (A = accum);
   micro-batch i gets fold_in(key, i). Gradients and loss are averaged over the micro-batches (each
-  added as g / A, in order) and then over every device (pmean); sums are added, then psum'd.
-  With A == 1 no loop is built.
+  added as g / A, in order) and then over every device (pmean; under "fsdp" each micro-batch's
+  before it is added, the same to float32 rounding); sums are added, then psum'd. With A == 1 no
+  loop is built.
   """
+  # Under "fsdp" each micro-batch's gradient is averaged over the devices at once and kept split
+  # like the parameters (parallel.constrain_state: a reduce-scatter), so the accumulator holds a
+  # device's block, not a whole gradient; "replicated" averages once, after the loop.
+  reduce_each = parallel.sharding() == "fsdp"
+
   def micro(carry, inputs):
     grads, loss, sums = carry
     batch, i = inputs
     (l, s), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, jax.random.fold_in(key, i))
+    if reduce_each:
+      g = parallel.constrain_state(jax.lax.pmean(g, parallel.AXIS))
+      l = jax.lax.pmean(l, parallel.AXIS)
     return (jax.tree.map(lambda a, b: a + b / accum, grads, g), loss + l / accum,
             jax.tree.map(jnp.add, sums, s)), None
 
   first = jax.tree.map(lambda x: x[0], micro_batches)
   sums_shape = jax.eval_shape(lambda: loss_fn(params, first, key)[1])
-  zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
+  zeros = (parallel.constrain_state(jax.tree.map(jnp.zeros_like, params)),
+           jnp.zeros((), jnp.float32),
            jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), sums_shape))
   if accum == 1:
     (grads, loss, sums), _ = micro(zeros, (first, 0))
   else:
     (grads, loss, sums), _ = jax.lax.scan(micro, zeros, (micro_batches, jnp.arange(accum)))
-  grads = jax.lax.pmean(grads, parallel.AXIS)
-  loss = jax.lax.pmean(loss, parallel.AXIS)
+  if not reduce_each:
+    grads = jax.lax.pmean(grads, parallel.AXIS)
+    loss = jax.lax.pmean(loss, parallel.AXIS)
   sums = jax.lax.psum(sums, parallel.AXIS)
   grad_norm = optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, opt_state, params)
@@ -204,9 +215,18 @@ def _checkpoint_items(state: Any, acc: metrics_lib.SumAccumulator, keys: Sequenc
 # --------------------------------------------------------------------------------------------------
 # The start: resume, init_from, or random init.
 
+def _state_template(state: Any) -> Any:
+  """The state's restore template: under "fsdp" ShapeDtypeStructs with the split shardings, so each
+  process reads only its blocks (whichever layout saved the checkpoint); else the state itself."""
+  if parallel.sharding() != "fsdp":
+    return state
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s),
+                      state, parallel.fsdp_shardings(state))
+
+
 def _restore_own(ckpt: checkpointing.CheckpointManager, b: Build, keys: Sequence[str],
                  fallback: bool):
-  template = {STATE: b.state, WINDOW: metrics_lib.SumAccumulator().state(keys)}
+  template = {STATE: _state_template(b.state), WINDOW: metrics_lib.SumAccumulator().state(keys)}
   return ckpt.restore_latest(replicated_like=template,
                              per_device_like=b.device_state if b.device_state is not None else {},
                              fallback=fallback)
@@ -306,10 +326,11 @@ def _host_first(x: Any) -> float:
 
 RESUME_FREE_FIELDS = ("dataset.data_dir", "dataset.manual_dir", "dataset.prepare_if_missing",
                       "log_every_steps", "profile_steps", "async_checkpoints", "keep_checkpoints",
-                      "restore_fallback", "peak_flops", "target", "final_eval", "init_from")
+                      "restore_fallback", "peak_flops", "target", "final_eval", "init_from",
+                      "sharding")
 """Config fields a resume may change without --config.allow_config_change: where the data lives,
-what is logged or kept, how checkpoints are written, and init_from (a resume starts from the
-workdir's own checkpoint). Everything else (learning rate, steps, model, batch...) changes the run."""
+what is logged or kept, how checkpoints are written, init_from (a resume starts from the
+workdir's own checkpoint) and the state layout (the same numbers to float32 rounding). Everything else (learning rate, steps, model, batch...) changes the run."""
 
 
 def _agree(ok: bool, error: Optional[BaseException], what: str) -> None:
@@ -373,7 +394,8 @@ def train_and_evaluate(experiment: Experiment, config: ml_collections.ConfigDict
   wd = workdir_lib.Workdir(workdir)
   with _cleanup_on_bad_input(workdir, existed):
     workdir_lib.check_writable(workdir)
-    with _owned_workdir(wd, config) as lock, preemption.PreemptionGuard() as guard:
+    with (_owned_workdir(wd, config) as lock, preemption.PreemptionGuard() as guard,
+          parallel.use_sharding(config.sharding)):
       return _Run(experiment, config, layout, wd, guard, lock=lock).train()
 
 
@@ -386,7 +408,7 @@ def evaluate(experiment: Experiment, config: ml_collections.ConfigDict,
   existed = workdir_lib.exists(workdir)
   with _cleanup_on_bad_input(workdir, existed):
     workdir_lib.check_writable(workdir)
-    with preemption.PreemptionGuard() as guard:
+    with preemption.PreemptionGuard() as guard, parallel.use_sharding(config.sharding):
       return _Run(experiment, config, layout, workdir_lib.Workdir(workdir), guard).evaluate()
 
 
@@ -405,7 +427,7 @@ def restore_state(experiment: Experiment, config: ml_collections.ConfigDict, wor
   manager = checkpointing.CheckpointManager(directory, save_interval_steps=1)
   try:
     step, saved, device_state = manager.restore(
-        step, replicated_like={STATE: b.state}, partial=True,
+        step, replicated_like={STATE: _state_template(b.state)}, partial=True,
         per_device_like=b.device_state if with_device else {})
   finally:
     manager.close()
@@ -525,7 +547,7 @@ class _Run:
     evals = _Evaluations(b, self.wd, writer, self.progress, self.history)
     if b.on_start is not None:
       b.on_start(self.wd, start_step)
-    state = parallel.replicate(state)
+    state = parallel.put_state(state)
     device_state = parallel.shard(device_state) if device_state is not None else None
     batches = b.batches(start_step)
     peak = mfu.peak_flops_per_device(config.peak_flops) * layout.devices if b.flops_per_step else 0
@@ -553,7 +575,9 @@ class _Run:
       for ev in b.evaluators:
         if ev.at_start:
           evals.run(ev, state, device_state, 0, final=False)
-    console.say(f"Training from step {start_step} to {total} ({layout.describe()})")
+    split = (f"; state split over {layout.devices} devices (fsdp)"
+             if parallel.sharding() == "fsdp" else "")
+    console.say(f"Training from step {start_step} to {total} ({layout.describe()}{split})")
     pending = None              # (step, metric sums): checked one step late (no host sync)
     window_t, window_paused = time.perf_counter(), 0.0
     step_ms = []
@@ -638,7 +662,7 @@ class _Run:
     self.progress = console.Progress(total_steps=start_step, start_step=start_step,
                                      enabled=jax.process_index() == 0)
     evals = _Evaluations(b, self.wd, writer, self.progress, {})
-    state = parallel.replicate(state)
+    state = parallel.put_state(state)
     device_state = parallel.shard(device_state) if device_state is not None else None
     final = {ev.name: {k: float(v) for k, v in
                        evals.run(ev, state, device_state, start_step, final=True).items()}

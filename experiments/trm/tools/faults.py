@@ -3,6 +3,7 @@ r"""Fault injection: kill TRM training at random moments, restart it, compare wi
 `make faults` (R trials, default 4; `make faults FAULT_ARGS='--trials=20'`):
 
   python -m experiments.trm.tools.faults --trials=20 [--processes=2 --devices=2] [--seed=0]
+      [--sharding=fsdp]          # the state split over the devices (experiments/common/parallel.py)
 
 One uninterrupted reference run first; then every trial trains the same config in a fresh workdir as
 the same command a user types (`python -m experiments.trm.main ...`; with --processes > 1 through
@@ -179,9 +180,10 @@ def same_arrays(a, b) -> bool:
 
 
 def trial(index: int, kind: str, rng: random.Random, root: str, data_dir: str, processes: int,
-          devices: int, reference: Dict, reference_scalars: Dict) -> Dict:
+          devices: int, reference: Dict, reference_scalars: Dict,
+          extra: Sequence[str] = ()) -> Dict:
   workdir = os.path.join(root, f"trial{index:03d}")
-  cmd = command(workdir, data_dir, processes, devices, os.path.join(workdir, "logs"))
+  cmd = command(workdir, data_dir, processes, devices, os.path.join(workdir, "logs"), extra)
   env = environment(processes, devices)
   os.makedirs(workdir, exist_ok=True)
   row = {"trial": index, "kind": kind, "error": ""}
@@ -250,6 +252,8 @@ _DEVICES = flags.DEFINE_integer("devices", 2, "Fake CPU devices per process.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the random kill steps.")
 _ROOT = flags.DEFINE_string("root", "workdirs/faults", "Where the runs go (deleted first).")
 _KINDS = flags.DEFINE_list("kinds", list(KINDS), "Fault kinds to cycle through.")
+_SHARDING = flags.DEFINE_enum("sharding", "replicated", ["replicated", "fsdp"],
+                              "The runs' state layout (config.sharding).")
 
 
 def main(argv):
@@ -264,11 +268,13 @@ def main(argv):
     if kind not in KINDS:
       raise app.UsageError(f"--kinds: unknown kind {kind!r}; choose from {KINDS}")
   p, d = _PROCESSES.value, _DEVICES.value
+  extra = [f"--config.sharding={_SHARDING.value}"]
   print(f"faults: {_TRIALS.value} trials, {p} process(es) x {d} device(s), {TOTAL_STEPS} steps, "
-        f"checkpoint every {CHECKPOINT_EVERY}; runs in {root}", flush=True)
+        f"checkpoint every {CHECKPOINT_EVERY}, state {_SHARDING.value}; runs in {root}", flush=True)
   start = time.monotonic()
   ref_dir = os.path.join(root, "reference")
-  ref = run(command(ref_dir, data_dir, p, d, os.path.join(ref_dir, "logs")), environment(p, d),
+  ref = run(command(ref_dir, data_dir, p, d, os.path.join(ref_dir, "logs"), extra),
+            environment(p, d),
             log_path=os.path.join(root, "reference.log"))
   if ref.returncode != 0:
     sys.exit(f"faults: the reference run failed (exit {ref.returncode}); see {root}/reference.log")
@@ -278,7 +284,7 @@ def main(argv):
   rows = []
   for i in range(_TRIALS.value):
     kind = _KINDS.value[i % len(_KINDS.value)]
-    row = trial(i, kind, rng, root, data_dir, p, d, reference, reference_scalars)
+    row = trial(i, kind, rng, root, data_dir, p, d, reference, reference_scalars, extra)
     rows.append(row)
     print(f"faults: trial {i} {kind}: reached {row['reached']}, resumed from "
           f"{row['resumed_from']}, identical {row['identical_params']}/{row['identical_metrics']}"

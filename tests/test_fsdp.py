@@ -1,0 +1,260 @@
+"""The "fsdp" state layout (experiments/common/parallel.py) against "replicated" (pmap).
+
+One per-device step, two layouts: the same numbers to float32 rounding, the state split over the
+devices between steps, checkpoints that restore into either layout. On the suite's 4 fake CPU
+devices (conftest.py); a subprocess with 2 devices restores a 4-device checkpoint.
+
+  .venv/bin/python -m pytest tests/test_fsdp.py -q
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from experiments.common import checkpointing
+from experiments.common import config_utils
+from experiments.common import errors
+from experiments.common import parallel
+from experiments.common import trainer
+from experiments.trm import train as trm_train
+from experiments.trm.configs import cpu_demo
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _relative(a, b) -> float:
+  """||a - b|| / ||a|| over every floating leaf of two pytrees, in float64."""
+  num = den = 0.0
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    num += float(np.sum((x - y) ** 2))
+    den += float(np.sum(x ** 2))
+  return (num / max(den, 1e-300)) ** 0.5
+
+
+def _split(tree) -> int:
+  """How many leaves of a placed tree are split over the devices."""
+  return sum(not x.sharding.is_fully_replicated for x in jax.tree.leaves(tree))
+
+
+def test_fsdp_spec_splits_the_largest_axis_the_devices_divide(monkeypatch):
+  monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 16)
+  assert parallel.fsdp_spec((512, 2048), 4) == P(None, parallel.AXIS)
+  assert parallel.fsdp_spec((2048, 512), 4) == P(parallel.AXIS, None)
+  assert parallel.fsdp_spec((6, 8), 4) == P(None, parallel.AXIS)       # 6 is not divisible
+  assert parallel.fsdp_spec((8, 8), 4) == P(parallel.AXIS, None)       # ties: the first axis
+  assert parallel.fsdp_spec((7, 9), 4) == P()                          # nothing divisible
+  assert parallel.fsdp_spec((3,), 4) == P()                            # under the size floor
+  assert parallel.fsdp_spec((), 4) == P()
+  monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 2 ** 14)
+  assert parallel.fsdp_spec((64, 64), 4) == P()                        # 4,096 < 2^14 elements
+  with pytest.raises(ValueError, match="sharding='zero3'"):
+    with parallel.use_sharding("zero3"):
+      pass
+
+
+def _toy_problem():
+  rng = np.random.RandomState(0)
+  params = {"w1": rng.randn(16, 64).astype(np.float32), "b1": np.zeros(64, np.float32),
+            "w2": rng.randn(64, 8).astype(np.float32)}
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
+  n = jax.local_device_count()
+  batch = {"x": rng.randn(n, 8, 16).astype(np.float32), "y": rng.randn(n, 8, 8).astype(np.float32)}
+
+  def loss_fn(p, x, y):
+    h = jnp.tanh(x @ p["w1"] + p["b1"])                # [b, 64]
+    return jnp.mean((h @ p["w2"] - y) ** 2)
+
+  def step(state, batch, device_index):
+    p, opt = state
+    loss, g = jax.value_and_grad(loss_fn)(p, batch["x"] * (1.0 + 0.01 * device_index), batch["y"])
+    g, loss = jax.lax.pmean(g, parallel.AXIS), jax.lax.pmean(loss, parallel.AXIS)
+    updates, opt = tx.update(g, opt, p)
+    return (optax.apply_updates(p, updates), opt), loss
+  return jax.device_get((params, tx.init(params))), batch, step   # host copies: donation-safe
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_fsdp_step_equals_the_pmapped_step_after_ten_adamw_updates(monkeypatch, donate):
+  monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 64)
+  state0, batch, step = _toy_problem()
+  results = {}
+  for layout in parallel.SHARDINGS:
+    with parallel.use_sharding(layout):
+      p_step = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0),
+                                  donate_argnums=(0,) if donate else ())
+      state = parallel.put_state(state0)
+      device_index = parallel.shard(parallel.device_indices())
+      b = parallel.shard(batch)
+      for _ in range(10):
+        state, loss = p_step(state, b, device_index)
+      assert loss.shape == (jax.local_device_count(),)           # per-device: pmap's host rows
+      results[layout] = (parallel.unreplicate(state), _split(state))
+  (rep, rep_split), (fsdp, fsdp_split) = results["replicated"], results["fsdp"]
+  assert rep_split == 0
+  # w1 [16, 64], w2 [64, 8] and their two Adam moments are split; b1 (64 < 64? no: 64 elements)
+  # too; the counters stay whole.
+  assert fsdp_split == 9, fsdp_split
+  assert _relative(rep, fsdp) < 1e-6
+  assert not np.allclose(rep[0]["w1"], state0[0]["w1"])         # it trained
+
+
+def _trm_config(data_dir, layout, steps=6):
+  c = cpu_demo.get_config("smoke")
+  c.dataset.data_dir = str(data_dir)
+  c.sharding = layout
+  c.async_checkpoints = False
+  c.total_steps = steps
+  c.checkpoint_every_steps = 3
+  return c
+
+
+@pytest.fixture(scope="module")
+def trm_runs(tmp_path_factory):
+  """TRM's smoke config, 6 updates, in each layout; and the replicated run resumed from its step-3
+  checkpoint under fsdp (a resume in the other layout). {name: (config, workdir, results)}."""
+  root = tmp_path_factory.mktemp("trm_fsdp")
+  runs = {}
+  with pytest.MonkeyPatch.context() as m:
+    m.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)   # split the smoke model's small weights too
+    for layout in parallel.SHARDINGS:
+      c = _trm_config(root / "tfds", layout)
+      workdir = str(root / layout)
+      runs[layout] = (c, workdir, trm_train.train_and_evaluate(c, workdir))
+      if layout == "replicated":         # a copy that forgets step 6, to resume from step 3
+        resumed = str(root / "replicated-then-fsdp")
+        shutil.copytree(workdir, resumed)
+        shutil.rmtree(os.path.join(resumed, "checkpoints", "6"))
+    c = _trm_config(root / "tfds", "fsdp")
+    runs["replicated-then-fsdp"] = (c, resumed, trm_train.train_and_evaluate(c, resumed))
+  return runs
+
+
+def _params(run, layout):
+  c, workdir, _ = run
+  with parallel.use_sharding(layout):
+    step, p = trainer.restore_params(trm_train.TRM(), c, workdir)
+  assert step == 6
+  return p
+
+
+def test_trm_trains_alike_in_both_layouts(trm_runs, monkeypatch):
+  monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
+  rep = parallel.unreplicate(_params(trm_runs["replicated"], "replicated"))
+  fsdp = _params(trm_runs["fsdp"], "fsdp")
+  assert _split(fsdp) >= 8                                        # the split weights came back split
+  fsdp = parallel.unreplicate(fsdp)
+  resumed = parallel.unreplicate(_params(trm_runs["replicated-then-fsdp"], "replicated"))
+  assert _relative(rep, fsdp) < 2e-6, _relative(rep, fsdp)
+  assert _relative(rep, resumed) < 2e-6, _relative(rep, resumed)
+  assert _relative(rep, jax.tree.map(np.zeros_like, rep)) == 1.0
+  a, b = trm_runs["replicated"][2]["test"], trm_runs["fsdp"][2]["test"]
+  assert a["count"] == b["count"] == 40
+  np.testing.assert_allclose(b["lm_loss"], a["lm_loss"], rtol=1e-5)
+
+
+def test_checkpoints_restore_bitwise_into_either_layout(trm_runs, monkeypatch):
+  monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
+  for name in ("replicated", "fsdp"):
+    one, other = (parallel.unreplicate(_params(trm_runs[name], layout))
+                  for layout in parallel.SHARDINGS)
+    assert _relative(one, other) == 0.0
+
+
+def test_a_bad_sharding_value_is_one_line_naming_the_field():
+  c = cpu_demo.get_config("smoke")
+  c.sharding = "zero3"
+  with pytest.raises(errors.ConfigError) as e:
+    config_utils.validate_run_config(c)
+  assert "sharding" in str(e.value) and "zero3" in str(e.value) and "fsdp" in str(e.value)
+
+
+_RESTORE_ON_TWO = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2 " + os.environ.get("PODLAB_TEST_XLA_OPT_FLAGS", "")
+import numpy as np, jax
+from experiments.common import parallel, trainer
+from experiments.trm import train
+from experiments.trm.configs import cpu_demo
+parallel.FSDP_MIN_ELEMENTS = 256
+c = cpu_demo.get_config("smoke"); c.sharding = "fsdp"; c.dataset.data_dir = sys.argv[3]
+with parallel.use_sharding("fsdp"):
+  step, p = trainer.restore_params(train.TRM(), c, sys.argv[1])
+  split = sum(not x.sharding.is_fully_replicated for x in jax.tree.leaves(p))
+  assert jax.device_count() == 2 and split > 0, (jax.device_count(), split)
+  leaves = [np.asarray(x) for x in jax.tree.leaves(parallel.unreplicate(p))]
+  np.savez(sys.argv[2], *[x for x in leaves if np.issubdtype(x.dtype, np.number)])
+print("restored", step, split)
+"""
+
+
+def test_a_four_device_fsdp_checkpoint_restores_onto_two_devices(trm_runs, monkeypatch):
+  monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
+  c, workdir, _ = trm_runs["fsdp"]
+  want = [x for x in map(np.asarray, jax.tree.leaves(
+      parallel.unreplicate(_params(trm_runs["fsdp"], "fsdp")))) if np.issubdtype(x.dtype, np.number)]
+  out = os.path.join(os.path.dirname(workdir), "two.npz")
+  proc = subprocess.run([sys.executable, "-c", _RESTORE_ON_TWO, workdir, out, c.dataset.data_dir],
+                        cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "restored 6" in proc.stdout
+  got = np.load(out)
+  assert len(got.files) == len(want)
+  for i, w in enumerate(want):
+    np.testing.assert_array_equal(got[f"arr_{i}"], w)
+
+
+def _text_runs(tmp_path, make_config, train_and_evaluate, experiment, steps):
+  """One config trained `steps` updates in each layout; the saved parameters of each."""
+  params = {}
+  for layout in parallel.SHARDINGS:
+    c = make_config(tmp_path / "tfds")
+    c.sharding = layout
+    c.async_checkpoints = False
+    workdir = str(tmp_path / layout)
+    train_and_evaluate(c, workdir)
+    with parallel.use_sharding(layout):
+      step, p = trainer.restore_params(experiment, c, workdir)
+    assert step == steps
+    params[layout] = parallel.unreplicate(p)
+  return params
+
+
+@pytest.mark.slow
+def test_nanogpt_trains_alike_in_both_layouts(tmp_path, monkeypatch, shared_data_dir):
+  from experiments.nanogpt import train as gpt_train  # pylint: disable=g-import-not-at-top
+  from experiments.nanogpt.configs import shakespeare_char_cpu  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
+
+  def config(data_dir):
+    c = shakespeare_char_cpu.get_config("smoke")       # 4 x 4 x 128, block 64
+    c.dataset.manual_dir = str(shared_data_dir / "tinyshakespeare")
+    c.dataset.data_dir = str(data_dir)
+    c.max_iters, c.eval_interval, c.eval_iters, c.grad_accum = 9, 9, 2, 2
+    return c
+  p = _text_runs(tmp_path, config, gpt_train.train_and_evaluate, gpt_train.NanoGPT(), 10)
+  assert _relative(p["replicated"], p["fsdp"]) < 2e-6, _relative(p["replicated"], p["fsdp"])
+
+
+@pytest.mark.slow
+def test_masked_diffusion_trains_alike_in_both_layouts(tmp_path, monkeypatch, shared_data_dir):
+  from experiments.diffucoder import train as mdm_train  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder.configs import shakespeare_mdm  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
+
+  def config(data_dir):
+    c = shakespeare_mdm.get_config("smoke")
+    c.dataset.manual_dir = str(shared_data_dir / "tinyshakespeare")
+    c.dataset.data_dir = str(data_dir)
+    c.total_steps = 10
+    return c
+  p = _text_runs(tmp_path, config, mdm_train.train_and_evaluate, mdm_train.MaskedDiffusion(), 10)
+  assert _relative(p["replicated"], p["fsdp"]) < 2e-6, _relative(p["replicated"], p["fsdp"])
