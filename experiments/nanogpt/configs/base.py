@@ -16,7 +16,6 @@ from experiments.common import config_utils
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEFAULT_DATA_DIR = os.environ.get("TFDS_DATA_DIR", os.path.join(REPO_ROOT, "data", "tfds"))
-SHAKESPEARE_DIR = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "tinyshakespeare")
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -42,7 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.dataset = ml_collections.ConfigDict()
   c.dataset.name = "shakespeare_char"
   c.dataset.data_dir = DEFAULT_DATA_DIR
-  c.dataset.manual_dir = SHAKESPEARE_DIR          # where input.txt is (prepared on first use)
+  # Folder of the text file; "" = the repository's Tiny Shakespeare (input_pipeline/data/
+  # tinyshakespeare/input.txt, the file nanoGPT's prepare.py downloads). Prepared on first use.
+  c.dataset.manual_dir = ""
   c.dataset.builder_config = ""
   c.dataset.builder_kwargs = ml_collections.ConfigDict()
   c.dataset.prepare_if_missing = True
