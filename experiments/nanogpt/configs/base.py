@@ -61,6 +61,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.vocab_size = -1
   c.model.dtype = "float32"                       # the reference's CPU run; "bfloat16": its GPU runs
   c.model.activations = "autocast"                # with bfloat16: torch.autocast's activation dtypes
+  # GELU: "auto" = a GPT-2 folder's config.json (OpenAI's say "gelu_new": the tanh form), exact
+  # (erf, nanoGPT's) for nanoGPT checkpoints and new models; "exact" = nanoGPT's choice for GPT-2
+  # folders too (its from_pretrained); "tanh". The run's model line says which.
+  c.model.gelu = "auto"
   # (modules.gpt.ACTIVATIONS; "float32": only the matmul operands in bfloat16, a podlab option)
   # (config.cpu_tuning, run section: on a CPU target the weight gradients run as row-major matmuls,
   # XLA CPU's fast path; float32 results are the same sums in another order. modules/layers.py.)
