@@ -94,8 +94,8 @@ tpu-check: $(STAMP)
 DIFFUCODER_BENCH_ARGS ?=
 MDM_WORKDIR ?= workdirs/shakespeare_mdm
 # The masked-diffusion Dream of configs/shakespeare_mdm.py on shakespeare_char (~11 min on 2 CPU
-# cores; prepares the data from ../shared/data/tinyshakespeare on first use; resumes from
-# $(MDM_WORKDIR)).
+# cores; prepares the data on first use from the repository's input_pipeline/data/tinyshakespeare;
+# resumes from $(MDM_WORKDIR)).
 MDM_TRAIN = $(PY) -m experiments.diffucoder.main --config=configs/shakespeare_mdm.py \
     --workdir=$(MDM_WORKDIR)
 diffucoder-train: $(STAMP)
@@ -112,12 +112,17 @@ diffucoder-bench: $(STAMP)
 .PHONY: gpt-run gpt-bench
 GPT_WORKDIR ?= workdirs/shakespeare_char_cpu
 GPT_BENCH_ARGS ?=
-# nanoGPT's README CPU recipe (shakespeare_char, 4x4x128, 2000 iterations; prepares the data from
-# ../shared/data/tinyshakespeare on first use), then 2 samples. Re-running resumes from $(GPT_WORKDIR).
+GPT_ARGS ?=
+GPT_SAMPLE_ARGS ?=
+# nanoGPT's README CPU recipe (shakespeare_char, 4x4x128, 2000 iterations; prepares the data on
+# first use from the repository's input_pipeline/data/tinyshakespeare), then 2 samples. Re-running
+# resumes from $(GPT_WORKDIR). A short run: GPT_ARGS='--config.max_iters=20 --config.eval_interval=10'
+# GPT_SAMPLE_ARGS=--max_new_tokens=100 GPT_WORKDIR=/tmp/gpt (the trainer's and sample's flags).
 gpt-run: $(STAMP)
-	$(PY) -m experiments.nanogpt.main --config=configs/shakespeare_char_cpu.py --workdir=$(GPT_WORKDIR)
+	$(PY) -m experiments.nanogpt.main --config=configs/shakespeare_char_cpu.py --workdir=$(GPT_WORKDIR) \
+	    $(GPT_ARGS)
 	$(PY) -m experiments.nanogpt.sample --config=configs/shakespeare_char_cpu.py \
-	    --workdir=$(GPT_WORKDIR) --num_samples=2
+	    --workdir=$(GPT_WORKDIR) --num_samples=2 $(GPT_ARGS) $(GPT_SAMPLE_ARGS)
 # ms/iteration of the CPU recipe's training step and KV-cache vs no-cache sampling of 500 tokens.
 gpt-bench: $(STAMP)
 	$(PY) -m experiments.nanogpt.tools.bench $(GPT_BENCH_ARGS)

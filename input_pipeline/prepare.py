@@ -32,9 +32,11 @@ from typing import Any, Mapping, Optional
 from absl import app
 from absl import flags
 from absl import logging
+from etils import epath
 import tensorflow_datasets as tfds
 
 from input_pipeline import datasets
+from input_pipeline import errors
 
 
 def prepare(dataset_name: str, data_dir: str | os.PathLike,
@@ -49,6 +51,10 @@ def prepare(dataset_name: str, data_dir: str | os.PathLike,
   if builder.is_prepared():
     logging.info("%s already prepared in %s", builder.info.full_name, builder.data_dir)
     return builder
+  if manual_dir is not None and not epath.Path(manual_dir).is_dir():
+    raise errors.SourceMissing(
+        f"manual_dir={os.fspath(manual_dir)} ({dataset_name}): no such folder. Fix: "
+        f"{getattr(builder, 'MANUAL_DOWNLOAD_INSTRUCTIONS', None) or 'drop --manual_dir'}")
   if not sys.stderr.isatty():
     tfds.disable_progress_bar()    # carriage-return progress bars garble log files and pod output
   download_config = tfds.download.DownloadConfig(
@@ -85,7 +91,8 @@ def _define_flags() -> None:
   """Command-line flags, defined only when run as a program (importing has no side effects)."""
   flags.DEFINE_enum("dataset", "sudoku_generated", datasets.names(), "Dataset to prepare.")
   flags.DEFINE_string("data_dir", None, "TFDS data dir to write into.", required=True)
-  flags.DEFINE_string("manual_dir", None, "Folder with the raw files (sudoku_extreme).")
+  flags.DEFINE_string("manual_dir", None, "Folder with the public files (sudoku_extreme, maze_hard, "
+                      "ConceptARC for arc_agi; shakespeare_char / text_corpus: another input.txt).")
   flags.DEFINE_string("builder_kwargs", "{}",
                       'JSON: {"config": "<preset>"} or the config knobs, e.g. {"givens": 26}.')
 
@@ -94,7 +101,11 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   f = flags.FLAGS
-  builder = prepare(f.dataset, f.data_dir, json.loads(f.builder_kwargs), f.manual_dir)
+  try:
+    builder = prepare(f.dataset, f.data_dir, json.loads(f.builder_kwargs), f.manual_dir)
+  except errors.DataError as e:   # bad input: one line, exit 2 (no traceback)
+    sys.stderr.write(f"error: {e}\n")
+    sys.exit(2)
   splits = {name: split.num_examples for name, split in builder.info.splits.items()}
   print(f"{builder.info.full_name} in {builder.data_dir}: {splits}")
 

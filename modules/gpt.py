@@ -2,10 +2,11 @@
 
 The model of `docs/nanogpt.md`: token + learned position embeddings, dropout, n_layer
 blocks x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), a final ln_f and logits = h @ wte^T (the head IS
-the token embedding). LayerNorm eps 1e-5 with or without biases (`bias`), exact GELU, dropout on
-the embedding sum, the attention probabilities and after both residual projections. Init: every
-linear and embedding weight N(0, 0.02), biases 0, LayerNorm weights 1, the two residual output
-projections N(0, 0.02 / sqrt(2 n_layer)). Sampling uses an optional fixed-slot KV cache.
+the token embedding). LayerNorm eps 1e-5 with or without biases (`bias`), exact GELU (`gelu`="tanh":
+GPT-2's form), dropout on the embedding sum, the attention probabilities and after both residual
+projections. Init: every linear and embedding weight N(0, 0.02), biases 0, LayerNorm weights 1, the
+two residual output projections N(0, 0.02 / sqrt(2 n_layer)). Sampling uses an optional fixed-slot
+KV cache.
 
 Shape glossary:
   B: batch   T: sequence length (<= block_size)   C: n_embd   H: n_head   Dh = C // H
@@ -45,6 +46,10 @@ from modules import layers
 INIT_STD = 0.02
 
 
+GELUS = ("exact", "tanh")
+"""GPTConfig.gelu: "exact" (erf; nanoGPT's, the default) or "tanh" (GPT-2's "gelu_new", what an
+OpenAI GPT-2 folder's config.json names; experiments/nanogpt/hf_gpt2.py)."""
+
 ACTIVATIONS = ("autocast", "float32")
 """GPTConfig.activations, the dtypes of a "bfloat16" model's activations (float32 models: float32):
   "autocast" (default; nanoGPT's GPU runs, torch.autocast's rules): every Linear's output, the
@@ -66,7 +71,7 @@ class GPTConfig:
   with float32 accumulation), activations (with "bfloat16" only; see ACTIVATIONS), fast_grad (for a
   CPU target only, set from `layout.cpu_tuning`: `layers.matmul`'s gradient: the weight gradient as
   a row-major matmul, and bfloat16 backward operands under "bfloat16"; float32 results are the same
-  sums in another order).
+  sums in another order), gelu ("exact" or GPT-2's "tanh"; see GELUS).
   """
   block_size: int = 1024
   vocab_size: int = 50304
@@ -78,6 +83,7 @@ class GPTConfig:
   dtype: str = "float32"
   activations: str = "autocast"
   fast_grad: bool = False
+  gelu: str = "exact"
 
   def __post_init__(self):
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -93,6 +99,9 @@ class GPTConfig:
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"model.dtype={self.dtype!r}: must be 'float32' or 'bfloat16'. Fix: use "
                        "'float32' (the reference)")
+    if self.gelu not in GELUS:
+      raise ValueError(f"model.gelu={self.gelu!r}: must be 'exact' or 'tanh'. Fix: use 'exact' "
+                       "(nanoGPT's) or 'tanh' (GPT-2's gelu_new)")
     if self.activations not in ACTIVATIONS:
       raise ValueError(f"model.activations={self.activations!r}: must be one of "
                        f"{', '.join(map(repr, ACTIVATIONS))}. Fix: use 'autocast' (the reference)")
@@ -159,7 +168,8 @@ class GPT(hk.Module):
         h = layers.LayerNorm(with_bias=cfg.bias, name="ln_2")(x)
         x = x + layers.GeluMLP(with_bias=cfg.bias, dropout_rate=cfg.dropout, dtype=act,
                                w_init=normal, out_w_init=proj, name="mlp",
-                               fast_grad=cfg.fast_grad, matmul_dtype=mm)(h, is_training=is_training)
+                               fast_grad=cfg.fast_grad, matmul_dtype=mm,
+                               approximate=cfg.gelu == "tanh")(h, is_training=is_training)
     x = layers.LayerNorm(with_bias=cfg.bias, name="ln_f")(x)
     if last_only:
       x = x[:, -1:]                                              # [B, 1, C]

@@ -901,11 +901,19 @@ def gelu_exact(x: jax.Array) -> jax.Array:
   return (x32 * 0.5 * (1.0 + jax.lax.erf(x32 * (1.0 / math.sqrt(2.0))))).astype(x.dtype)
 
 
+def gelu_tanh(x: jax.Array) -> jax.Array:
+  """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))): GPT-2's "gelu_new" (torch's
+  approximate="tanh"), computed in float32 and rounded once as `gelu_exact`."""
+  return jax.nn.gelu(x.astype(jnp.float32), approximate=True).astype(x.dtype)
+
+
 class GeluMLP(hk.Module):
-  """c_proj(gelu(c_fc(x))) with the exact (erf) GELU and dropout after c_proj (GPT's MLP).
+  """c_proj(gelu(c_fc(x))) with the exact (erf) GELU (or GPT-2's tanh form with
+  `approximate`) and dropout after c_proj (GPT's MLP).
 
   Fields:
     expansion: F = expansion * D (4 in GPT).  with_bias: biases on both projections.
+    approximate: the tanh GELU (`gelu_tanh`) instead of the exact one.
     dropout_rate: applied to the output when called with `is_training=True`.
     dtype: compute dtype.  w_init / out_w_init: initialisers of c_fc / c_proj.
     fast_grad: `Linear.fast_grad` for both projections.
@@ -919,10 +927,11 @@ class GeluMLP(hk.Module):
                w_init: Optional[hk.initializers.Initializer] = None,
                out_w_init: Optional[hk.initializers.Initializer] = None,
                name: Optional[str] = None, fast_grad: bool = False,
-               matmul_dtype: Optional[DTypeLike] = None):
+               matmul_dtype: Optional[DTypeLike] = None, approximate: bool = False):
     super().__init__(name=name)
     self.fast_grad = fast_grad
     self.matmul_dtype = jnp.dtype(matmul_dtype or dtype)
+    self.approximate = approximate
     self.expansion = expansion
     self.with_bias = with_bias
     self.dropout_rate = float(dropout_rate)
@@ -936,7 +945,7 @@ class GeluMLP(hk.Module):
     h = Linear(self.expansion * D, with_bias=self.with_bias, dtype=self.matmul_dtype,
                output_dtype=self.dtype, w_init=self.w_init, name="c_fc",
                fast_grad=self.fast_grad)(x)                      # [N, F]
-    h = gelu_exact(h)
+    h = gelu_tanh(h) if self.approximate else gelu_exact(h)
     y = Linear(D, with_bias=self.with_bias, dtype=self.matmul_dtype, output_dtype=self.dtype,
                w_init=self.out_w_init, name="c_proj",
                fast_grad=self.fast_grad)(h).reshape(shape)      # [..., D]

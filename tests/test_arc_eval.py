@@ -13,6 +13,7 @@ import pytest
 
 from experiments.common import workdir
 from experiments.trm import arc_eval
+from input_pipeline import sources
 from input_pipeline.puzzles import arc
 
 RNG = np.random.default_rng(0)
@@ -211,8 +212,8 @@ def test_validate_submission_names_the_problem(toy, mutate, message):
     arc_eval.validate_submission(sub, meta)
 
 
-def test_perfect_predictions_on_the_arc1_test_split_score_one(shared_data_dir):
-  tasks = arc.load_variant(str(shared_data_dir / "arc"), "arc1")
+def test_perfect_predictions_on_the_arc1_test_split_score_one(arc_manual_dir):
+  tasks = arc.load_variant(str(arc_manual_dir), "arc1")
   meta = arc.build_metadata(tasks, "arc1", num_aug=1, seed=0)
   test = list(arc.iter_examples([t for _, t in tasks], meta, "test"))
   assert len(test) == meta.num_test_examples and 419 < len(test) <= 2 * 419
@@ -225,7 +226,8 @@ def test_perfect_predictions_on_the_arc1_test_split_score_one(shared_data_dir):
   assert metrics["pass@1"] == 1.0 and metrics["num_tasks"] == 400
   assert metrics["num_test_inputs"] == metrics["num_test_inputs_voted"] == 419
   arc_eval.validate_submission(sub, meta)
-  solutions = json.loads((shared_data_dir / "arc" / "arc-agi_evaluation_solutions.json").read_text())
+  evaluation, _ = sources.arc_package_set("evaluation")
+  solutions = {k: [p["output"] for p in t["test"]] for k, t in evaluation.items()}
   assert {k: [e["attempt_1"] for e in v] for k, v in sub.items()} == solutions
 
 

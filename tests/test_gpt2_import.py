@@ -7,6 +7,7 @@ GPT2LMHeadModel (`transformer.` prefix, lm_head.weight, masked_bias, sharded). E
 random (biases and LayerNorm parameters included). The reference is an independent PyTorch GPT-2
 forward on the stored tensors (tests/torch_gpt2_reference.py), in float64.
 """
+import dataclasses
 import json
 import os
 
@@ -75,7 +76,17 @@ def test_config_and_params_follow_config_json(openai_folder):
   path, tensors = openai_folder
   config, params = hf_gpt2.load_pretrained(path, dropout=0.1)
   assert config == gpt.GPTConfig(block_size=P, vocab_size=V, n_layer=L, n_head=H, n_embd=C,
-                                 dropout=0.1, bias=True)
+                                 dropout=0.1, bias=True, gelu="tanh")      # config.json: gelu_new
+  assert hf_gpt2.load_pretrained(path, gelu="exact")[0].gelu == "exact"   # nanoGPT's choice
+  for named, want in (("gelu", "exact"), ("gelu_new", "tanh"), ("gelu_pytorch_tanh", "tanh")):
+    hf = gpt2_config_json(activation_function=named)
+    assert hf_gpt2.config_from_hf(hf).gelu == want
+    assert hf_gpt2.config_from_hf(hf, gelu="exact").gelu == "exact"
+    assert hf_gpt2.hf_config(hf_gpt2.config_from_hf(hf))["activation_function"] == (
+        "gelu" if want == "exact" else "gelu_new")
+  assert hf_gpt2.describe_gelu(gpt2_config_json(), config) == "GELU tanh (config.json: gelu_new)"
+  assert hf_gpt2.describe_gelu(gpt2_config_json(), dataclasses.replace(config, gelu="exact")) == (
+      "GELU exact (nanoGPT's; config.json: gelu_new)")
   shapes = jax.eval_shape(gpt.GPTModel(config).init, jax.random.key(0))
   assert jax.tree.structure(shapes) == jax.tree.structure(params)
   for s, p in zip(jax.tree.leaves(shapes), jax.tree.leaves(params)):
@@ -91,18 +102,23 @@ def test_logits_match_an_independent_torch_gpt2(openai_folder):
   torch_ref = pytest.importorskip("tests.torch_gpt2_reference",
                                   reason="the PyTorch reference needs torch (pip install '.[torch]')")
   path, tensors = openai_folder
-  config, params = hf_gpt2.load_pretrained(path)
   idx = np.random.default_rng(1).integers(0, V, (2, P))
-  ours = np.asarray(gpt.GPTModel(config).apply(params, idx))                 # [2, P, V] float32
-  ref = torch_ref.forward(tensors, H, idx)                                   # float64
-  assert ours.dtype == np.float32
-  rel = np.max(np.abs(ours - ref)) / np.max(np.abs(ref))
-  assert rel < 1e-5, rel
-  np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
-  # The float32 torch forward on the same tensors agrees too (same precision as ours).
   import torch  # pylint: disable=g-import-not-at-top
-  ref32 = torch_ref.forward(tensors, H, idx, dtype=torch.float32)
-  np.testing.assert_allclose(ours, ref32, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
+  # The folder's config.json says gelu_new: the tanh GELU by default; gelu="exact" is nanoGPT's.
+  refs = {g: torch_ref.forward(tensors, H, idx, gelu=g) for g in ("tanh", "exact")}   # float64
+  gap = np.max(np.abs(refs["tanh"] - refs["exact"])) / np.max(np.abs(refs["exact"]))
+  assert gap > 1e-4, gap                                      # the tolerance below tells them apart
+  for gelu, want in (("auto", "tanh"), ("exact", "exact")):
+    config, params = hf_gpt2.load_pretrained(path, gelu=gelu)
+    ours = np.asarray(gpt.GPTModel(config).apply(params, idx))               # [2, P, V] float32
+    ref = refs[want]
+    assert ours.dtype == np.float32
+    rel = np.max(np.abs(ours - ref)) / np.max(np.abs(ref))
+    assert rel < 1e-5, (gelu, rel)
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
+    # The float32 torch forward on the same tensors agrees too (same precision as ours).
+    ref32 = torch_ref.forward(tensors, H, idx, dtype=torch.float32, gelu=want)
+    np.testing.assert_allclose(ours, ref32, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
 
 
 def test_transformer_prefix_lm_head_and_shards_import_identically(openai_folder, tmp_path):
@@ -138,7 +154,7 @@ def test_greedy_sampling_equals_the_torch_greedy_tokens(openai_folder):
   config, params = hf_gpt2.load_pretrained(path)
   model = gpt.GPTModel(config)
   prompt = np.array([[5, 17, 3, 60], [1, 2, 90, 44]], np.int32)
-  theirs = torch_ref.greedy(tensors, H, prompt, P - 4, P)                 # up to the full block
+  theirs = torch_ref.greedy(tensors, H, prompt, P - 4, P, gelu="tanh")    # up to the full block
   for kv_cache in (True, False):
     ours = sampling.generate(model, params, prompt, P - 4, temperature=0.0, kv_cache=kv_cache)
     np.testing.assert_array_equal(ours, theirs, err_msg=f"kv_cache={kv_cache}")

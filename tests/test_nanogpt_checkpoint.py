@@ -17,7 +17,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 torch = pytest.importorskip("torch", reason="ckpt.pt files need torch (pip install '.[torch]')")
 
 
-def test_cli_prints_args_count_and_val_loss(shared_data_dir, tmp_path, capsys):
+def test_cli_prints_args_count_and_val_loss(tmp_path, capsys):
   from experiments.nanogpt.tools import torch_reference  # pylint: disable=g-import-not-at-top
   args = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65, bias=False,
               dropout=0.0)
@@ -26,8 +26,7 @@ def test_cli_prints_args_count_and_val_loss(shared_data_dir, tmp_path, capsys):
   path = tmp_path / "ckpt.pt"
   torch.save({"model": ref.state_dict(), "model_args": args, "iter_num": 500,
               "best_val_loss": torch.tensor(2.25), "config": {"dataset": "shakespeare_char"}}, path)
-  overrides = [f"--config.dataset.manual_dir={shared_data_dir / 'tinyshakespeare'}",
-               f"--config.dataset.data_dir={tmp_path / 'tfds'}"]
+  overrides = [f"--config.dataset.data_dir={tmp_path / 'tfds'}"]
   argv = ["prog", f"--ckpt={path}", "--max_windows=40", "--batch_size=16"] + overrides
   assert nanogpt_checkpoint.main(argv) == 0
   out = capsys.readouterr().out
@@ -38,7 +37,6 @@ def test_cli_prints_args_count_and_val_loss(shared_data_dir, tmp_path, capsys):
   assert f"number of parameters: {n / 1e6:.2f}M ({n:,};" in out
   # The val loss: torch's cross-entropy over the first 40 non-overlapping windows of the val split.
   c = shakespeare_char_cpu.get_config()
-  c.dataset.manual_dir = str(shared_data_dir / "tinyshakespeare")
   c.dataset.data_dir = str(tmp_path / "tfds")
   val = train.TextData(c).tokens["val"]
   idx = np.arange(40)[:, None] * 32 + np.arange(32)[None]

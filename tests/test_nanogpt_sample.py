@@ -45,6 +45,7 @@ def test_init_from_a_gpt2_folder_prints_the_greedy_tokens_of_generate(tmp_path):
     out = proc.stdout
     header, _, rest = out.partition(b"\n")
     assert header.decode().startswith(f"GPT-2 folder {folder}: ") and "'n_layer': " in header.decode()
+    assert header.decode().endswith(", GELU tanh (config.json: gelu_new)")   # the folder's GELU
     samples = rest.split(SEP)
     assert len(samples) == 3 and samples[1].startswith(f"{NEW_TOKENS} tokens in ".encode())
     first = samples[0]
@@ -63,3 +64,26 @@ def test_init_from_with_a_config_or_a_missing_folder_is_one_line(tmp_path):
     lines = [l for l in err.splitlines() if l.strip()]
     assert proc.returncode == 2, (proc.returncode, err[-3000:])
     assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], lines
+
+
+def test_prompt_ids_outside_the_vocabulary_are_refused_and_gelu_exact_is_named(tmp_path):
+  """A folder whose tokenizer (257 ids) outgrows its model (200 ids): "<|endoftext|>" (id 256) is
+  refused in one line, exit 2 (torch raises IndexError there; JAX would read NaN logits). A prompt
+  inside the vocabulary ("Tobe": byte-level ids below 94; a space is 220) samples, and --gelu=exact
+  is named in the first line."""
+  folder = tmp_path / "gpt2-small-vocab"
+  hf_gpt2.make_random(str(folder), "tiny", seed=5, vocab_size=200)
+  proc = _sample(f"--init_from={folder}", "--start=<|endoftext|>", "--num_samples=1",
+                 "--max_new_tokens=2")
+  err = proc.stderr.decode(errors="replace")
+  lines = [l for l in err.splitlines() if l.strip()]
+  assert proc.returncode == 2, (proc.returncode, err[-3000:])
+  assert len(lines) == 1 and lines[0] == (
+      "error: --start='<|endoftext|>': token ids [256] of the prompt are outside the model's "
+      "vocabulary of 200 ids (its tokenizer has more). Fix: use a prompt the model's vocabulary "
+      "covers, or a folder whose vocab.json and config.json vocab_size agree"), lines
+  proc = _sample(f"--init_from={folder}", "--start=Tobe", "--num_samples=1", "--max_new_tokens=2",
+                 "--gelu=exact")
+  assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
+  header = proc.stdout.decode().splitlines()[0]
+  assert header.endswith(", GELU exact (nanoGPT's; config.json: gelu_new)"), header

@@ -2,7 +2,8 @@
 
 Expected values come from the nanoGPT reference facts (docs/nanogpt.md sections 2-4: data sizes,
 first ids, the learning-rate formula, the published curve's first point) and from torch itself
-(an independent forward of the same weights on the same windows). Needs ../shared/data and torch.
+(an independent forward of the same weights on the same windows), on the repository's Tiny
+Shakespeare. Needs torch.
 
   .venv/bin/python -m pytest tests/test_nanogpt_tools.py -q
 """
@@ -23,14 +24,15 @@ from experiments.nanogpt.tools import bench  # noqa: E402
 from experiments.nanogpt.tools import torch_reference  # noqa: E402
 from experiments.nanogpt.tools import reference_curve  # noqa: E402
 from experiments.nanogpt.tools import val_eval  # noqa: E402
+from input_pipeline import sources  # noqa: E402
 from modules import gpt  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def shakespeare(shared_data_dir):
-  return reference_curve.prepare(str(shared_data_dir / "tinyshakespeare" / "input.txt"))
+def shakespeare():
+  return reference_curve.prepare(sources.TINY_SHAKESPEARE)
 
 
 def _tiny(**over):
@@ -90,8 +92,7 @@ def test_first_evaluation_is_the_published_curves_first_point(shakespeare):
   assert "| iteration | 0 | 3 |" in reference_curve.curve_row(curve)
 
 
-def test_checkpoint_round_trip_and_val_eval_equal_torch(shakespeare, shared_data_dir, tmp_path,
-                                                        capsys):
+def test_checkpoint_round_trip_and_val_eval_equal_torch(shakespeare, tmp_path, capsys):
   """reference_curve --out writes a ckpt.pt that podlab imports; val_eval's JAX evaluation of it
   equals the torch model's loss on the same windows; main() prints the table."""
   train_ids, val_ids, chars = shakespeare
@@ -112,27 +113,25 @@ def test_checkpoint_round_trip_and_val_eval_equal_torch(shakespeare, shared_data
   theirs = _torch_batch_losses(model.eval(), val_ids, offsets, 64)
   np.testing.assert_allclose(ours, theirs, rtol=1e-5)
 
-  assert val_eval.main([f"--ckpt={path}", "--batches=3", "--batch_size=4",
-                        f"--input={shared_data_dir / 'tinyshakespeare' / 'input.txt'}"]) == 0
+  assert val_eval.main([f"--ckpt={path}", "--batches=3", "--batch_size=4"]) == 0   # default input
   out = capsys.readouterr().out
   assert f"| {path} | iter 2 | 64 | {ours.mean():.4f} |" in out, out
 
 
 @pytest.mark.slow    # trains through the CLI in a subprocess (~20 s idle, a minute on a busy machine)
-def test_val_eval_reads_a_podlab_workdir(shared_data_dir, tmp_path):
+def test_val_eval_reads_a_podlab_workdir(tmp_path):
   """A real podlab run (the CLI, 2 updates): val_eval restores its newest checkpoint, and those
   weights, exported to nanoGPT's layout and run by the torch model, give the same losses."""
   wd = tmp_path / "run"
   cmd = [sys.executable, "-m", "experiments.nanogpt.main",
          "--config=configs/shakespeare_char_cpu.py:smoke", f"--workdir={wd}",
-         f"--config.dataset.manual_dir={shared_data_dir / 'tinyshakespeare'}",
          f"--config.dataset.data_dir={tmp_path / 'tfds'}", "--config.max_iters=1",
          "--config.eval_interval=1", "--config.eval_iters=1", "--config.async_checkpoints=False"]
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   cfg, params, step, vocab = val_eval.load_workdir(str(wd))
   assert step == 2 and len(vocab) == 65 and cfg.n_layer == 4
-  _, val_ids, _ = reference_curve.prepare(str(shared_data_dir / "tinyshakespeare" / "input.txt"))
+  _, val_ids, _ = reference_curve.prepare(sources.TINY_SHAKESPEARE)
   offsets = val_eval.windows(val_ids, cfg.block_size, batches=2, batch_size=3, seed=1)
   ours = val_eval.evaluate(cfg, params, val_ids, offsets)
   model = torch_reference.GPT(cfg.model_args())
@@ -148,7 +147,7 @@ def test_bad_input_is_one_line(tmp_path, capsys):
   assert reference_curve.main([f"--input={tmp_path / 'missing.txt'}"]) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: --input=") and "Fix:" in err and err.count("\n") == 1
-  # No model_args.json here (or, without ../shared, no input.txt): one line, exit 2 either way.
+  # No model_args.json here: one line, exit 2.
   assert val_eval.main([f"--workdir={tmp_path}"]) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: --") and "Fix:" in err and err.count("\n") == 1, err

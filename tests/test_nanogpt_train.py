@@ -186,7 +186,7 @@ def test_nanogpt_checkpoint_import_matches_torch(tmp_path):
     nanogpt_checkpoint.load(str(bad))
 
 
-def test_torch_rng_run_is_nanogpt_run_in_torch(shared_data_dir, tmp_path):
+def test_torch_rng_run_is_nanogpt_run_in_torch(tmp_path):
   """config.rng="torch": our trainer's eval curve == nanoGPT's train.py loop re-enacted in torch.
 
   torch side: torch.manual_seed(seed), GPT built and initialised as nanoGPT's, first batch fetched
@@ -198,7 +198,6 @@ def test_torch_rng_run_is_nanogpt_run_in_torch(shared_data_dir, tmp_path):
       "torch", reason="the torch comparison needs torch (pip install '.[torch]')")
   from experiments.nanogpt.tools import torch_reference as torch_gpt_reference  # pylint: disable=g-import-not-at-top
   c = shakespeare_char_cpu.get_config("smoke")           # 4 x 4 x 128, block 64, batch 12
-  c.dataset.manual_dir = str(shared_data_dir / "tinyshakespeare")
   c.dataset.data_dir = str(tmp_path / "tfds")
   c.async_checkpoints = False
   c.max_iters, c.eval_interval, c.eval_iters, c.grad_accum = 3, 3, 2, 2
@@ -254,12 +253,11 @@ def test_torch_rng_run_is_nanogpt_run_in_torch(shared_data_dir, tmp_path):
 
 
 @pytest.mark.slow    # ~40 s here: 21 updates + 3 evaluations + a resume
-def test_short_training_run_lowers_val_loss(shared_data_dir, tmp_path):
+def test_short_training_run_lowers_val_loss(tmp_path):
   """rng="stateless" (tf.data Philox windows; the default "torch" stream is tested against torch
   in test_torch_rng_run_is_nanogpt_run_in_torch): a short run learns and resumes."""
   c = shakespeare_char_cpu.get_config("smoke")
   c.rng = "stateless"
-  c.dataset.manual_dir = str(shared_data_dir / "tinyshakespeare")
   c.dataset.data_dir = str(tmp_path / "tfds")
   c.async_checkpoints = False
   results = train.train_and_evaluate(c, str(tmp_path / "work"))

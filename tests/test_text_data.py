@@ -1,15 +1,24 @@
 """Tests of the text data: vocabularies, the 90/10 split, the TFDS builders, random-window batches.
 
 The shakespeare_char facts (65 characters, 1,003,854 / 111,540 ids, first ids 18 47 56 57 58 1 15 ...)
-are from docs/nanogpt.md; those tests skip without ../shared.
+are from docs/nanogpt.md, on the repository's copy of Tiny Shakespeare (input_pipeline/data/).
 """
+import hashlib
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from input_pipeline import datasets
+from input_pipeline import errors
 from input_pipeline import prepare
+from input_pipeline import sources
 from input_pipeline import text
 from input_pipeline.datasets import text_corpus
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_char_vocab_encode_decode_round_trip():
@@ -93,9 +102,43 @@ def test_text_corpus_byte_level_builder(tmp_path):
     datasets.make_config("text_corpus", {"level": "word"})
 
 
-def test_shakespeare_char_split_sizes_and_first_ids(shared_data_dir, tmp_path):
-  builder = prepare.prepare("shakespeare_char", tmp_path, {},
-                            shared_data_dir / "tinyshakespeare")
+@pytest.mark.parametrize("name, kwargs, manual, message", [
+    ("text_corpus", {"file": "corpus.txt"}, None,
+     "text_corpus: corpus.txt not found in {repo}. Fix: pass --manual_dir=<folder with corpus.txt>"),
+    ("text_corpus", {}, "empty", "text_corpus: input.txt not found in {tmp}/empty. Fix: pass "),
+    ("shakespeare_char", {}, "nowhere", "manual_dir={tmp}/nowhere (shakespeare_char): no such "
+     "folder. Fix: Tiny Shakespeare comes with the repository"),
+    ("sudoku_extreme", {}, None, "sudoku_extreme: train.csv: no --manual_dir given. Fix: download "
+     "train.csv and test.csv (columns source,question,answer,rating) of the public Sudoku-Extreme "
+     "data (huggingface.co/datasets/sapientinc/sudoku-extreme)"),
+    ("maze_hard", {}, "empty", "maze_hard: train.csv: not in {tmp}/empty. Fix: download"),
+])
+def test_a_missing_source_is_one_line_naming_it_where_and_how(tmp_path, name, kwargs, manual,
+                                                              message):
+  (tmp_path / "empty").mkdir()
+  (tmp_path / "empty" / "other.txt").write_text("x")          # TFDS treats an empty folder as none
+  manual_dir = None if manual is None else tmp_path / manual
+  with pytest.raises(errors.SourceMissing) as e:
+    prepare.prepare(name, tmp_path / "tfds", kwargs, manual_dir)
+  want = message.format(repo=sources.TINY_SHAKESPEARE_DIR, tmp=tmp_path)
+  assert str(e.value).startswith(want), str(e.value)
+  assert "\n" not in str(e.value)
+
+
+def test_prepare_cli_reports_a_missing_source_in_one_line(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "input_pipeline.prepare", "--dataset=maze_hard",
+                         f"--data_dir={tmp_path}"], capture_output=True, text=True, timeout=300,
+                        cwd=REPO)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr   # (TFDS may log)
+  assert proc.stderr.splitlines()[-1].startswith(
+      "error: maze_hard: train.csv: no --manual_dir given. Fix: download"), proc.stderr
+
+
+def test_shakespeare_char_split_sizes_and_first_ids(tmp_path):
+  with open(sources.TINY_SHAKESPEARE, "rb") as f:
+    assert hashlib.sha256(f.read()).hexdigest() == (
+        "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed")   # nanoGPT's input.txt
+  builder = prepare.prepare("shakespeare_char", tmp_path, {})      # no manual dir: the repository's
   train = text_corpus.load_tokens(builder, "train")
   val = text_corpus.load_tokens(builder, "val")
   assert (len(train), len(val)) == (1_003_854, 111_540)

@@ -17,9 +17,10 @@ c_proj, h.i.ln_1/ln_2 and ln_f -> LayerNorm weight/bias, wte/wpe -> embedding. N
 (the head is tied). F16/BF16 tensors are read as float32. Export (`save_pretrained`) writes the
 layout of OpenAI's own files (no prefix, no lm_head, float32) with GPT-2's config.json.
 
-GELU: GPT-2's config.json says "gelu_new" (the tanh approximation); nanoGPT, and so podlab, computes
-the exact erf GELU with the same weights. `load_pretrained` accepts every GELU variant and computes
-podlab's (nanoGPT's) model; docs/gpt2.md gives the logit difference this makes.
+GELU: GPT-2's config.json says "gelu_new" (the tanh approximation); nanoGPT's from_pretrained runs
+the same weights with its exact erf GELU. podlab follows the folder by default (`gelu="auto"`:
+"gelu" -> exact, "gelu_new" and its other tanh spellings -> GPTConfig.gelu "tanh"); `gelu="exact"`
+is nanoGPT's choice. docs/gpt2.md gives the logit difference this makes.
 
 Shape glossary: V vocab_size   P n_positions (block_size)   C n_embd   L n_layer
 
@@ -43,7 +44,7 @@ Synopsis:
 Command line (a random folder with a BPE vocabulary learned from Tiny Shakespeare; its description):
 
   python -m experiments.nanogpt.hf_gpt2 --make_random=/tmp/gpt2_tiny --size=tiny \
-      --bpe_text=../shared/data/tinyshakespeare/input.txt --bpe_vocab_size=512
+      --bpe_text=input_pipeline/data/tinyshakespeare/input.txt --bpe_vocab_size=512
   python -m experiments.nanogpt.hf_gpt2 --info=/tmp/gpt2_tiny
 """
 
@@ -76,6 +77,10 @@ SIZES: Dict[str, Dict[str, int]] = {
 GPT2_VOCAB_SIZE = 50257
 CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 GELUS = ("gelu_new", "gelu", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate")
+"""config.json activation_function values podlab runs: "gelu" exact, the others the tanh form
+(transformers computes the same tanh formula for each)."""
+GELU_CHOICES = ("auto", "exact", "tanh")
+"""How a GPT-2 folder's model computes GELU: "auto" = its config.json, or nanoGPT's "exact"."""
 PREFIXES = ("", "transformer.")
 
 
@@ -105,9 +110,28 @@ def read_hf_config(path: str) -> Dict[str, Any]:
   return hf
 
 
-def config_from_hf(hf: Dict[str, Any], *, dropout: float = 0.0, where: str = "config.json"
-                   ) -> gpt.GPTConfig:
-  """podlab's GPTConfig of a GPT-2 config.json (nanoGPT: bias on, dropout overridden)."""
+def gelu_of(hf: Dict[str, Any], gelu: str = "auto") -> str:
+  """GPTConfig.gelu for a GPT-2 config.json: `gelu` ("exact" / "tanh"), or for "auto" the
+  folder's activation_function ("gelu" -> "exact", its tanh forms -> "tanh")."""
+  if gelu not in GELU_CHOICES:
+    raise errors.ConfigError("model.gelu", gelu, f"must be one of {', '.join(GELU_CHOICES)}",
+                             "use 'auto' (the folder's config.json) or 'exact' (nanoGPT's)")
+  if gelu != "auto":
+    return gelu
+  return "exact" if hf.get("activation_function", "gelu_new") == "gelu" else "tanh"
+
+
+def describe_gelu(hf: Dict[str, Any], config: gpt.GPTConfig) -> str:
+  """'GELU tanh (config.json: gelu_new)' / 'GELU exact (nanoGPT's; config.json: gelu_new)'."""
+  named = hf.get("activation_function", "gelu_new")
+  origin = "config.json" if gelu_of(hf) == config.gelu else "nanoGPT's; config.json"
+  return f"GELU {config.gelu} ({origin}: {named})"
+
+
+def config_from_hf(hf: Dict[str, Any], *, dropout: float = 0.0, where: str = "config.json",
+                   gelu: str = "auto") -> gpt.GPTConfig:
+  """podlab's GPTConfig of a GPT-2 config.json (nanoGPT: bias on, dropout overridden; GELU as
+  `gelu_of(hf, gelu)`)."""
   def bad(field, problem, fix):
     return GPT2FormatError(f"{where}: {field}={hf.get(field)!r}: {problem}. Fix: {fix}")
 
@@ -137,13 +161,16 @@ def config_from_hf(hf: Dict[str, Any], *, dropout: float = 0.0, where: str = "co
   try:
     return gpt.GPTConfig(block_size=hf["n_positions"], vocab_size=hf["vocab_size"],
                          n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=C,
-                         dropout=float(dropout), bias=True)
+                         dropout=float(dropout), bias=True, gelu=gelu_of(hf, gelu))
   except ValueError as e:
     raise GPT2FormatError(f"{where}: {e}") from None
 
 
-def hf_config(config: gpt.GPTConfig, activation_function: str = "gelu_new") -> Dict[str, Any]:
-  """GPT-2's config.json (transformers' GPT2Config fields) for `config`."""
+def hf_config(config: gpt.GPTConfig, activation_function: Optional[str] = None) -> Dict[str, Any]:
+  """GPT-2's config.json (transformers' GPT2Config fields) for `config`; activation_function by
+  default the config's GELU ("gelu_new" for "tanh", "gelu" for "exact")."""
+  if activation_function is None:
+    activation_function = "gelu_new" if config.gelu == "tanh" else "gelu"
   return {
       "activation_function": activation_function, "architectures": ["GPT2LMHeadModel"],
       "attn_pdrop": 0.1, "bos_token_id": config.vocab_size - 1, "embd_pdrop": 0.1,
@@ -266,9 +293,10 @@ def to_tensors(config: gpt.GPTConfig, params: Any, *, masks: bool = False
 # --------------------------------------------------------------------------------------------------
 # Folders.
 
-def load_pretrained(path: str, *, dropout: float = 0.0
+def load_pretrained(path: str, *, dropout: float = 0.0, gelu: str = "auto"
                     ) -> Tuple[gpt.GPTConfig, Dict[str, Dict[str, np.ndarray]]]:
-  """(GPTConfig, Haiku params as float32 numpy) of a GPT-2 folder; see the module doc.
+  """(GPTConfig, Haiku params as float32 numpy) of a GPT-2 folder; see the module doc (`gelu`:
+  GELU_CHOICES).
 
   The config's block_size is config.json's n_positions (crop with `crop_block_size`), dtype
   float32 (`dataclasses.replace` it for bfloat16 matmuls). Raises GPT2FormatError or
@@ -276,7 +304,7 @@ def load_pretrained(path: str, *, dropout: float = 0.0
   """
   path = os.fspath(path)
   config = config_from_hf(read_hf_config(path), dropout=dropout,
-                          where=os.path.join(path, "config.json"))
+                          where=os.path.join(path, "config.json"), gelu=gelu)
   ckpt = st.ShardedCheckpoint(path)
   shapes = {name: info.shape for name, info in ckpt.infos.items()}
   files = ", ".join(sorted(os.path.basename(f) for f in ckpt.files))
@@ -286,7 +314,7 @@ def load_pretrained(path: str, *, dropout: float = 0.0
 
 def save_pretrained(path: str, config: gpt.GPTConfig, params: Any, *,
                     max_shard_bytes: Optional[int] = None, masks: bool = False,
-                    activation_function: str = "gelu_new") -> List[str]:
+                    activation_function: Optional[str] = None) -> List[str]:
   """Writes config.json + model.safetensors (or shards of at most `max_shard_bytes` + the index)
   in GPT-2's layout; returns the weight files written. Tokenizer files are not touched."""
   os.makedirs(path, exist_ok=True)
@@ -401,7 +429,8 @@ def make_random(path: str, size: str = "tiny", *, seed: int = 0, tokenizer_dir: 
   tok = gpt2_bpe.load(path)
   s = SIZES[size]
   config = gpt.GPTConfig(block_size=s["n_positions"], vocab_size=vocab_size or tok.vocab_size,
-                         n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"], bias=True)
+                         n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"], bias=True,
+                         gelu="tanh")                     # config.json: "gelu_new", as OpenAI's
   make = random_tensors(config, seed)
   specs = [(name, shape, np.float32) for name, shape, _, _ in tensor_map(config)]
   total = sum(4 * int(np.prod(shape)) for _, shape, _ in specs)

@@ -14,12 +14,15 @@ and nanoGPT's context (the last block_size tokens; `--window=exact`, see samplin
 The vocabulary comes from the config's dataset (prepared on first use; BPE-level text decodes with
 its tokenizer_dir's GPT-2 BPE), or with --init_from from the folder's vocab.json + merges.txt
 (experiments/nanogpt/hf_gpt2.py, input_pipeline/gpt2_bpe.py; "<|endoftext|>" in the prompt is the
-one token 50256, as nanoGPT's allowed_special). `--start=FILE:path` reads the prompt from a file.
+one token 50256, as nanoGPT's allowed_special; a prompt with ids outside the model's vocabulary is
+refused in one line). `--start=FILE:path` reads the prompt from a file. A GPT-2 folder's GELU
+follows its config.json (--gelu=exact: nanoGPT's), which the first line names.
 Prints the wall time and tokens/s of each sample.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -29,6 +32,7 @@ import numpy as np
 from experiments.common import entry
 from experiments.common import errors
 from experiments.common import trainer
+from experiments.common import workdir as workdir_lib
 from experiments.nanogpt import hf_gpt2
 from experiments.nanogpt import nanogpt_checkpoint
 from experiments.nanogpt import sampling
@@ -48,6 +52,9 @@ _TEMP = flags.DEFINE_float("temperature", 0.8, "Softmax temperature (0 = greedy)
 _TOPK = flags.DEFINE_integer("top_k", 200, "Keep the top-k logits (0 = all).")
 _SEED = flags.DEFINE_integer("seed", 1337, "Sampling seed.")
 _CACHE = flags.DEFINE_bool("kv_cache", True, "Use the KV cache where the window allows it.")
+_GELU = flags.DEFINE_enum("gelu", "auto", list(hf_gpt2.GELU_CHOICES),
+                          "With --init_from: 'auto' = the folder's config.json activation_function "
+                          "(OpenAI's gelu_new: the tanh form); 'exact' = nanoGPT's from_pretrained.")
 _WINDOW = flags.DEFINE_enum("window", "exact", ["exact", "chunk"],
                             "Context past the block: 'exact' = nanoGPT's last block_size tokens; "
                             "'chunk' = a faster deviation (the last block_size/2, re-encoded).")
@@ -61,11 +68,12 @@ def main() -> None:
                                "drop --config and --ckpt (those sample from a podlab workdir or a "
                                "nanoGPT ckpt.pt)")
     try:
-      cfg, params = hf_gpt2.load_pretrained(_INIT_FROM.value)        # nanoGPT: dropout 0
+      cfg, params = hf_gpt2.load_pretrained(_INIT_FROM.value, gelu=_GELU.value)  # dropout 0
     except hf_gpt2.GPT2FormatError as e:
       raise errors.FormatError(f"--init_from={_INIT_FROM.value}: {e}") from None
     tok = gpt2_bpe.load(_INIT_FROM.value)
-    print(f"GPT-2 folder {_INIT_FROM.value}: {cfg.model_args()}")
+    gelu = hf_gpt2.describe_gelu(hf_gpt2.read_hf_config(_INIT_FROM.value), cfg)
+    print(f"GPT-2 folder {_INIT_FROM.value}: {cfg.model_args()}, {gelu}")
     _sample(gpt.GPTModel(cfg), params, lambda s: tok.encode(s, allowed_special=True), tok.decode)
     return
   if config is None:
@@ -82,13 +90,16 @@ def main() -> None:
   if _CKPT.value:
     cfg, params, meta = nanogpt_checkpoint.load(_CKPT.value)
     print(f"nanoGPT checkpoint {_CKPT.value}: {cfg.model_args()}, iter {meta['iter_num']}, best val "
-          f"{meta['best_val_loss']}")
+          f"{meta['best_val_loss']}, GELU {cfg.gelu} (nanoGPT's)")
   else:
     workdir = entry.workdir()
     _, built = trainer.build(train.NanoGPT(), config, abstract=True)
     step, params = trainer.restore_params(train.NanoGPT(), config, workdir)
     cfg = built.model_config
-    print(f"podlab checkpoint {workdir} at step {step}")
+    args_path = workdir_lib.Workdir(workdir).path("model_args.json")
+    if os.path.isfile(args_path):      # the GELU the run trained with (its init_from may be gone)
+      cfg = dataclasses.replace(cfg, gelu=workdir_lib.read_json(args_path).get("gelu", cfg.gelu))
+    print(f"podlab checkpoint {workdir} at step {step}, GELU {cfg.gelu}")
   _sample(gpt.GPTModel(cfg), params, encode, decode)
 
 
@@ -98,7 +109,14 @@ def _sample(model, params, encode, decode) -> None:
   if start.startswith("FILE:"):
     with open(start[5:], encoding="utf-8") as f:
       start = f.read()
-  prompt = np.asarray([encode(start)], np.int32)
+  prompt = np.asarray([encode(start)], np.int32)                   # [1, T]
+  vocab_size = model.config.vocab_size
+  if prompt.size and prompt.max() >= vocab_size:                   # torch's embedding: IndexError
+    bad = sorted({int(i) for i in prompt[0] if i >= vocab_size})
+    raise errors.BadInput(
+        f"--start={_START.value[:40]!r}: token ids {bad[:5]} of the prompt are outside the model's "
+        f"vocabulary of {vocab_size} ids (its tokenizer has more). Fix: use a prompt the model's "
+        "vocabulary covers, or a folder whose vocab.json and config.json vocab_size agree")
   for i in range(_NUM.value):
     t = time.perf_counter()
     out = sampling.generate(model, params, prompt, _NEW.value, temperature=_TEMP.value,

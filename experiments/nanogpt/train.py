@@ -26,7 +26,6 @@ Synopsis (tests run it with the smoke config):
 from __future__ import annotations
 
 import dataclasses
-import dataclasses
 import functools
 import itertools
 import math
@@ -39,6 +38,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from experiments.common import checkpointing
 from experiments.common import errors
 from experiments.common import experiment
 from experiments.common import layout as layout_lib
@@ -87,6 +87,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise E("min_lr", config.min_lr, f"is above lr={config.lr}", "use e.g. lr / 10")
   if config.rng not in ("torch", "stateless"):
     raise E("rng", config.rng, "must be 'torch' (nanoGPT's draws) or 'stateless'", "use 'torch'")
+  if config.model.gelu not in hf_gpt2.GELU_CHOICES:
+    raise E("model.gelu", config.model.gelu, f"must be one of {', '.join(hf_gpt2.GELU_CHOICES)}",
+            "use 'auto' (a GPT-2 folder's config.json, else nanoGPT's exact GELU)")
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int,
@@ -98,7 +101,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int,
                          vocab_size=m.vocab_size if m.vocab_size > 0 else vocab_size,
                          n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
                          bias=m.bias, dtype=m.dtype, activations=m.activations,
-                         fast_grad=fast_grad)
+                         fast_grad=fast_grad, gelu="exact" if m.gelu == "auto" else m.gelu)
   except ValueError as e:
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 
@@ -114,7 +117,16 @@ def check_tokenizer(config: ml_collections.ConfigDict) -> None:
 
 
 def is_gpt2_folder(path: str) -> bool:
-  return bool(path) and os.path.isfile(os.path.join(path, "config.json"))
+  """Whether init_from names a GPT-2 folder: a folder that is not a podlab checkpoint (its
+  config.json is then required: `hf_gpt2.read_hf_config` names it when missing)."""
+  return bool(path) and os.path.isdir(path) and checkpointing.find_checkpoint(path) is None
+
+
+def gelu_line(config: ml_collections.ConfigDict, model: gpt.GPTConfig) -> str:
+  """Which GELU the run computes and why, e.g. 'GELU tanh (config.json: gelu_new)'."""
+  if is_gpt2_folder(config.init_from):
+    return hf_gpt2.describe_gelu(hf_gpt2.read_hf_config(config.init_from), model)
+  return f"GELU {model.gelu} ({'nanoGPT' if config.model.gelu == 'auto' else 'model.gelu'})"
 
 
 def init_from_model_config(config: ml_collections.ConfigDict, model: gpt.GPTConfig
@@ -127,7 +139,7 @@ def init_from_model_config(config: ml_collections.ConfigDict, model: gpt.GPTConf
   """
   path = config.init_from
   folder = hf_gpt2.config_from_hf(hf_gpt2.read_hf_config(path), dropout=config.model.dropout,
-                                  where=os.path.join(path, "config.json"))
+                                  where=os.path.join(path, "config.json"), gelu=config.model.gelu)
   if config.model.block_size > folder.block_size:
     raise errors.ConfigError(
         "model.block_size", config.model.block_size,
@@ -292,6 +304,8 @@ class NanoGPT(experiment.Experiment):
   def build(self, config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout, *,
             abstract: bool = False) -> experiment.Build:
     n_local = layout.devices_per_host
+    if is_gpt2_folder(config.init_from):
+      hf_gpt2.read_hf_config(config.init_from)    # names a missing config.json before any work
     if abstract:
       data = None
       vocab_size = (config.model.vocab_size if config.model.vocab_size > 0 else
@@ -351,7 +365,8 @@ class NanoGPT(experiment.Experiment):
         parameters=f"number of parameters: {n_params / 1e6:.2f}M ({n_params:,}); {model}",
         summary=(f"number of parameters: {n_params / 1e6:.2f}M ({n_params:,}); {model.n_layer} "
                  f"layers x {model.n_head} heads x {model.n_embd}, block {T}, vocab "
-                 f"{model.vocab_size}, {model.dtype}; {config.max_iters + 1:,} updates of "
+                 f"{model.vocab_size}, {model.dtype}, {gelu_line(config, model)}; "
+                 f"{config.max_iters + 1:,} updates of "
                  f"{tokens:,} tokens"),
         items_per_step=tokens, item_name="tokens", flops_per_step=flops, model_config=model,
         nonfinite_order=("loss", "grad_norm"), eval_programs=programs,
@@ -393,7 +408,8 @@ class NanoGPT(experiment.Experiment):
     def on_start(wd: workdir_lib.Workdir, start_step: int) -> None:
       workdir_lib.write_json(wd.path("model_args.json"),
                              dict(model.model_args(), dtype=model.dtype,
-                                  activations=model.activations, vocab=data.vocab or "",
+                                  activations=model.activations, gelu=model.gelu,
+                                  vocab=data.vocab or "",
                                   dataset=config.dataset.name))
 
     evaluation = experiment.Evaluator(
@@ -413,7 +429,8 @@ class NanoGPT(experiment.Experiment):
     """A GPT-2 folder (Hugging Face layout; positions cropped to block_size) or nanoGPT's `ckpt.pt`
     (its model args must match this config's model)."""
     if is_gpt2_folder(path):
-      loaded, params = hf_gpt2.load_pretrained(path, dropout=config.model.dropout)
+      loaded, params = hf_gpt2.load_pretrained(path, dropout=config.model.dropout,
+                                               gelu=config.model.gelu)
       _, params = hf_gpt2.crop_block_size(loaded, params, build.model_config.block_size)
       return jax.tree.map(jnp.asarray, params)
     try:

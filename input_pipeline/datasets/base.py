@@ -7,11 +7,14 @@ Synopsis:
 
   class MyData(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
     ...
+    def _split_generators(self, dl_manager):
+      folder = base.manual_dir(dl_manager)     # "" when none was given: the builder's own source
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 
 from etils import epath
 import tensorflow_datasets as tfds
@@ -29,3 +32,13 @@ class LocalCodePath:
   @classmethod
   def code_path(cls) -> epath.Path:
     return epath.Path(inspect.getfile(cls))
+
+
+def manual_dir(dl_manager: tfds.download.DownloadManager) -> str:
+  """The manual dir of this preparation, or "" when there is none (TFDS's default
+  `<data_dir>/downloads/manual` absent or empty), where `dl_manager.manual_dir` raises an
+  AssertionError. `input_pipeline.prepare` has already refused a --manual_dir that does not exist."""
+  try:
+    return os.fspath(dl_manager.manual_dir)
+  except AssertionError:
+    return ""

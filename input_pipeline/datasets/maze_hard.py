@@ -108,8 +108,9 @@ class MazeHard(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   RELEASE_NOTES = {"1.0.0": "Initial release."}
   BUILDER_CONFIGS = _PRESET_CONFIGS
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      "Put the public Maze-Hard `train.csv` and `test.csv` (maze-30x30-hard-1k; columns "
-      "source,question,answer,rating) in the manual dir and pass it with --manual_dir.")
+      "download train.csv and test.csv (columns source,question,answer,rating) of the public "
+      "Maze-Hard data (huggingface.co/datasets/sapientinc/maze-30x30-hard-1k) into a folder and pass it with "
+      "--manual_dir (--config.dataset.manual_dir)")
 
   def _info(self) -> tfds.core.DatasetInfo:
     c: MazeHardConfig = self.builder_config
@@ -123,13 +124,14 @@ class MazeHard(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
     )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-    manual_dir = os.fspath(dl_manager.manual_dir)
+    manual_dir = base.manual_dir(dl_manager)
     paths = {}
     for split in ("train", "test"):
       path = os.path.join(manual_dir, f"{split}.csv")
       if not os.path.isfile(path):
-        raise errors.SourceMissing(f"maze_hard: {path} not found. "
-                                f"{self.MANUAL_DOWNLOAD_INSTRUCTIONS}")
+        where = f"not in {manual_dir}" if manual_dir else "no --manual_dir given"
+        raise errors.SourceMissing(f"maze_hard: {split}.csv: {where}. Fix: "
+                                   f"{self.MANUAL_DOWNLOAD_INSTRUCTIONS}")
       paths[split] = path
     c: MazeHardConfig = self.builder_config
     train = maze.read_maze_csv(paths["train"])

@@ -1,11 +1,11 @@
 """TFDS builder `shakespeare_char`: nanoGPT's character-level Tiny Shakespeare (registry module).
 
-The builder is `text_corpus.ShakespeareChar` (input.txt from the manual dir, the 65 sorted
+The builder is `text_corpus.ShakespeareChar` (input.txt from the manual dir, without one the
+repository's input_pipeline/data/tinyshakespeare/input.txt; the 65 sorted
 characters, first 90% train = 1,003,854 ids, last 10% val = 111,540); it has no knobs.
 
 Synopsis:
-  python -m input_pipeline.prepare --dataset=shakespeare_char --data_dir=data/tfds \
-      --manual_dir=../shared/data/tinyshakespeare
+  python -m input_pipeline.prepare --dataset=shakespeare_char --data_dir=data/tfds
 """
 
 from __future__ import annotations

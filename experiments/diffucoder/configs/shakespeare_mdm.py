@@ -26,7 +26,6 @@ from modules import dream
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 DEFAULT_DATA_DIR = os.environ.get("TFDS_DATA_DIR", os.path.join(REPO_ROOT, "data", "tfds"))
-SHAKESPEARE_DIR = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "tinyshakespeare")
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
@@ -39,11 +38,12 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # folder (config.json + safetensors) or a folder written by `python -m experiments.diffucoder.
   # convert --out`; its architecture must equal config.model (the error names the overrides).
 
-  # Data: a TFDS text builder (shakespeare_char, prepared from ../shared on first use).
+  # Data: a TFDS text builder (shakespeare_char, prepared on first use from the repository's
+  # input_pipeline/data/tinyshakespeare/input.txt; manual_dir "" = that file).
   c.dataset = ml_collections.ConfigDict()
   c.dataset.name = "shakespeare_char"
   c.dataset.data_dir = DEFAULT_DATA_DIR
-  c.dataset.manual_dir = SHAKESPEARE_DIR
+  c.dataset.manual_dir = ""
   c.dataset.builder_config = ""
   c.dataset.builder_kwargs = ml_collections.ConfigDict()
   c.dataset.prepare_if_missing = True

@@ -16,7 +16,6 @@ from experiments.common import config_utils
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEFAULT_DATA_DIR = os.environ.get("TFDS_DATA_DIR", os.path.join(REPO_ROOT, "data", "tfds"))
-SHAKESPEARE_DIR = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "tinyshakespeare")
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -42,7 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.dataset = ml_collections.ConfigDict()
   c.dataset.name = "shakespeare_char"
   c.dataset.data_dir = DEFAULT_DATA_DIR
-  c.dataset.manual_dir = SHAKESPEARE_DIR          # where input.txt is (prepared on first use)
+  # Folder of the text file; "" = the repository's Tiny Shakespeare (input_pipeline/data/
+  # tinyshakespeare/input.txt, the file nanoGPT's prepare.py downloads). Prepared on first use.
+  c.dataset.manual_dir = ""
   c.dataset.builder_config = ""
   c.dataset.builder_kwargs = ml_collections.ConfigDict()
   c.dataset.prepare_if_missing = True
@@ -60,6 +61,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.vocab_size = -1
   c.model.dtype = "float32"                       # the reference's CPU run; "bfloat16": its GPU runs
   c.model.activations = "autocast"                # with bfloat16: torch.autocast's activation dtypes
+  # GELU: "auto" = a GPT-2 folder's config.json (OpenAI's say "gelu_new": the tanh form), exact
+  # (erf, nanoGPT's) for nanoGPT checkpoints and new models; "exact" = nanoGPT's choice for GPT-2
+  # folders too (its from_pretrained); "tanh". The run's model line says which.
+  c.model.gelu = "auto"
   # (modules.gpt.ACTIVATIONS; "float32": only the matmul operands in bfloat16, a podlab option)
   # (config.cpu_tuning, run section: on a CPU target the weight gradients run as row-major matmuls,
   # XLA CPU's fast path; float32 results are the same sums in another order. modules/layers.py.)

@@ -3,7 +3,7 @@ Shakespeare in GPT-2 BPE.
 
 The weights and the tokenizer come from `--config.init_from=FOLDER`, a Hugging Face GPT-2 folder
 (config.json, model.safetensors, vocab.json, merges.txt; docs/gpt2.md), read offline; the data is
-../shared/data/tinyshakespeare/input.txt encoded with the folder's BPE (text_corpus level "bpe":
+the repository's Tiny Shakespeare (input_pipeline/data/tinyshakespeare/input.txt) encoded with the folder's BPE (text_corpus level "bpe":
 301,966 train / 36,059 val ids with GPT-2's vocabulary), prepared on first use. As nanoGPT: lr 3e-5
 constant (decay_lr False), 20 iterations (21 updates), batch 1 x 32 accumulation steps of 1024
 tokens (32,768 tokens per update), eval every 5 iterations over 40 batches, dropout 0, AdamW
@@ -51,7 +51,7 @@ def get_config(arg=None):
   c = base.get_config()
   c.init_from = ""                               # required: --config.init_from=FOLDER
   c.dataset.name = "text_corpus"
-  c.dataset.manual_dir = base.SHAKESPEARE_DIR
+  c.dataset.manual_dir = ""                       # the repository's Tiny Shakespeare
   c.dataset.builder_kwargs = ml_collections.ConfigDict(
       {"file": "input.txt", "level": "bpe", "val_fraction": 0.1})
   # The folder's own tokenizer: this field follows --config.init_from (an ml_collections reference;

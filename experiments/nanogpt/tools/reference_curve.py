@@ -45,11 +45,9 @@ from torch.nn import functional as F
 
 from experiments.common import errors
 from experiments.nanogpt.tools import torch_reference
+from input_pipeline import sources
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.realpath(__file__)))))
-DEFAULT_INPUT = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "tinyshakespeare",
-                             "input.txt")
+DEFAULT_INPUT = sources.TINY_SHAKESPEARE          # the repository's copy
 
 # nanoGPT's config/train_shakespeare_char.py with the README's CPU overrides.
 CPU_RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, bias=False, batch_size=12,
@@ -65,8 +63,8 @@ class InputMissing(errors.BadInput, FileNotFoundError):
 def prepare(path: str) -> Tuple[np.ndarray, np.ndarray, List[str]]:
   """(train ids, val ids, vocabulary) of a text file, as nanoGPT's shakespeare_char/prepare.py."""
   if not os.path.isfile(path):
-    raise InputMissing(f"--input={path}: no such file. Fix: pass the tinyshakespeare input.txt "
-                       "(../shared/data/tinyshakespeare/input.txt beside the checkout)")
+    raise InputMissing(f"--input={path}: no such file. Fix: pass a text file, or leave --input "
+                       f"out for the repository's Tiny Shakespeare ({DEFAULT_INPUT})")
   with open(path, encoding="utf-8") as f:
     data = f.read()
   chars = sorted(set(data))
