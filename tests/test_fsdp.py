@@ -229,14 +229,13 @@ def _text_runs(tmp_path, make_config, train_and_evaluate, experiment, steps):
 
 
 @pytest.mark.slow
-def test_nanogpt_trains_alike_in_both_layouts(tmp_path, monkeypatch, shared_data_dir):
+def test_nanogpt_trains_alike_in_both_layouts(tmp_path, monkeypatch):
   from experiments.nanogpt import train as gpt_train  # pylint: disable=g-import-not-at-top
   from experiments.nanogpt.configs import shakespeare_char_cpu  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
 
   def config(data_dir):
     c = shakespeare_char_cpu.get_config("smoke")       # 4 x 4 x 128, block 64
-    c.dataset.manual_dir = str(shared_data_dir / "tinyshakespeare")
     c.dataset.data_dir = str(data_dir)
     c.max_iters, c.eval_interval, c.eval_iters, c.grad_accum = 9, 9, 2, 2
     return c
@@ -245,14 +244,13 @@ def test_nanogpt_trains_alike_in_both_layouts(tmp_path, monkeypatch, shared_data
 
 
 @pytest.mark.slow
-def test_masked_diffusion_trains_alike_in_both_layouts(tmp_path, monkeypatch, shared_data_dir):
+def test_masked_diffusion_trains_alike_in_both_layouts(tmp_path, monkeypatch):
   from experiments.diffucoder import train as mdm_train  # pylint: disable=g-import-not-at-top
   from experiments.diffucoder.configs import shakespeare_mdm  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
 
   def config(data_dir):
     c = shakespeare_mdm.get_config("smoke")
-    c.dataset.manual_dir = str(shared_data_dir / "tinyshakespeare")
     c.dataset.data_dir = str(data_dir)
     c.total_steps = 10
     return c
