@@ -331,7 +331,7 @@ def test_watch_relaunches_the_stand_in_after_a_preemption_and_it_resumes(tmp_pat
     starts = _starts(tmp_path, i)
     assert [s[2] for s in starts] == ["0", "1"] and len({s[1] for s in starts}) == 1, starts
     first, second = _remote_log(tmp_path, i), _remote_log(tmp_path, i, attempt=1)
-    assert "preempted by SIGTERM after step 3; saved" in first, first
+    assert "preempted by SIGTERM after step 3: checkpoint 3 saved" in first, first
     assert "from step 3 to 12" in second and "done at step 12" in second, second
     assert (tmp_path / "podlogs" / "relaunch-1" / f"worker-{i}.log").read_text() == second
 
@@ -456,7 +456,7 @@ def test_status_logs_and_stop_and_watch_respects_a_stop(tmp_path):
     assert stop.returncode == 0, _explain(stop)
     assert re.search(r"worker 0: stopping run \S+ attempt 0 .*SIGTERM, SIGKILL after 20 s", stop.stdout)
     rows = re.findall(r"^([01]) +\S+ +0 +\d+ +no +143 \(stop\) +(\d+) +preempted by SIGTERM after "
-                      r"step (\d+); saved$", stop.stdout, re.M)
+                      r"step (\d+): checkpoint \d+ saved$", stop.stdout, re.M)
     assert len(rows) == 2 and all(r[1] == r[2] for r in rows), stop.stdout
     out = pod.communicate(timeout=60)[0]
   finally:

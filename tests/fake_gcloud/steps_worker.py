@@ -9,7 +9,8 @@ where a TRM run would take a minute: the launcher's behaviour (detach, attach, r
 Every process appends `<pid> <PODLAB_RUN_ID> <PODLAB_RUN_ATTEMPT>` to $HOME/steps-starts.txt when it
 starts (so a test counts the processes a run really had). Worker $PODLAB_PROCESS_ID's progress is
 `--workdir/progress-<worker>.txt` (the last step done): a restart resumes after it, like a trainer
-resuming from its checkpoint. SIGTERM saves the progress and exits 143 (a preempted trainer);
+resuming from its checkpoint. SIGTERM saves the progress, prints `checkpoint N saved` as the
+trainer does, and exits 143 (a preempted trainer);
 --exit-code C exits with C after the last step (--fail-at K: at step K instead). --hold-at K
 --release-file F: after step K it waits until file F exists, so that a test can act on a live run
 however slow the machine is.
@@ -48,7 +49,7 @@ def main() -> None:
 
   def on_term(signum, frame):  # pylint: disable=unused-argument
     save()
-    print(f"preempted by SIGTERM after step {step}; saved", flush=True)
+    print(f"preempted by SIGTERM after step {step}: checkpoint {step} saved", flush=True)
     sys.exit(143)
 
   signal.signal(signal.SIGTERM, on_term)
