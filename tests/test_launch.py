@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 
 import pytest
@@ -667,9 +668,11 @@ def test_pod_passes_arguments_literally(tmp_path):
     assert not glob.glob(str(REPO_ROOT / "PWNED*"))
 
 
-def test_packing_takes_the_work_tree_as_git_sees_it(tmp_path):
-  """A tracked file deleted in the work tree is left out (before: `tar: ...: Cannot stat`), an
-  untracked file goes, an ignored one does not."""
+def test_packing_ships_tracked_files_only_and_what_include_names(tmp_path):
+  """Only what git tracks goes, as it is in the work tree (an edit included, a deleted file left
+  out): an untracked secret.env and id_rsa, a symlinked .venv, workdirs/ and data/ below the root
+  stay here, in the workers' ~/podlab and in the local copy of the archive alike. `--include PATH`
+  ships an untracked path, and the launch says so; a symlink out of the checkout is never shipped."""
   repo = tmp_path / "repo"
   (repo / "tests").mkdir(parents=True)
   shutil.copytree(REPO_ROOT / "launch", repo / "launch")
@@ -678,25 +681,69 @@ def test_packing_takes_the_work_tree_as_git_sees_it(tmp_path):
   shutil.copy(REPO_ROOT / "tests" / "_argv_worker.py", repo / "tests" / "_argv_worker.py")
   (repo / "notes.txt").write_text("tracked, then deleted\n")
   (repo / "kept.txt").write_text("tracked, edited: old\n")
-  (repo / ".gitignore").write_text("*.secret\n")
+  (repo / ".gitignore").write_text("*.secret\n.venv/\n/workdirs/\n")
+  (repo / "inrepo-link").symlink_to("kept.txt")
   git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
   subprocess.run(git + ["init", "-q"], check=True)
   subprocess.run(git + ["add", "-A"], check=True)
   subprocess.run(git + ["commit", "-qm", "x"], check=True)
   (repo / "notes.txt").unlink()
   (repo / "kept.txt").write_text("tracked, edited: new\n")
-  (repo / "untracked.txt").write_text("new file\n")
+  (repo / "secret.env").write_text("API_KEY=never copied\n")
+  (repo / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
   (repo / "token.secret").write_text("never copied\n")
-  proc, _ = _run([repo / "launch" / "pod.sh", "fake-pod", "--python", PYTHON, "--log-dir",
-                  tmp_path / "podlogs", "--module", "tests._argv_worker", "--workdir", tmp_path / "wd",
-                  "--data_dir", tmp_path / "d"], _env(tmp_path), timeout=120, cwd=repo)
+  outside = tmp_path / "shared-venv"
+  (outside / "bin").mkdir(parents=True)
+  (repo / ".venv").symlink_to(outside)                    # `.venv/` matches folders only
+  for d in ("sub/workdirs", "sub/data", "sub/logs"):
+    (repo / d).mkdir(parents=True)
+    (repo / d / "ckpt.bin").write_text("big\n")
+  (repo / "extra").mkdir()
+  (repo / "extra" / "table.csv").write_text("a,b\n")
+  (repo / "extra" / "out-link").symlink_to(outside)
+  args = [repo / "launch" / "pod.sh", "fake-pod", "--python", PYTHON, "--log-dir",
+          tmp_path / "podlogs", "--module", "tests._argv_worker", "--workdir", tmp_path / "wd",
+          "--data_dir", tmp_path / "d"]
+  proc, _ = _run(args + ["--include", "extra"], _env(tmp_path), timeout=120, cwd=repo)
   assert proc.returncode == 0, _explain(proc)
+  assert re.search(r"^pod.sh: code: \d+ files: those git tracks, as in the work tree, and 1 it does "
+                   r"not track$", proc.stdout, re.M), proc.stdout
+  assert "not tracked by git, shipped because of --include extra: 1 file, 4 B" in proc.stdout
+  assert f"not shipped: extra/out-link (a symlink to {outside}, outside the repository)" in proc.stdout
+  with tarfile.open(tmp_path / "podlogs" / "podlab-code.tgz") as tar:
+    names = sorted(tar.getnames())
+  tracked = subprocess.run(git + ["ls-files"], capture_output=True, text=True).stdout.split()
+  assert names == sorted([t for t in tracked if t != "notes.txt"] + ["extra/table.csv"]), names
+  assert {"kept.txt", "inrepo-link", "extra/table.csv", "launch/worker.sh",
+          "tests/_argv_worker.py"} <= set(names)
+  for secret in ("secret.env", "id_rsa", "token.secret", ".venv", "notes.txt", "extra/out-link"):
+    assert secret not in names, names
+  assert not any(n.startswith("sub/") for n in names), names
   for i in range(2):
     code = _home(tmp_path, i) / "podlab"
     assert (code / "kept.txt").read_text() == "tracked, edited: new\n"
-    assert (code / "untracked.txt").is_file() and (code / "launch" / "worker.sh").is_file()
-    assert not (code / "notes.txt").exists() and not (code / "token.secret").exists()
+    assert os.readlink(code / "inrepo-link") == "kept.txt"            # a link, as a link
+    assert (code / "extra" / "table.csv").is_file() and (code / "launch" / "worker.sh").is_file()
+    for gone in ("notes.txt", "secret.env", "id_rsa", "token.secret", ".venv", "sub",
+                 "extra/out-link"):
+      assert not os.path.lexists(code / gone), gone
     assert json.loads((_home(tmp_path, i) / f"argv-{i}.json").read_text())["cwd"] == str(code)
+  # Naming a symlink out of the checkout, or a path outside it: one line, exit 2, nothing copied.
+  for include, message in ((".venv", f"--include .venv: a symlink to {outside}, outside the "
+                                     "repository; pod.sh never follows symlinks"),
+                           (str(tmp_path), "not inside the repository")):
+    calls = len(_tpu_calls(tmp_path))
+    proc, _ = _run(args + ["--include", include], _env(tmp_path), timeout=120, cwd=repo)
+    assert proc.returncode == 2 and message in proc.stderr, _explain(proc)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert len(_tpu_calls(tmp_path)) == calls                       # no gcloud TPU call
+  # The module must be shipped: an untracked one is named with the fix.
+  (repo / "tests" / "_new_worker.py").write_text("print('x')\n")
+  proc, _ = _run(args[:6] + ["--module", "tests._new_worker", *args[8:]], _env(tmp_path),
+                 timeout=120, cwd=repo)
+  assert proc.returncode == 2, _explain(proc)
+  assert ("tests/_new_worker.py is not shipped: git does not track it. Fix: git add "
+          "tests/_new_worker.py, or pass --include tests/_new_worker.py") in proc.stderr
 
 
 def test_pod_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
@@ -732,6 +779,29 @@ def test_pod_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
   assert "--workdir=gs://my-bucket/podlab/stable-1/v4_64'" in proc.stdout
   assert "describe stable-1 --zone=asia-east1-c --project=proj-from-config" in proc.stdout
   assert ["config", "get", "compute/zone"] in _calls(tmp_path)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "configs/nope.py"], "--config=configs/nope.py: config file 'configs/nope.py' not "
+     "found; tried "),
+    (["--dry-run", "--config", "configs/nope.py"], "config file 'configs/nope.py' not found"),
+    (["--", "--config.ema_rate=2"], "config.ema_rate=2.0: must be in [0, 1). Fix: use 0.999"),
+    (["--", "--config.lrr=3e-4"], "--config.lrr: the config has no such field. Fix: did you mean "
+     "--config.lr?"),
+    (["--module", "experiments.nope.main"], "--module 'experiments.nope.main': there is no "
+     "experiments/nope/main.py"),
+])
+def test_pod_checks_the_config_here_before_any_gcloud_tpu_call(tmp_path, args, message):
+  """A mistyped config, a bad override, a value the experiment's validate rejects or a missing
+  module: one line naming the fix, exit 2, before anything is copied, prepared or started (before
+  issue 47 the workers found it, after the code was shipped and the trainers started)."""
+  proc, _ = _run([POD, "fake-pod", "--bucket", "bkt", "--python", PYTHON, "--log-dir",
+                  tmp_path / "podlogs", *args], _env(tmp_path), timeout=120)
+  assert proc.returncode == 2, _explain(proc)
+  assert proc.stderr.startswith("pod.sh: error: ") and message in proc.stderr, _explain(proc)
+  assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+  assert _tpu_calls(tmp_path) == []                       # not even describe
+  assert not (tmp_path / "podlogs").exists() and not (tmp_path / "cloud" / "fake-pod").exists()
 
 
 @pytest.mark.parametrize("args, env, message", [
