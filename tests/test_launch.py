@@ -470,6 +470,67 @@ def test_status_logs_and_stop_and_watch_respects_a_stop(tmp_path):
     assert len(_starts(tmp_path, i)) == 1
 
 
+def test_status_of_quiet_workers_and_a_reused_pid_is_lost_never_signalled(tmp_path):
+  """Workers other than 0 log no progress (as the trainer's): status shows no step for them (not the
+  "from step 0" of their start) and a last line that is not Gloo's chatter. Then the run's records
+  are made to look hard-killed with their pids reused by an unrelated process (in its own process
+  group, as a group kill would find it): status says lost, stop signals nothing, a relaunch is not
+  refused, and the unrelated process lives on (before issue 47 `kill -0` made it "alive yes", the
+  relaunch was refused and stop SIGTERMed then SIGKILLed its group)."""
+  env = _env(tmp_path)
+  release = tmp_path / "release"
+  pod = subprocess.Popen(_pod_cmd(tmp_path, "--python", PYTHON, "--log-dir", tmp_path / "podlogs",
+                                  *_steps_args(tmp_path, "--steps=4", "--interval=0.1",
+                                               "--hold-at=2", f"--release-file={release}",
+                                               "--quiet-others")),
+                         env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+  foreign = None
+  try:
+    for line in pod.stdout:
+      if line.startswith("[worker 0] step 2"):
+        break
+    status, _ = _run([POD, "fake-pod", "status"], env, timeout=120)
+    assert status.returncode == 0, _explain(status)
+    rows = dict((r[0], r[1:]) for r in re.findall(
+        r"^([01]) +\S+ +0 +\d+ +(yes|no) +(\S+) +(\S+) +(.*)$", status.stdout, re.M))
+    assert rows["0"] == ("yes", "-", "2", "step 2"), status.stdout
+    assert rows["1"] == ("yes", "-", "-", "Training from step 0 to 4"), status.stdout
+    assert ("(step -: worker(s) 1 log no training progress of their own; process 0 logs it for the "
+            "whole run)") in status.stdout
+    release.touch()
+    assert pod.wait(timeout=120) == 0, pod.stdout.read()
+  finally:
+    if pod.poll() is None:
+      os.killpg(pod.pid, signal.SIGKILL)
+  try:
+    foreign = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    for i in range(2):
+      record = _home(tmp_path, i) / ".podlab" / f"worker-{i}.run"
+      lines = [l for l in record.read_text().splitlines() if not l.startswith("rc=")]
+      lines = [f"{l.split('=')[0]}={foreign.pid}" if l.startswith(("pid=", "cmd_pid=")) else l
+               for l in lines]
+      record.write_text("\n".join(lines) + "\n")
+    status, _ = _run([POD, "fake-pod", "status"], env, timeout=120)
+    assert status.returncode == 0, _explain(status)
+    assert re.findall(rf"^([01]) +\S+ +0 +{foreign.pid} +no +lost ", status.stdout, re.M) == ["0", "1"], \
+        status.stdout
+    stop, _ = _run([POD, "fake-pod", "stop", "--grace", "2"], env, timeout=120)
+    assert stop.returncode == 0, _explain(stop)
+    assert re.search(r"worker 0: run \S+ attempt 0 \(pid \d+, .*\) is lost: no exit code recorded "
+                     r"and its processes are gone .*; nothing signalled", stop.stdout), stop.stdout
+    assert "no podlab run to stop" in stop.stdout
+    again, _ = _pod(tmp_path, *_steps_args(tmp_path, "--steps=5", "--interval=0.01"), timeout=120)
+    assert again.returncode == 0, _explain(again)
+    assert foreign.poll() is None                  # never signalled
+    for i in range(2):
+      assert len(_starts(tmp_path, i)) == 2
+  finally:
+    if foreign is not None:
+      foreign.kill()
+      foreign.wait()
+
+
 @pytest.mark.parametrize("code", [2, 3])
 def test_watch_does_not_relaunch_bad_input_or_a_nonfinite_run(tmp_path, code):
   proc, _ = _pod(tmp_path, "--watch", *_steps_args(tmp_path, "--steps=1", "--interval=0.01",
@@ -750,9 +811,17 @@ def test_pod_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
   env = _env(tmp_path, PODLAB_BUCKET="my-bucket", PODLAB_ZONE="europe-west4-a",
              PODLAB_PROJECT="my-project")
   proc, _ = _run([POD, "stable-1", "--dry-run", "--internal-ip", "--gcloud-flag=--tunnel-through-iap",
-                  "--ssh-flag=-oLogLevel=ERROR", "--", "--config.lr=3e-4"], env, timeout=30)
+                  "--ssh-flag=-oLogLevel=ERROR", "--stop-tpu-holders", "--", "--config.lr=3e-4"],
+                 env, timeout=120)
   assert proc.returncode == 0, _explain(proc)
   lines = proc.stdout.splitlines()
+  # The checks of a real start ran (the config with the args, the code to ship), nothing else.
+  assert ("pod.sh: checked here: --config=configs/v4_64.py loads with the experiment args and "
+          "passes experiments.trm.main's checks") in lines, proc.stdout
+  assert any(re.fullmatch(r"pod.sh: code: \d+ files: those git tracks, as in the work tree.*", l)
+             for l in lines), proc.stdout
+  prepare = [l for l in lines if "worker.sh prepare" in l]
+  assert len(prepare) == 1 and "worker.sh prepare --stop-others'" in prepare[0], prepare
   assert any(l.startswith("gcloud compute tpus tpu-vm describe stable-1 --zone=europe-west4-a "
                           "--project=my-project") for l in lines), proc.stdout
   run = [l for l in lines if "worker.sh run" in l]
@@ -774,7 +843,7 @@ def test_pod_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
   # Without args the workdir is the config name alone; zone and project from gcloud's config.
   env = _env(tmp_path, PODLAB_BUCKET="my-bucket",
              FAKE_GCLOUD_CONFIG="compute/zone=asia-east1-c,core/project=proj-from-config")
-  proc, _ = _run([POD, "stable-1", "--dry-run"], env, timeout=30)
+  proc, _ = _run([POD, "stable-1", "--dry-run"], env, timeout=120)
   assert proc.returncode == 0, _explain(proc)
   assert "--workdir=gs://my-bucket/podlab/stable-1/v4_64'" in proc.stdout
   assert "describe stable-1 --zone=asia-east1-c --project=proj-from-config" in proc.stdout
@@ -878,26 +947,54 @@ def tpu_vm(tmp_path):
                      PODLAB_SUDO=f"{sudo} -n", PODLAB_STOP_GRACE_S="5", PODLAB_DPKG_LOCK_POLL_S="0.1")
 
 
+def _holders(device):
+  return {int(p) for p in subprocess.run(["lsof", "-t", str(device)], capture_output=True,
+                                         text=True).stdout.split()}
+
+
 @pytest.mark.skipif(shutil.which("lsof") is None, reason="needs lsof")
-def test_clean_stops_processes_holding_the_tpu_through_sudo(tmp_path, tpu_vm):
-  holder = subprocess.Popen(["bash", "-c", f"exec 3<{tmp_path}/dev/accel0; sleep 300"])
+def test_clean_stops_podlabs_own_tpu_holders_and_lists_the_others(tmp_path, tpu_vm):
+  """A process a podlab run left holding the TPU (its command ended; a child it started, which
+  carries the run's PODLAB_RUN_ID, still holds the device) is stopped. Another user's job holding
+  it is listed (user, pid, command) and left alone: clean fails (exit 2) naming the fix, and the
+  libtpu lockfile stays. Only `--stop-others` (pod.sh --stop-tpu-holders) stops it (before issue 47
+  every holder was killed through sudo)."""
+  device = tmp_path / "dev" / "accel0"
+  foreign = subprocess.Popen(["bash", "-c", f"exec 3<{device}; exec sleep 300"])
+  start, _ = _run([WORKER, "run", "--run-id", "left", "--log-dir", tmp_path / "logs", "--detach",
+                   "--", "bash", "-c", f"(exec 3<{device}; exec sleep 300) & echo started"],
+                  tpu_vm, timeout=60)
+  assert start.returncode == 0, _explain(start)
   try:
-    for _ in range(100):               # wait until it holds the device
-      if str(holder.pid) in subprocess.run(["lsof", "-t", str(tmp_path / "dev" / "accel0")],
-                                            capture_output=True, text=True).stdout.split():
+    for _ in range(200):                 # both hold the device, and the run's command has ended
+      record = (tmp_path / "state" / "worker-0.run").read_text()
+      if len(_holders(device)) == 2 and "rc=0" in record:
         break
       time.sleep(0.05)
+    leftover = (_holders(device) - {foreign.pid}).pop()
     proc, _ = _run([WORKER, "clean"], tpu_vm, timeout=60)
+    assert proc.returncode == 2, _explain(proc)
+    assert (f"stopping podlab's stale processes holding the TPU on {os.uname().nodename}: {leftover} "
+            "(SIGTERM") in proc.stdout, _explain(proc)
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    assert "other processes hold the TPU on" in proc.stdout
+    assert f"\n  {user} {foreign.pid} sleep 300\n" in proc.stdout, proc.stdout
+    assert ("1 process(es) that are not podlab's hold the TPU on" in proc.stderr
+            and "Fix: end them, or relaunch with launch/pod.sh NAME --stop-tpu-holders" in proc.stderr)
+    assert foreign.poll() is None and leftover not in _holders(device)
+    assert (tmp_path / "libtpu_lockfile").exists()
+    assert not re.search(rf"^kill -(TERM|KILL) .*\b{foreign.pid}\b", (tmp_path / "sudo.log").read_text(),
+                         re.M)
+    proc, _ = _run([WORKER, "clean", "--stop-others"], tpu_vm, timeout=60)
     assert proc.returncode == 0, _explain(proc)
-    assert f"stopping stale processes holding the TPU on" in proc.stdout and str(holder.pid) in proc.stdout
-    assert holder.wait(timeout=10) == -signal.SIGTERM
+    assert "stopping them (--stop-tpu-holders)" in proc.stdout
+    assert foreign.wait(timeout=10) == -signal.SIGTERM
   finally:
-    holder.kill()
+    foreign.kill()
   assert not (tmp_path / "libtpu_lockfile").exists()
   sudo_log = (tmp_path / "sudo.log").read_text().splitlines()
-  assert f"lsof -t {tmp_path}/dev/accel0" in sudo_log
-  assert re.search(rf"^kill -TERM (\d+ )*{holder.pid}\b", "\n".join(sudo_log), re.M), sudo_log
-  assert f"rm -f {tmp_path}/libtpu_lockfile" in sudo_log
+  assert f"lsof -t {device}" in sudo_log and f"rm -f {tmp_path}/libtpu_lockfile" in sudo_log
+  assert re.search(rf"^kill -TERM (\d+ )*{foreign.pid}\b", "\n".join(sudo_log), re.M), sudo_log
 
 
 def test_clean_installs_a_missing_lsof_after_waiting_for_the_dpkg_lock(tmp_path, tpu_vm):
