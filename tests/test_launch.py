@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -334,7 +335,13 @@ def test_watch_relaunches_the_stand_in_after_a_preemption_and_it_resumes(tmp_pat
     first, second = _remote_log(tmp_path, i), _remote_log(tmp_path, i, attempt=1)
     assert "preempted by SIGTERM after step 3: checkpoint 3 saved" in first, first
     assert "from step 3 to 12" in second and "done at step 12" in second, second
+    # Both attempts' local copies are whole: the lines written after the connection dropped
+    # (the checkpoint line among them) were fetched once the slice was READY again.
+    assert (tmp_path / "podlogs" / f"worker-{i}.log").read_text() == first
     assert (tmp_path / "podlogs" / "relaunch-1" / f"worker-{i}.log").read_text() == second
+  assert "fetching the rest of run" in out
+  assert re.search(r"run \S+ attempt 0: Its last checkpoint is step 3 \(the last one its logs name\), "
+                   rf"in {tmp_path / 'wd'}\n", out), out
 
 
 def _terminal_signals():
@@ -635,6 +642,20 @@ def test_worker_stop_ends_a_recorded_run(tmp_path):
     os.kill(pid, 0)
   proc, _ = _run([WORKER, "stop"], env, timeout=30)
   assert proc.returncode == 0 and "no podlab run to stop" in proc.stdout
+
+
+def test_a_workdir_lock_of_a_run_started_by_hand_names_it_so(tmp_path):
+  """A run started without a launcher has no PODLAB_RUN_ID: a second run on its workdir is told
+  what holds it, not "belongs to run None"."""
+  from experiments.common import config_utils  # pylint: disable=g-import-not-at-top
+  from experiments.common import workdir_lock  # pylint: disable=g-import-not-at-top
+  with workdir_lock.WorkdirLock(str(tmp_path), run_id=None):
+    with pytest.raises(config_utils.WorkdirError) as e:
+      workdir_lock.WorkdirLock(str(tmp_path), run_id="local-2").acquire()
+  message = str(e.value)
+  assert (f"--workdir={str(tmp_path)!r} belongs to a run without a run id (started without "
+          f"launch/pod.sh or launch/local.sh) (host {os.uname().nodename}, pid {os.getpid()}, ") in message
+  assert "None" not in message, message
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1040,6 +1061,41 @@ def test_clean_refuses_while_a_run_is_alive(tmp_path, tpu_vm):
   assert proc.returncode == 2 and "still runs run live attempt 0" in proc.stderr, _explain(proc)
   _run([WORKER, "stop", "--grace", "2"], tpu_vm, timeout=60)
   assert (tmp_path / "libtpu_lockfile").exists()        # nothing was cleaned
+
+
+def test_two_setups_of_one_venv_never_run_pip_at_once(tmp_path):
+  """A dropped prepare re-run while the first still installs: the second setup waits for the
+  first's lock, then finds the venv current; the pip installs never overlap (before issue 47 two
+  pips ran into one venv). python3.11 is a fake whose venv's pip logs its start and end."""
+  log = tmp_path / "pip.log"
+  venv_python = f"""#!/usr/bin/env bash
+if [[ "$1 $2" == "-m pip" ]]; then
+  echo "start $$" >> {log}; sleep 1; echo "end $$" >> {log}; exit 0
+fi
+exec {PYTHON} "$@"
+"""
+  _fake_bin(tmp_path, "python3.11", f"""if [[ "$1 $2" == "-m venv" ]]; then
+  mkdir -p "$3/bin"; printf '%s' {shlex.quote(venv_python)} > "$3/bin/python"; chmod +x "$3/bin/python"
+fi
+""")
+  env = _worker_env(tmp_path, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+  cmd = [str(WORKER), "setup", "--venv", str(tmp_path / "venv"), "--jax", "cpu"]
+  first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  for _ in range(400):                         # the first is inside its pip install
+    if log.exists() and log.read_text().startswith("start"):
+      break
+    time.sleep(0.05)
+  second, _ = _run(cmd, env, timeout=120)
+  out = first.communicate(timeout=120)[0]
+  assert first.returncode == 0, out
+  assert second.returncode == 0, _explain(second)
+  assert re.search(rf"^waiting for {tmp_path}/venv.setup.lock \(pid {first.pid}\): setting up "
+                   rf"{tmp_path}/venv", second.stdout, re.M), _explain(second)
+  assert "is current" in second.stdout and "nothing to install" in second.stdout
+  events = log.read_text().split()
+  assert events[::2] == ["start", "end"] * (len(events) // 4), events          # never nested
+  assert len(set(events[1::2])) == len(events) // 4 == 2                      # pip -U, pip -e
+  assert not (tmp_path / "venv.setup.lock").exists()
 
 
 def test_worker_setup_checks_the_pins_of_a_given_interpreter(tmp_path):
