@@ -516,9 +516,9 @@ checkpoint_phrase() {  # MIRROR
   local step
   step="$(last_checkpoint "$1")"
   if [[ -n "$step" ]]; then
-    echo "Its last checkpoint is step $step (the last one its logs name), in $workdir"
+    echo "its last checkpoint is step $step (the last one its logs name), in $workdir"
   else
-    echo "Its logs here name no checkpoint of this attempt; $workdir holds any it saved"
+    echo "its logs here name no checkpoint of this attempt; $workdir holds any it saved"
   fi
 }
 
@@ -548,7 +548,7 @@ report_failure() {  # MIRROR REMOTE_LOG_DIR
       [[ -f "$mirror/worker-$bad_worker.log" ]] && tail -n 15 "$mirror/worker-$bad_worker.log" | sed 's/^/    /' >&2 ;;
     preempted)
       warn "the slice $name is ${state:-unreachable} (preempted or in maintenance): run $run_id ended" \
-           "with it. $(checkpoint_phrase "$mirror")" ;;
+           "with it; $(checkpoint_phrase "$mirror")" ;;
     unreachable)
       warn "could not reach the workers of $name: run $run_id may still be going." \
            "Check with $(later status); follow with $(later attach)" ;;

@@ -366,7 +366,7 @@ boot_id() {
 BOOT_ID="$(boot_id)"
 
 # PID's start time (Linux: field 22 of /proc/PID/stat, clock ticks since boot; else `ps -o lstart`);
-# nothing (status 1) when there is no such process.
+# nothing (status 1) when there is no such process, or only its zombie.
 proc_start() {
   local s f
   [[ "$1" =~ ^[0-9]+$ ]] || return 1
@@ -374,7 +374,7 @@ proc_start() {
     s="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
     s="${s##*) }"                       # after the command name, which may hold spaces and ')'
     read -r -a f <<<"$s"
-    [[ -n "${f[19]:-}" ]] || return 1
+    [[ -n "${f[19]:-}" && "${f[0]}" != Z ]] || return 1      # a zombie has ended
     echo "${f[19]}"
   else
     s="$(ps -o lstart= -p "$1" 2>/dev/null | tr -s ' ')" && [[ -n "$s" ]] || return 1
@@ -838,17 +838,23 @@ is_podlab_process() {  # PID
   return 1
 }
 
-# SIGTERM to PIDS (as root), SIGKILL after STOP_GRACE_S to those still there.
+# SIGTERM to PIDS (as root), SIGKILL after STOP_GRACE_S to those still there (the same processes:
+# their start times are taken first).
 stop_pids() {
-  local pid t=0 any
+  local pid i t=0 any starts=()
+  for pid in "$@"; do starts+=("$(proc_start "$pid")"); done
   as_root kill -TERM "$@" 2>/dev/null
   while (( t < STOP_GRACE_S * 10 )); do
     any=0
-    for pid in "$@"; do as_root kill -0 "$pid" 2>/dev/null && any=1; done
+    for ((i = 0; i < $#; i++)); do
+      is_process "${@:i+1:1}" "${starts[i]}" "$BOOT_ID" && any=1
+    done
     (( any )) || break
     sleep 0.1; t=$((t + 1))
   done
-  for pid in "$@"; do as_root kill -0 "$pid" 2>/dev/null && as_root kill -KILL "$pid" 2>/dev/null; done
+  for ((i = 0; i < $#; i++)); do
+    is_process "${@:i+1:1}" "${starts[i]}" "$BOOT_ID" && as_root kill -KILL "${@:i+1:1}" 2>/dev/null
+  done
   return 0
 }
 
@@ -890,7 +896,7 @@ sudo apt-get install -y lsof on that worker (or use an image that has it), then 
   if (( ${#others[@]} )); then
     echo "other processes hold the TPU on $(hostname) (user, pid, command):"
     for pid in "${others[@]}"; do
-      echo "  $(ps -o user= -p "$pid" 2>/dev/null | tr -d ' ' || echo '?') $pid $(ps -o args= -p "$pid" 2>/dev/null | cut -c1-200)"
+      echo "  $(stat -c %U "/proc/$pid" 2>/dev/null || echo '?') $pid $(ps -o args= -p "$pid" 2>/dev/null | cut -c1-200)"
     done
     if (( ! stop_others )); then
       die "${#others[@]} process(es) that are not podlab's hold the TPU on $(hostname) (listed \

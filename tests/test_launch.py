@@ -340,7 +340,7 @@ def test_watch_relaunches_the_stand_in_after_a_preemption_and_it_resumes(tmp_pat
     assert (tmp_path / "podlogs" / f"worker-{i}.log").read_text() == first
     assert (tmp_path / "podlogs" / "relaunch-1" / f"worker-{i}.log").read_text() == second
   assert "fetching the rest of run" in out
-  assert re.search(r"run \S+ attempt 0: Its last checkpoint is step 3 \(the last one its logs name\), "
+  assert re.search(r"run \S+ attempt 0: its last checkpoint is step 3 \(the last one its logs name\), "
                    rf"in {tmp_path / 'wd'}\n", out), out
 
 

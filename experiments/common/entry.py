@@ -12,7 +12,7 @@ Every experiment's main.py is a few lines around `run` (training programs) and o
                            v4-64, or cpu: this machine with the pod host's device count) and print
                            memory, FLOPs and predicted speed; trains nothing
   --check_only             load the config with its overrides and run the experiment's checks, then
-                           print `config ok: PATH` and exit 0 (2 with one line when it fails);
+                           print `config ok: FILE` and exit 0 (2 with one line when it fails);
                            starts nothing (no devices, data or workdir): launch/pod.sh's pre-ship check
   --coordinator_address, --num_processes, --process_id   multi-process runs off TPU (or PODLAB_*)
   --verbosity=1 (or PODLAB_VERBOSE=1)   every library's log lines (default: podlab's own only)
@@ -208,7 +208,7 @@ def _check_only(experiment: Any = None) -> None:
       trainer.check_config(experiment, config())
   except errors.USER_ERRORS as e:
     fail(str(e), errors.exit_code(e))
-  print(f"config ok: {config_filename()}", flush=True)
+  print(f"config ok: {config_filename().partition(':')[0]}", flush=True)   # the file, no :arg
   sys.exit(0)
 
 def _report(e: BaseException) -> None:
