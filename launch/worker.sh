@@ -57,7 +57,8 @@
 # `agent-worker-number` from the metadata server, else the `-w-<i>` suffix of the hostname.
 #
 # Environment knobs: PODLAB_STATE_DIR, PODLAB_STOP_GRACE_S, PODLAB_DPKG_LOCK_TIMEOUT_S (default 600:
-# how long apt-get waits for the dpkg lock), PODLAB_SUDO (the sudo command; default `sudo -n` when
+# how long apt-get waits for the dpkg lock), PODLAB_SETUP_LOCK_TIMEOUT_S (default 3600: how long a
+# setup waits for another setup of the same venv), PODLAB_SUDO (the sudo command; default `sudo -n` when
 # not root, none as root). Test hooks: PODLAB_ACCEL_GLOB (the TPU device files, default
 # `/dev/accel* /dev/vfio/[0-9]*`), PODLAB_LIBTPU_LOCKFILE (/tmp/libtpu_lockfile), PODLAB_LSOF (lsof),
 # PODLAB_DPKG_LOCK_POLL_S (10).
