@@ -41,16 +41,31 @@
 #                       another way than exit 2 or 3), wait until it is READY and relaunch: the run
 #                       resumes from its last checkpoint
 #   --max-relaunches N  $PODLAB_MAX_RELAUNCHES (5): --watch gives up after N relaunches
-#   --dry-run           print the gcloud commands (one per line, shell-quoted) and run nothing
+#   --include PATH      also ship PATH (a file or folder of the checkout that git does not track;
+#                       repeatable): only what git tracks is shipped otherwise
+#   --stop-tpu-holders  stop the processes that are not podlab's but hold the TPU on a worker (they
+#                       are listed, and the launch stops before starting, without it)
+#   --dry-run           run the checks of step 0, then print the gcloud commands (one per line,
+#                       shell-quoted) and run nothing
 #   EXPERIMENT ARGS     appended to the command on every worker (after --config and --workdir)
 #
-# What starting does, in order (each a `gcloud compute tpus tpu-vm` command):
+# Local python: $PYTHON, default .venv/bin/python (`make venv`), for the checks of step 0.
+#
+# What starting does, in order (steps 1-4 each a `gcloud compute tpus tpu-vm` command):
+#   0. checks here, before any gcloud TPU call: the module's file exists; for a podlab program
+#      (experiments/common/entry.py) `python -m M --check_only --config=C --workdir=W ARGS`: the config
+#      loads with its overrides and passes the experiment's checks; the module's and the config's
+#      files are shipped. A failure: one line naming the fix, exit 2, nothing copied or started.
+#      The code is packed (launch/pack.py): the files git tracks, as they are in the work tree now
+#      (deleted ones left out), plus each --include PATH; it prints what it ships that git does not
+#      track; symlinks are never followed, and one pointing out of the checkout is not shipped.
 #   1. describe NAME: the slice must be READY (--watch waits for it); its worker count.
-#   2. packs the code as git sees the work tree (tracked files as they are now, deleted ones left
-#      out, untracked files not ignored) and copies it to every worker (`scp --worker=all`).
-#   3. `ssh --worker=all`: unpacks it into ~/podlab (the previous copy: ~/podlab.old), refusing while a
-#      podlab run is alive there; stops stale processes holding the TPU (sudo lsof); sets up the
-#      pinned environment (launch/worker.sh setup; only when pyproject.toml or constraints.txt changed).
+#   2. copies the code to every worker (`scp --worker=all`).
+#   3. `ssh --worker=all`: refusing while a podlab run is alive there, stops podlab's own stale
+#      processes holding the TPU (sudo lsof; other holders are listed and stop the launch unless
+#      --stop-tpu-holders); unpacks the code into ~/podlab (the previous copy: ~/podlab.old); sets up
+#      the pinned environment (launch/worker.sh setup; only when pyproject.toml or constraints.txt
+#      changed; one setup at a time).
 #   4. `ssh --worker=all`: starts `python -m M --config=C --workdir=W ARGS` on every worker through
 #      launch/worker.sh run: its own session and process group, run id, pid file, log on the worker
 #      (~/podlab-logs/<run id>/worker-<i>.log), so ssh dying does not touch it. The same connection
@@ -107,7 +122,8 @@ SUBCOMMANDS=" status logs attach stop "
 name="" sub="" zone="${PODLAB_ZONE:-}" project="${PODLAB_PROJECT:-}" bucket="${PODLAB_BUCKET:-}"
 workdir="" data_dir="" module="experiments.trm.main" config="configs/v4_64.py" python=""
 log_dir="" dry_run=0 internal_ip=0 watch=0 max_relaunches="${PODLAB_MAX_RELAUNCHES:-5}"
-follow=0 lines="" worker="" grace="" gcloud_flags=() user_ssh_flags=() used=()
+follow=0 lines="" worker="" grace="" gcloud_flags=() user_ssh_flags=() used=() includes=()
+stop_tpu_holders=0
 zone_given=0 project_given=0
 [[ -n "$zone" ]] && zone_given=1
 [[ -n "$project" ]] && project_given=1
@@ -125,6 +141,7 @@ set_opt() {  # FLAG VALUE
     --log-dir) log_dir="$2" ;;
     --gcloud-flag) gcloud_flags+=("$2") ;;
     --ssh-flag) user_ssh_flags+=("$2") ;;
+    --include) includes+=(--include "$2"); used+=(--include) ;;
     --max-relaunches) max_relaunches="$2"; used+=(--max-relaunches) ;;
     --worker) worker="$2"; used+=(--worker) ;;
     --grace) grace="$2"; used+=(--grace) ;;
@@ -139,9 +156,10 @@ while [[ $# -gt 0 ]]; do
     --dry-run|--dry_run) dry_run=1; used+=(--dry-run); shift ;;
     --watch) watch=1; used+=(--watch); shift ;;
     --internal-ip) internal_ip=1; shift ;;
+    --stop-tpu-holders) stop_tpu_holders=1; used+=(--stop-tpu-holders); shift ;;
     -f|--follow) follow=1; used+=(-f); shift ;;
     --zone|--project|--bucket|--workdir|--data_dir|--data-dir|--module|--config|--python|--log-dir|\
---gcloud-flag|--ssh-flag|--max-relaunches|--worker|--grace|-n|--lines)
+--gcloud-flag|--ssh-flag|--include|--max-relaunches|--worker|--grace|-n|--lines)
       [[ $# -ge 2 ]] || die "$1 needs a value"
       set_opt "$1" "$2"; shift 2 ;;
     --*=*) set_opt "${1%%=*}" "${1#*=}"; shift ;;
@@ -169,7 +187,7 @@ sub="${sub:-start}"
 for opt in "${used[@]+"${used[@]}"}"; do
   case "$opt:$sub" in
     -f:logs|-n:logs|--worker:logs|--worker:status|--grace:stop|--watch:start|--max-relaunches:start|\
---dry-run:start) ;;
+--dry-run:start|--include:start|--stop-tpu-holders:start) ;;
     *) die "option $opt does not apply to \`${sub}\` (see launch/pod.sh --help)" ;;
   esac
 done
@@ -300,8 +318,10 @@ with_worker() {  # WORKER.SH ARGS: run ~/podlab/launch/worker.sh when the code i
   echo "if [ -f podlab/launch/worker.sh ]; then cd podlab && exec bash launch/worker.sh $1; \
 else echo \"PODLAB_STATUS worker=? state=nocode host=\$(hostname)\"; echo \"no podlab code in ~/podlab on \$(hostname)\" >&2; exit 1; fi"
 }
+prepare_flags=""
+(( stop_tpu_holders )) && prepare_flags=" --stop-others"
 prepare_cmd="set -e; cd; rm -rf podlab.new; mkdir podlab.new; tar -xzf podlab-code.tgz -C podlab.new; \
-exec bash podlab.new/launch/worker.sh prepare$setup_args"
+exec bash podlab.new/launch/worker.sh prepare$prepare_flags$setup_args"
 status_cmd="$(with_worker status)"
 stop_cmd() {  # GRACE [RUN_ID] [--by-user]
   with_worker "stop --grace $1${2:+ --run-id $(q "$2")}${3:+ $3}"
@@ -393,7 +413,7 @@ query_status() {
 }
 
 print_status() {  # the table of query_status' answers
-  local w from=0 to=$((num_workers - 1)) alive rc
+  local w from=0 to=$((num_workers - 1)) alive rc quiet=()
   if [[ -n "$worker" && "$worker" != all ]]; then from="$worker"; to="$worker"; fi
   printf '%-6s  %-24s  %-7s  %-8s  %-5s  %-12s  %-6s  %s\n' worker run attempt pid alive exit step "last log line"
   for ((w = from; w <= to; w++)); do
@@ -408,7 +428,14 @@ print_status() {  # the table of query_status' answers
     [[ "${st_stopped[w]}" == 1 ]] && rc+=" (stop)"
     printf '%-6s  %-24s  %-7s  %-8s  %-5s  %-12s  %-6s  %s\n' "$w" "${st_run[w]}" "${st_attempt[w]}" \
       "${st_pid[w]}" "$alive" "$rc" "${st_step[w]}" "${st_last[w]:0:100}"
+    if (( w > 0 )) && [[ "${st_step[w]}" == - && "${st_step[0]:--}" != - && "${st_run[w]}" == "${st_run[0]}" \
+          && "${st_attempt[w]}" == "${st_attempt[0]}" ]]; then
+      quiet+=("$w")
+    fi
   done
+  if (( ${#quiet[@]} )); then
+    echo "(step -: worker(s) ${quiet[*]} log no training progress of their own; process 0 logs it for the whole run)"
+  fi
 }
 
 # The line counts of the local copies of the workers' logs, as `--from 0:N0,1:N1,...`.
@@ -479,6 +506,31 @@ follow_run() {  # KIND ATTEMPT MIRROR REMOTE_LOG_DIR
   done < "$exits"
 }
 
+# The highest checkpoint step that the local copies of the workers' logs in MIRROR name (the
+# trainer's "checkpoint N saved" at a preemption, "checkpointing: saving step N"), or nothing.
+last_checkpoint() {  # MIRROR
+  cat "$1"/worker-*.log 2>/dev/null | grep -aoE 'checkpoint [0-9]+ saved|checkpointing: saving step [0-9]+' \
+    | grep -oE '[0-9]+' | sort -n | tail -n 1
+}
+checkpoint_phrase() {  # MIRROR
+  local step
+  step="$(last_checkpoint "$1")"
+  if [[ -n "$step" ]]; then
+    echo "its last checkpoint is step $step (the last one its logs name), in $workdir"
+  else
+    echo "its logs here name no checkpoint of this attempt; $workdir holds any it saved"
+  fi
+}
+
+# The rest of attempt A's worker logs into MIRROR, after the connection dropped before their end
+# (a preemption): their lines after those copied here, as `attach` gives them.
+fetch_tail() {  # ATTEMPT MIRROR
+  say "fetching the rest of run $run_id attempt $1's worker logs (the connection dropped before their end)"
+  gc_ssh all "$SSH_TIMEOUT_S" "$(attach_cmd "$1" "$(from_list "$2")")" 2>&1 | monitor tail "$1" "$2" \
+    | grep -v '^PODLAB_WORKER_EXIT'
+  return 0
+}
+
 report_failure() {  # MIRROR REMOTE_LOG_DIR
   local mirror="$1" rdir="$2"
   case "$outcome" in
@@ -496,7 +548,7 @@ report_failure() {  # MIRROR REMOTE_LOG_DIR
       [[ -f "$mirror/worker-$bad_worker.log" ]] && tail -n 15 "$mirror/worker-$bad_worker.log" | sed 's/^/    /' >&2 ;;
     preempted)
       warn "the slice $name is ${state:-unreachable} (preempted or in maintenance): run $run_id ended" \
-           "with it. Its last checkpoint is in $workdir" ;;
+           "with it; $(checkpoint_phrase "$mirror")" ;;
     unreachable)
       warn "could not reach the workers of $name: run $run_id may still be going." \
            "Check with $(later status); follow with $(later attach)" ;;
@@ -634,14 +686,42 @@ wait_ready() {
   done
 }
 
-pack_code() {  # OUT: the work tree as git sees it (deleted tracked files left out)
-  if git -C "$REPO" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    (cd "$REPO" && git ls-files -z -c -o --exclude-standard \
-       | while IFS= read -r -d '' f; do [[ -e "$f" || -L "$f" ]] && printf '%s\0' "$f"; done \
-       | tar --null -T - -czf "$1")
+# Step 0 (see the header): everything that can be checked here, before any gcloud TPU call; packs
+# the code into OUT (nothing written without OUT: the dry run). Dies (exit 2) with one line.
+preship() {  # [OUT]
+  local py="${PYTHON:-$REPO/.venv/bin/python}" mod_file="" cand out rc line requires=() pack_out
+  for cand in "${module//.//}.py" "${module//.//}/__main__.py"; do
+    if [[ -f "$REPO/$cand" ]]; then mod_file="$cand"; break; fi
+  done
+  [[ -n "$mod_file" ]] || die "--module '$module': there is no ${module//.//}.py (nor \
+${module//.//}/__main__.py) in $REPO. Fix: pass the module that runs the experiment, e.g. experiments.trm.main"
+  requires=(--require "$mod_file")
+  if grep -qE '\bentry\.run(_program)?\(' "$REPO/$mod_file"; then
+    [[ -x "$py" ]] || die "the config is checked here before anything is shipped, with $py, which is \
+missing. Fix: make venv (or set PYTHON to an interpreter with the pinned stack)"
+    out="$(cd "$REPO" && JAX_PLATFORMS=cpu "$py" -m "$module" --check_only "--config=$config" \
+             "--workdir=$workdir" "${extra_args[@]+"${extra_args[@]}"}" 2>&1)"; rc=$?
+    if (( rc != 0 )); then
+      line="$(grep -a '^error: ' <<<"$out" | tail -n 1)"
+      [[ -n "$line" ]] || line="$(grep -av '^[[:space:]]*$' <<<"$out" | tail -n 1)"
+      (( rc == 2 )) && die "checked before shipping (nothing was copied or started): ${line#error: }"
+      die "checking the config here failed (exit $rc; nothing was copied or started): $line. Fix: \
+run \`cd $REPO && $py -m $module --check_only --config=$config\` to see why; a local environment \
+without the pinned stack: make venv, or set PYTHON"
+    fi
+    line="$(sed -n 's/^config ok: //p' <<<"$out" | tail -n 1)"
+    [[ -n "$line" ]] && requires+=(--require "$line")
+    say "checked here: --config=$config loads with the experiment args and passes $module's checks"
   else
-    tar -C "$REPO" --exclude=./.venv --exclude=./data --exclude=./workdirs --exclude=./logs -czf "$1" .
+    say "--module $module does not run through experiments/common/entry.py: its arguments are not checked here"
   fi
+  local pack_py=("$py")
+  [[ -x "$py" ]] || pack_py=(python3)
+  if ! pack_out="$("${pack_py[@]}" "$REPO/launch/pack.py" "$REPO" ${1:+--out "$1"} \
+                   "${includes[@]+"${includes[@]}"}" "${requires[@]}" 2>&1)"; then
+    die "$(tail -n 1 <<<"$pack_out")"
+  fi
+  sed 's/^/pod.sh: code: /' <<<"$pack_out"
 }
 
 cmd_start() {
@@ -667,10 +747,13 @@ gs://B/podlab/... workdir and data dir, or give both --workdir and --data_dir"
   run_id="$(date -u +%Y%m%d-%H%M%S)-$(printf '%04x' $((RANDOM % 65536)))"
   log_dir="${log_dir:-$REPO/logs/pod/$name/$run_id}"
 
+  # 0. The checks here, and the code packed, before any gcloud TPU call.
+  phase_now=check
   if (( dry_run )); then
+    preship
     echo "# launch/pod.sh --dry-run: the commands it would run (TensorBoard: tensorboard --logdir $workdir)"
     show "$GCLOUD" compute tpus tpu-vm describe "$name" "${tpu_args[@]}" --format="$FORMAT"
-    echo "# packs the files of \`cd $(q "$REPO") && git ls-files -z -co --exclude-standard\` that exist into $(q "$log_dir/podlab-code.tgz") (tar --null -T - -czf)"
+    echo "# packs the code above (launch/pack.py $(q "$REPO")${includes[*]+ ${includes[*]}}) into $(q "$log_dir/podlab-code.tgz")"
     show "$GCLOUD" compute tpus tpu-vm scp "$log_dir/podlab-code.tgz" "$name:podlab-code.tgz" \
       --worker=all "${conn_args[@]}" "${scp_args[@]}"
     show "$GCLOUD" compute tpus tpu-vm ssh "$name" --worker=all "${conn_args[@]}" "${ssh_args[@]}" --command="$prepare_cmd"
@@ -685,6 +768,7 @@ gs://B/podlab/... workdir and data dir, or give both --workdir and --data_dir"
     exit 0
   fi
 
+  preship "$scratch/podlab-code.tgz"
   require_gcloud
 
   # 1. The slice.
@@ -702,9 +786,8 @@ gs://B/podlab/... workdir and data dir, or give both --workdir and --data_dir"
   echo "pod.sh: workdir $workdir, TFDS data $data_dir"
   echo "pod.sh: TensorBoard: tensorboard --logdir $workdir"
 
-  # 2. The code, packed once: every relaunch runs the same code.
-  phase_now=pack
-  pack_code "$log_dir/podlab-code.tgz" || die "packing the code failed"
+  # 2. The code, packed once (step 0): every relaunch runs the same code.
+  mv -f "$scratch/podlab-code.tgz" "$log_dir/podlab-code.tgz" || die "cannot write $log_dir/podlab-code.tgz"
 
   local attempt=0 relaunches=0 mirror rdir
   while :; do
@@ -791,6 +874,10 @@ gs://B/podlab/... workdir and data dir, or give both --workdir and --data_dir"
     relaunches=$((relaunches + 1)) attempt=$((attempt + 1))
     say "relaunch $relaunches of at most $max_relaunches: once $name is READY, run $run_id resumes from its last checkpoint"
     wait_ready
+    if [[ "$outcome" == preempted ]]; then
+      fetch_tail "$((attempt - 1))" "$mirror"
+      say "run $run_id attempt $((attempt - 1)): $(checkpoint_phrase "$mirror")"
+    fi
   done
 }
 

@@ -11,14 +11,18 @@
 #       `apt-get install python3.11 python3.11-venv` from Ubuntu's own archive, after waiting for the
 #       dpkg lock. With --python: use that interpreter as is, only check the pinned versions.
 #       Prints `PODLAB_PYTHON=<interpreter>` last.
-#   launch/worker.sh prepare [setup options]
+#       One setup of a venv at a time (a lock, DIR.setup.lock): a second waits for the first.
+#   launch/worker.sh prepare [--stop-others] [setup options]
 #       Run from a freshly unpacked <dir>.new (launch/pod.sh): refuses while a podlab run is alive
-#       here, else moves it to <dir> (the old copy to <dir>.old), then `clean` and `setup`; output
-#       prefixed `[worker <i>] `, then `PODLAB_WORKER_EXIT worker=<i> rc=<code> phase=prepare`.
-#   launch/worker.sh clean
-#       On a TPU VM: stops processes that still hold a TPU device (found with `lsof`, installed if
-#       missing) and removes the libtpu lockfile, with sudo when not root. Refuses while a podlab run
-#       is alive here (stop it first).
+#       here, else `clean [--stop-others]`, moves it to <dir> (the old copy to <dir>.old) and runs
+#       `setup`; output prefixed `[worker <i>] `, then `PODLAB_WORKER_EXIT worker=<i> rc=<code>
+#       phase=prepare`.
+#   launch/worker.sh clean [--stop-others]
+#       On a TPU VM: stops podlab's own stale processes that still hold a TPU device (found with
+#       `lsof`, installed if missing: a recorded run's processes, by identity, or a process carrying
+#       a recorded PODLAB_RUN_ID) and removes the libtpu lockfile, with sudo when not root. Other
+#       holders are listed (user, pid, command) and make it fail (exit 2), leaving them and the
+#       lockfile alone; --stop-others stops them too. Refuses while a podlab run is alive here.
 #   launch/worker.sh run --run-id ID [--attempt A] --log-dir DIR [--detach] [--follow [--numbered]]
 #                        [--from-line N | --from I:N,...] -- COMMAND [ARGS...]
 #       Starts COMMAND (argv, never re-parsed by a shell) under a supervisor that appends its
@@ -35,7 +39,9 @@
 #       on; ends with `PODLAB_WORKER_EXIT worker=<i> rc=<exit code|lost> run=ID attempt=A log=<file>`
 #       and exits with the run's exit code.
 #   launch/worker.sh status
-#       One line per recorded run here: `PODLAB_STATUS worker=<i> state=running|exited|lost|none
+#       One line per recorded run here (running: its recorded supervisor or command is alive with the
+#       recorded start time in this boot; lost: no exit code and neither is: a pid alone is never
+#       trusted, nor signalled): `PODLAB_STATUS worker=<i> state=running|exited|lost|none
 #       run=ID attempt=A pid=P rc=R step=S stopped=0|1 log=<file> last=<last log line>`.
 #   launch/worker.sh logs [-f] [-n LINES] [--prefix]
 #       The current run's log (-f: follow it until the run ends; --prefix: `[worker <i>] ` lines).
@@ -51,7 +57,8 @@
 # `agent-worker-number` from the metadata server, else the `-w-<i>` suffix of the hostname.
 #
 # Environment knobs: PODLAB_STATE_DIR, PODLAB_STOP_GRACE_S, PODLAB_DPKG_LOCK_TIMEOUT_S (default 600:
-# how long apt-get waits for the dpkg lock), PODLAB_SUDO (the sudo command; default `sudo -n` when
+# how long apt-get waits for the dpkg lock), PODLAB_SETUP_LOCK_TIMEOUT_S (default 3600: how long a
+# setup waits for another setup of the same venv), PODLAB_SUDO (the sudo command; default `sudo -n` when
 # not root, none as root). Test hooks: PODLAB_ACCEL_GLOB (the TPU device files, default
 # `/dev/accel* /dev/vfio/[0-9]*`), PODLAB_LIBTPU_LOCKFILE (/tmp/libtpu_lockfile), PODLAB_LSOF (lsof),
 # PODLAB_DPKG_LOCK_POLL_S (10).
@@ -69,6 +76,7 @@ LIBTPU_LOCKFILE="${PODLAB_LIBTPU_LOCKFILE:-/tmp/libtpu_lockfile}"
 LSOF="${PODLAB_LSOF:-lsof}"
 DPKG_LOCK_TIMEOUT_S="${PODLAB_DPKG_LOCK_TIMEOUT_S:-600}"
 DPKG_LOCK_POLL_S="${PODLAB_DPKG_LOCK_POLL_S:-10}"
+SETUP_LOCK_TIMEOUT_S="${PODLAB_SETUP_LOCK_TIMEOUT_S:-3600}"
 if [[ -n "${PODLAB_SUDO+x}" ]]; then
   SUDO="$PODLAB_SUDO"
 elif [[ "$(id -u)" == 0 ]]; then
@@ -256,8 +264,15 @@ cmd_setup() {
     return 0
   fi
   local stamp_want stamp_file="$venv/.podlab-stamp"
+  # One setup of a venv at a time: a dropped prepare, re-run while the first still installs, waits
+  # for it (and then finds the venv current) instead of running a second pip into the same venv.
+  local setup_lock="${venv%/}.setup.lock"
+  mkdir -p "$(dirname "$setup_lock")" || die "setup: cannot create the folder of $venv"
+  lock_acquire "$setup_lock" "$SETUP_LOCK_TIMEOUT_S" "setting up $venv (PODLAB_SETUP_LOCK_TIMEOUT_S)"
+  trap 'lock_release "$setup_lock"' EXIT
   stamp_want="$(cat "$REPO/pyproject.toml" "$REPO/constraints.txt" | sha256sum | cut -c1-16)-$jax"
   if [[ -x "$venv/bin/python" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_want" ]]; then
+    lock_release "$setup_lock"
     echo "environment $venv is current ($stamp_want); nothing to install"
     echo "PODLAB_PYTHON=$venv/bin/python"
     return 0
@@ -293,6 +308,7 @@ has it (e.g. tpu-ubuntu2204-base plus python3.11), or pass --python with a 3.11 
   fi
   check_pins "$venv/bin/python" "$tpu_flag" || exit 2
   echo "$stamp_want" > "$stamp_file"
+  lock_release "$setup_lock"
   echo "PODLAB_PYTHON=$venv/bin/python"
 }
 
@@ -310,9 +326,9 @@ cmd_tpu_pin() {
 
 # --------------------------------------------------------------------------------------------------
 # Run records: $STATE_DIR/worker-<i>.run, `key=value` lines written atomically (temp + mv):
-#   run_id, attempt, pid (the supervisor; with --detach also the process group and session id),
-#   cmd_pid (COMMAND), detached (0/1), log, started (epoch s), host; once ended: rc, and
-#   stopped_by_user=1 when `stop --by-user` ended it.
+#   run_id, attempt, pid (the supervisor; with --detach also the process group and session id) and
+#   pid_start (its start time), cmd_pid and cmd_start (COMMAND's), boot_id, detached (0/1), log,
+#   started (epoch s), host; once ended: rc, and stopped_by_user=1 when `stop --by-user` ended it.
 # $STATE_DIR/worker-<i>.pid holds COMMAND's pid while it runs (for tools that signal it directly).
 
 state_get() {  # FILE KEY
@@ -339,15 +355,58 @@ state_set() {  # FILE KEY VALUE: rewrite FILE with KEY=VALUE (atomic)
 
 run_worker_of() { local b="${1##*/worker-}"; echo "${b%.run}"; }  # FILE -> worker index
 
-pid_alive() { [[ "$1" =~ ^[0-9]+$ ]] && kill -0 "$1" 2>/dev/null; }
+# A process' identity is its pid, its start time and the boot it runs in: a pid alone is reused
+# (after a hard kill, an OOM-killed supervisor, a reboot that keeps the disk), and a reused pid must
+# never make a run look alive, nor get a signal meant for it.
 
-# running | exited | lost (no exit code recorded and nothing alive) | none
+# The id of this boot: Linux's boot_id, else the boot time (sysctl kern.boottime: BSD, macOS).
+boot_id() {
+  if [[ -r /proc/sys/kernel/random/boot_id ]]; then cat /proc/sys/kernel/random/boot_id
+  else sysctl -n kern.boottime 2>/dev/null | tr -d ' '; fi
+}
+BOOT_ID="$(boot_id)"
+
+# PID's start time (Linux: field 22 of /proc/PID/stat, clock ticks since boot; else `ps -o lstart`);
+# nothing (status 1) when there is no such process, or only its zombie.
+proc_start() {
+  local s f
+  [[ "$1" =~ ^[0-9]+$ ]] || return 1
+  if [[ -d /proc/self ]]; then
+    s="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+    s="${s##*) }"                       # after the command name, which may hold spaces and ')'
+    read -r -a f <<<"$s"
+    [[ -n "${f[19]:-}" && "${f[0]}" != Z ]] || return 1      # a zombie has ended
+    echo "${f[19]}"
+  else
+    s="$(ps -o lstart= -p "$1" 2>/dev/null | tr -s ' ')" && [[ -n "$s" ]] || return 1
+    echo "${s// /_}"
+  fi
+}
+
+# `PID START BOOT`: the identity of PID now (for records and lock owners).
+identity() { echo "$1 $(proc_start "$1") $BOOT_ID"; }
+
+# True when PID is alive and is the process that was recorded with START in boot BOOT.
+is_process() {  # PID START BOOT
+  [[ -n "${2:-}" && -n "$BOOT_ID" && "${3:-}" == "$BOOT_ID" ]] || return 1
+  [[ "$(proc_start "$1")" == "$2" ]]
+}
+
+# The recorded supervisor (pid) / command (cmd) of run FILE is that very process, still alive.
+run_proc_alive() {  # FILE pid|cmd
+  local f="$1" pid start
+  if [[ "$2" == pid ]]; then pid="$(state_get "$f" pid)"; start="$(state_get "$f" pid_start)"
+  else pid="$(state_get "$f" cmd_pid)"; start="$(state_get "$f" cmd_start)"; fi
+  is_process "$pid" "$start" "$(state_get "$f" boot_id)"
+}
+
+# running | exited | lost (no exit code recorded and neither recorded process is alive with its
+# recorded start time in this boot: the pids may now belong to other processes) | none
 run_state() {
-  local f="$1" pid cmd_pid
+  local f="$1"
   [[ -f "$f" ]] || { echo none; return; }
   if state_get "$f" rc >/dev/null; then echo exited; return; fi
-  pid="$(state_get "$f" pid)"; cmd_pid="$(state_get "$f" cmd_pid)"
-  if pid_alive "$pid" || pid_alive "$cmd_pid"; then echo running; else echo lost; fi
+  if run_proc_alive "$f" pid || run_proc_alive "$f" cmd; then echo running; else echo lost; fi
 }
 
 # Describes the run of FILE in one phrase, e.g. "run 2025-x attempt 0 (pid 123, started ..., log ...)".
@@ -359,21 +418,38 @@ run_phrase() {
        "started $started, log $(state_get "$f" log))"
 }
 
-# A lock around "look at the run record, then start": concurrent `run`s with the same run id (gcloud
-# re-running the command after an ssh failure) must not both start it. mkdir is atomic everywhere.
+# Locks: a symlink whose target is its owner's identity (`PID START BOOT`), created atomically (ln
+# -s fails when it exists) and taken over when its owner is no longer that process.
+#   lock_acquire PATH TIMEOUT_S WHAT   waits up to TIMEOUT_S for PATH (saying once what it waits
+#                                      for), then exits 2 naming the owner
 lock_acquire() {
-  local dir="$STATE_DIR/worker-$1.lock" holder waited=0
-  while ! mkdir "$dir" 2>/dev/null; do
-    holder="$(cat "$dir/pid" 2>/dev/null)"
-    if [[ -n "$holder" ]] && ! pid_alive "$holder"; then
-      rm -rf "$dir"; continue            # its holder died while holding it
+  local path="$1" limit="$2" what="$3" owner start=$SECONDS announced=0
+  while ! ln -s "$(identity $$)" "$path" 2>/dev/null; do
+    if ! owner="$(readlink "$path" 2>/dev/null)"; then
+      [[ -d "$path" && ! -L "$path" ]] && rm -rf "$path"       # an older worker.sh's lock folder
+      continue                                                  # released meanwhile: try again
     fi
-    (( waited++ < 600 )) || die "worker $1: $dir is held by pid ${holder:-?} for 60 s; remove it if that process is gone"
+    # shellcheck disable=SC2086
+    if ! is_process $owner; then
+      # Its owner is gone: take it over, unless another process already did.
+      [[ "$(readlink "$path" 2>/dev/null)" == "$owner" ]] && rm -f "$path"
+      continue
+    fi
+    if (( SECONDS - start >= limit )); then
+      die "$what: $path is held by pid ${owner%% *} for ${limit} s; wait for it, or remove $path if \
+that process is not podlab's"
+    fi
+    if (( ! announced && limit > 60 )); then
+      echo "waiting for $path (pid ${owner%% *}): $what (up to $limit s)"
+      announced=1
+    fi
     sleep 0.1
   done
-  echo $$ > "$dir/pid"
 }
-lock_release() { rm -rf "$STATE_DIR/worker-$1.lock"; }
+lock_release() {  # PATH: removes it when it is this process' lock
+  [[ "$(readlink "$1" 2>/dev/null)" == "$(identity $$)" ]] && rm -f "$1"
+  return 0
+}
 
 # Starts `setsid` COMMAND in its own session when the system can, else as is.
 new_session() {
@@ -396,14 +472,16 @@ cmd_supervise() {
     "$(hostname)" "$i" "$(date -u '+%Y-%m-%d %H:%M:%S UTC')" "$*" >> "$log"
   PODLAB_RUN_ID="$run_id" PODLAB_RUN_ATTEMPT="$attempt" PYTHONUNBUFFERED=1 \
     "$@" >> "$log" 2>&1 < /dev/null &
-  local c=$! rc
+  local c=$! rc c_start
+  c_start="$(proc_start "$c")"
   echo "$c" > "$STATE_DIR/worker-$i.pid"
   local tmp="$f.tmp.$$"
-  printf '%s\n' "run_id=$run_id" "attempt=$attempt" "pid=$$" "cmd_pid=$c" "detached=$detached" \
+  printf '%s\n' "run_id=$run_id" "attempt=$attempt" "pid=$$" "pid_start=$(proc_start $$)" \
+    "cmd_pid=$c" "cmd_start=$c_start" "boot_id=$BOOT_ID" "detached=$detached" \
     "log=$log" "started=$(date +%s)" "host=$(hostname)" > "$tmp" && mv -f "$tmp" "$f"
   while :; do
     wait "$c"; rc=$?
-    pid_alive "$c" || break              # a trapped signal interrupts `wait`: wait again
+    is_process "$c" "$c_start" "$BOOT_ID" || break    # a trapped signal interrupts `wait`: wait again
   done
   # The pid file goes first: once rc is recorded the run counts as ended (stop, status), and by
   # then nothing of it may be left.
@@ -494,10 +572,13 @@ cmd_run() {
   log="$(cd "$log_dir" && pwd)/worker-$i.log"
   f="$STATE_DIR/worker-$i.run"
 
-  lock_acquire "$i"
+  # A lock around "look at the run record, then start": concurrent `run`s with the same run id
+  # (gcloud re-running the command after an ssh failure) must not both start it.
+  local lock="$STATE_DIR/worker-$i.lock"
+  lock_acquire "$lock" 60 "worker $i: starting run $run_id"
   st="$(run_state "$f")"
   if [[ "$st" != none && "$(state_get "$f" run_id)" == "$run_id" && "$(state_get "$f" attempt)" == "$attempt" ]]; then
-    lock_release "$i"
+    lock_release "$lock"
     if [[ "$st" == running ]]; then
       echo "worker.sh: worker $i: $(run_phrase "$f") is already running; attaching to it instead of starting it again" >&2
     else
@@ -511,7 +592,7 @@ cmd_run() {
     return
   fi
   if [[ "$st" == running ]]; then
-    lock_release "$i"
+    lock_release "$lock"
     echo "PODLAB_WORKER_REFUSED worker=$i running=$(state_get "$f" run_id) attempt=$(state_get "$f" attempt) pid=$(state_get "$f" pid)"
     echo "worker.sh: error: worker $i already runs $(run_phrase "$f"); not starting run $run_id" \
          "attempt $attempt next to it. Fix: follow it (launch/pod.sh NAME attach) or stop it first" \
@@ -529,10 +610,10 @@ cmd_run() {
   local supervisor=$!
   local waited=0
   until [[ "$(state_get "$f" run_id 2>/dev/null)" == "$run_id" && "$(state_get "$f" attempt 2>/dev/null)" == "$attempt" ]]; do
-    if (( waited++ > 200 )); then lock_release "$i"; die "worker $i: the run did not start within 20 s (no record in $f)"; fi
+    if (( waited++ > 200 )); then lock_release "$lock"; die "worker $i: the run did not start within 20 s (no record in $f)"; fi
     sleep 0.1
   done
-  lock_release "$i"
+  lock_release "$lock"
   if (( detach && ! follow )); then
     echo "PODLAB_RUN_STARTED worker=$i run=$run_id attempt=$attempt pid=$(state_get "$f" pid) log=$log"
     return 0
@@ -577,10 +658,12 @@ cmd_attach() {
   attach_run "$f" "$i" "$(follow_mode "$follow" "$numbered")" "$from"
 }
 
-# The last training step named in TEXT (metric lines `[12] train/...=`, or `step 12`), else -.
+# The last training step named in TEXT (metric lines `[12] train/...=`, `step 12`, `step 12/40`, `at
+# step 12`), else -. "from step N" is where a run starts, not its progress: it does not count (a
+# process other than 0 logs no progress of its own, and would otherwise stay at "step 0").
 last_step() {
   local m
-  m="$(grep -aoE '\[[0-9]+\] [A-Za-z_./]+=|\bstep [0-9]+\b' <<<"$1" | tail -n 1)"
+  m="$(sed -E 's/from step [0-9]+//g' <<<"$1" | grep -aoE '\[[0-9]+\] [A-Za-z_./]+=|\bstep [0-9]+\b' | tail -n 1)"
   m="$(grep -oE '[0-9]+' <<<"$m" | head -n 1)"
   echo "${m:--}"
 }
@@ -594,8 +677,9 @@ status_line() {
   fi
   log="$(state_get "$f" log)"
   text="$(tail -c 2000000 "$log" 2>/dev/null)"        # one snapshot for the step and the last line
-  # The last line, without absl's `I1123 22:18:42.514158 140312454085504 file.py:49] ` prefix.
-  last="$(grep -av '^[[:space:]]*$' <<<"$text" | tail -n 1 \
+  # The last line, without absl's `I1123 22:18:42.514158 140312454085504 file.py:49] ` prefix and
+  # without the collective library's `[Gloo] Rank 1 is connected to ...` chatter.
+  last="$(grep -avE '^[[:space:]]*$|^\[Gloo\] ' <<<"$text" | tail -n 1 \
           | sed -E 's/^[IWEF][0-9]{4} [0-9:.]+ +[0-9]+ [^]]+\] //' | cut -c1-200)"
   echo "PODLAB_STATUS worker=$i state=$st run=$(state_get "$f" run_id) attempt=$(state_get "$f" attempt)" \
        "pid=$(state_get "$f" pid) rc=$(state_get "$f" rc || echo -) step=$(last_step "$text")" \
@@ -656,6 +740,13 @@ stop_runs() {  # GRACE RUN_ID BY_USER: stop every live recorded run here (or onl
     [[ -z "$only" || "$(state_get "$f" run_id)" == "$only" ]] || continue
     [[ "$(run_state "$f")" == running ]] && files+=("$f")
   done
+  for f in "$STATE_DIR"/worker-*.run; do
+    [[ -f "$f" && "$f" != *.prev.run ]] || continue
+    [[ -z "$only" || "$(state_get "$f" run_id)" == "$only" ]] || continue
+    [[ "$(run_state "$f")" == lost ]] || continue
+    echo "worker $(run_worker_of "$f"): $(run_phrase "$f") is lost: no exit code recorded and its" \
+         "processes are gone (pid $(state_get "$f" pid) is not the recorded process); nothing signalled"
+  done
   if [[ ${#files[@]} -eq 0 ]]; then
     echo "no podlab run to stop on $(hostname)${only:+ (run $only)}"
     return 0
@@ -664,9 +755,11 @@ stop_runs() {  # GRACE RUN_ID BY_USER: stop every live recorded run here (or onl
     pid="$(state_get "$f" pid)"; cmd_pid="$(state_get "$f" cmd_pid)"
     echo "worker $(run_worker_of "$f"): stopping $(run_phrase "$f") on $(hostname): SIGTERM, SIGKILL after ${grace} s"
     (( by_user )) && state_set "$f" stopped_by_user 1
-    if [[ "$(state_get "$f" detached)" == 1 ]]; then
-      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$cmd_pid" 2>/dev/null
-    else
+    # Only the recorded processes themselves (run_state checked their identity): the group of a
+    # live supervisor (it leads it), else COMMAND.
+    if [[ "$(state_get "$f" detached)" == 1 ]] && run_proc_alive "$f" pid; then
+      kill -TERM -- "-$pid" 2>/dev/null
+    elif run_proc_alive "$f" cmd; then
       kill -TERM "$cmd_pid" 2>/dev/null
     fi
   done
@@ -681,10 +774,13 @@ stop_runs() {  # GRACE RUN_ID BY_USER: stop every live recorded run here (or onl
     [[ "$(run_state "$f")" == running ]] || continue
     pid="$(state_get "$f" pid)"; cmd_pid="$(state_get "$f" cmd_pid)"
     echo "worker $(run_worker_of "$f"): still running after ${grace} s: SIGKILL to $(run_phrase "$f")"
-    kill -KILL "$cmd_pid" 2>/dev/null              # the supervisor then records 137
+    run_proc_alive "$f" cmd && kill -KILL "$cmd_pid" 2>/dev/null   # the supervisor then records 137
     local w=0
     while [[ "$(run_state "$f")" == running ]] && (( w++ < 30 )); do sleep 0.1; done
-    if [[ "$(state_get "$f" detached)" == 1 ]]; then kill -KILL -- "-$pid" 2>/dev/null; fi
+    # What is left of its process group, while its supervisor (the group's leader) is still it.
+    if [[ "$(state_get "$f" detached)" == 1 ]] && run_proc_alive "$f" pid; then
+      kill -KILL -- "-$pid" 2>/dev/null
+    fi
   done
   for f in "${files[@]}"; do
     echo "worker $(run_worker_of "$f"): $(run_phrase "$f") ended with exit code $(state_get "$f" rc || echo lost)"
@@ -724,7 +820,53 @@ it first (launch/pod.sh NAME stop)"
   done
 }
 
+# True when PID is podlab's own: a recorded supervisor or command of a run here (its identity, not
+# its pid alone), or a process whose environment carries the PODLAB_RUN_ID of a run recorded here
+# (what the run's command started, which inherits it).
+is_podlab_process() {  # PID
+  local pid="$1" f ids=() env
+  for f in "$STATE_DIR"/worker-*.run; do
+    [[ -f "$f" ]] || continue
+    if is_process "$pid" "$(state_get "$f" pid_start)" "$(state_get "$f" boot_id)" \
+         && [[ "$(state_get "$f" pid)" == "$pid" ]]; then return 0; fi
+    if is_process "$pid" "$(state_get "$f" cmd_start)" "$(state_get "$f" boot_id)" \
+         && [[ "$(state_get "$f" cmd_pid)" == "$pid" ]]; then return 0; fi
+    ids+=("PODLAB_RUN_ID=$(state_get "$f" run_id)")
+  done
+  (( ${#ids[@]} )) || return 1
+  env="$(as_root cat "/proc/$pid/environ" 2>/dev/null | tr '\0' '\n')" || return 1
+  for f in "${ids[@]}"; do grep -qxF -- "$f" <<<"$env" && return 0; done
+  return 1
+}
+
+# SIGTERM to PIDS (as root), SIGKILL after STOP_GRACE_S to those still there (the same processes:
+# their start times are taken first).
+stop_pids() {
+  local pid i t=0 any starts=()
+  for pid in "$@"; do starts+=("$(proc_start "$pid")"); done
+  as_root kill -TERM "$@" 2>/dev/null
+  while (( t < STOP_GRACE_S * 10 )); do
+    any=0
+    for ((i = 0; i < $#; i++)); do
+      is_process "${@:i+1:1}" "${starts[i]}" "$BOOT_ID" && any=1
+    done
+    (( any )) || break
+    sleep 0.1; t=$((t + 1))
+  done
+  for ((i = 0; i < $#; i++)); do
+    is_process "${@:i+1:1}" "${starts[i]}" "$BOOT_ID" && as_root kill -KILL "${@:i+1:1}" 2>/dev/null
+  done
+  return 0
+}
+
 cmd_clean() {
+  local stop_others=0
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --stop-others) stop_others=1; shift ;;
+      *) die "clean: unknown option '$1' (expected --stop-others)" ;;
+    esac
+  done
   refuse_if_running
   if ! on_tpu_vm; then
     echo "no TPU devices on $(hostname) ($ACCEL_GLOB); nothing to clean"
@@ -732,7 +874,7 @@ cmd_clean() {
   fi
   if [[ -n "$SUDO" ]] && ! as_root true 2>/dev/null; then
     echo "warning: '$SUDO true' failed on $(hostname): processes of other users holding the TPU" \
-         "cannot be seen or stopped" >&2
+         "cannot be seen" >&2
   fi
   if ! command -v "$LSOF" >/dev/null 2>&1; then
     echo "lsof missing on $(hostname); installing it with apt-get (it finds processes holding the TPU)"
@@ -741,25 +883,31 @@ cmd_clean() {
 installed (apt-get install lsof failed); without it processes holding the TPU cannot be found. Fix: \
 sudo apt-get install -y lsof on that worker (or use an image that has it), then relaunch"
   fi
-  local devices=() pids=() pid
+  local devices=() ours=() others=() pid
   while IFS= read -r pid; do devices+=("$pid"); done < <(accel_devices)
   while read -r pid; do
-    [[ "$pid" =~ ^[0-9]+$ && "$pid" != "$$" ]] && pids+=("$pid")
+    [[ "$pid" =~ ^[0-9]+$ && "$pid" != "$$" ]] || continue
+    if is_podlab_process "$pid"; then ours+=("$pid"); else others+=("$pid"); fi
   done < <(as_root "$LSOF" -t "${devices[@]}" 2>/dev/null | sort -u)
-  if [[ ${#pids[@]} -eq 0 ]]; then
-    echo "no process holds the TPU on $(hostname)"
-  else
-    echo "stopping stale processes holding the TPU on $(hostname): ${pids[*]} (SIGTERM, SIGKILL after ${STOP_GRACE_S} s)"
-    as_root kill -TERM "${pids[@]}" 2>/dev/null
-    local t=0 any
-    while (( t < STOP_GRACE_S * 10 )); do
-      any=0
-      for pid in "${pids[@]}"; do as_root kill -0 "$pid" 2>/dev/null && any=1; done
-      (( any )) || break
-      sleep 0.1; t=$((t + 1))
-    done
-    for pid in "${pids[@]}"; do as_root kill -0 "$pid" 2>/dev/null && as_root kill -KILL "$pid" 2>/dev/null; done
+  if (( ${#ours[@]} )); then
+    echo "stopping podlab's stale processes holding the TPU on $(hostname): ${ours[*]} (SIGTERM," \
+         "SIGKILL after ${STOP_GRACE_S} s)"
+    stop_pids "${ours[@]}"
   fi
+  if (( ${#others[@]} )); then
+    echo "other processes hold the TPU on $(hostname) (user, pid, command):"
+    for pid in "${others[@]}"; do
+      echo "  $(stat -c %U "/proc/$pid" 2>/dev/null || echo '?') $pid $(ps -o args= -p "$pid" 2>/dev/null | cut -c1-200)"
+    done
+    if (( ! stop_others )); then
+      die "${#others[@]} process(es) that are not podlab's hold the TPU on $(hostname) (listed \
+above); not stopped. Fix: end them, or relaunch with launch/pod.sh NAME --stop-tpu-holders to stop \
+them (SIGTERM, SIGKILL after ${STOP_GRACE_S} s)"
+    fi
+    echo "stopping them (--stop-tpu-holders): SIGTERM, SIGKILL after ${STOP_GRACE_S} s"
+    stop_pids "${others[@]}"
+  fi
+  (( ${#ours[@]} + ${#others[@]} )) || echo "no process holds the TPU on $(hostname)"
   if [[ -e "$LIBTPU_LOCKFILE" ]]; then
     as_root rm -f "$LIBTPU_LOCKFILE" && echo "removed the libtpu lockfile $LIBTPU_LOCKFILE"
   fi
@@ -770,19 +918,20 @@ sudo apt-get install -y lsof on that worker (or use an image that has it), then 
 # prepare: what launch/pod.sh runs right after unpacking a fresh copy of the code into <dir>.new
 
 cmd_prepare() {
-  local i rc
+  local i rc clean_args=()
+  if [[ "${1:-}" == --stop-others ]]; then clean_args=(--stop-others); shift; fi
   i="$(worker_index)"
   {
     local src="$REPO" dest
     dest="${src%.new}"
     [[ "$dest" != "$src" ]] || die "prepare: run it from the unpacked copy <dir>.new, not $src"
     refuse_if_running
+    cmd_clean "${clean_args[@]+"${clean_args[@]}"}" || exit $?
     echo "installing the code in $dest on $(hostname) (the previous copy stays in $dest.old)"
     rm -rf "$dest.old"
     if [[ -d "$dest" ]]; then mv "$dest" "$dest.old" || die "cannot move $dest aside"; fi
     mv "$src" "$dest" || die "cannot move $src to $dest"
     REPO="$dest"; HERE="$dest/launch"; SELF="$HERE/worker.sh"
-    cmd_clean || exit $?
     cmd_setup "$@"
   } 2>&1 | while IFS= read -r line || [[ -n "$line" ]]; do
     if [[ "$line" == PODLAB_WORKER_REFUSED* ]]; then printf '%s\n' "$line"

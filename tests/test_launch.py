@@ -18,10 +18,12 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 
 import pytest
@@ -331,9 +333,15 @@ def test_watch_relaunches_the_stand_in_after_a_preemption_and_it_resumes(tmp_pat
     starts = _starts(tmp_path, i)
     assert [s[2] for s in starts] == ["0", "1"] and len({s[1] for s in starts}) == 1, starts
     first, second = _remote_log(tmp_path, i), _remote_log(tmp_path, i, attempt=1)
-    assert "preempted by SIGTERM after step 3; saved" in first, first
+    assert "preempted by SIGTERM after step 3: checkpoint 3 saved" in first, first
     assert "from step 3 to 12" in second and "done at step 12" in second, second
+    # Both attempts' local copies are whole: the lines written after the connection dropped
+    # (the checkpoint line among them) were fetched once the slice was READY again.
+    assert (tmp_path / "podlogs" / f"worker-{i}.log").read_text() == first
     assert (tmp_path / "podlogs" / "relaunch-1" / f"worker-{i}.log").read_text() == second
+  assert "fetching the rest of run" in out
+  assert re.search(r"run \S+ attempt 0: its last checkpoint is step 3 \(the last one its logs name\), "
+                   rf"in {tmp_path / 'wd'}\n", out), out
 
 
 def _terminal_signals():
@@ -456,7 +464,7 @@ def test_status_logs_and_stop_and_watch_respects_a_stop(tmp_path):
     assert stop.returncode == 0, _explain(stop)
     assert re.search(r"worker 0: stopping run \S+ attempt 0 .*SIGTERM, SIGKILL after 20 s", stop.stdout)
     rows = re.findall(r"^([01]) +\S+ +0 +\d+ +no +143 \(stop\) +(\d+) +preempted by SIGTERM after "
-                      r"step (\d+); saved$", stop.stdout, re.M)
+                      r"step (\d+): checkpoint \d+ saved$", stop.stdout, re.M)
     assert len(rows) == 2 and all(r[1] == r[2] for r in rows), stop.stdout
     out = pod.communicate(timeout=60)[0]
   finally:
@@ -467,6 +475,67 @@ def test_status_logs_and_stop_and_watch_respects_a_stop(tmp_path):
   assert not any("--attempt 1 " in c for c in _ssh_commands(tmp_path))
   for i in range(2):
     assert len(_starts(tmp_path, i)) == 1
+
+
+def test_status_of_quiet_workers_and_a_reused_pid_is_lost_never_signalled(tmp_path):
+  """Workers other than 0 log no progress (as the trainer's): status shows no step for them (not the
+  "from step 0" of their start) and a last line that is not Gloo's chatter. Then the run's records
+  are made to look hard-killed with their pids reused by an unrelated process (in its own process
+  group, as a group kill would find it): status says lost, stop signals nothing, a relaunch is not
+  refused, and the unrelated process lives on (before issue 47 `kill -0` made it "alive yes", the
+  relaunch was refused and stop SIGTERMed then SIGKILLed its group)."""
+  env = _env(tmp_path)
+  release = tmp_path / "release"
+  pod = subprocess.Popen(_pod_cmd(tmp_path, "--python", PYTHON, "--log-dir", tmp_path / "podlogs",
+                                  *_steps_args(tmp_path, "--steps=4", "--interval=0.1",
+                                               "--hold-at=2", f"--release-file={release}",
+                                               "--quiet-others")),
+                         env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+  foreign = None
+  try:
+    for line in pod.stdout:
+      if line.startswith("[worker 0] step 2"):
+        break
+    status, _ = _run([POD, "fake-pod", "status"], env, timeout=120)
+    assert status.returncode == 0, _explain(status)
+    rows = dict((r[0], r[1:]) for r in re.findall(
+        r"^([01]) +\S+ +0 +\d+ +(yes|no) +(\S+) +(\S+) +(.*)$", status.stdout, re.M))
+    assert rows["0"] == ("yes", "-", "2", "step 2"), status.stdout
+    assert rows["1"] == ("yes", "-", "-", "Training from step 0 to 4"), status.stdout
+    assert ("(step -: worker(s) 1 log no training progress of their own; process 0 logs it for the "
+            "whole run)") in status.stdout
+    release.touch()
+    assert pod.wait(timeout=120) == 0, pod.stdout.read()
+  finally:
+    if pod.poll() is None:
+      os.killpg(pod.pid, signal.SIGKILL)
+  try:
+    foreign = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    for i in range(2):
+      record = _home(tmp_path, i) / ".podlab" / f"worker-{i}.run"
+      lines = [l for l in record.read_text().splitlines() if not l.startswith("rc=")]
+      lines = [f"{l.split('=')[0]}={foreign.pid}" if l.startswith(("pid=", "cmd_pid=")) else l
+               for l in lines]
+      record.write_text("\n".join(lines) + "\n")
+    status, _ = _run([POD, "fake-pod", "status"], env, timeout=120)
+    assert status.returncode == 0, _explain(status)
+    assert re.findall(rf"^([01]) +\S+ +0 +{foreign.pid} +no +lost ", status.stdout, re.M) == ["0", "1"], \
+        status.stdout
+    stop, _ = _run([POD, "fake-pod", "stop", "--grace", "2"], env, timeout=120)
+    assert stop.returncode == 0, _explain(stop)
+    assert re.search(r"worker 0: run \S+ attempt 0 \(pid \d+, .*\) is lost: no exit code recorded "
+                     r"and its processes are gone .*; nothing signalled", stop.stdout), stop.stdout
+    assert "no podlab run to stop" in stop.stdout
+    again, _ = _pod(tmp_path, *_steps_args(tmp_path, "--steps=5", "--interval=0.01"), timeout=120)
+    assert again.returncode == 0, _explain(again)
+    assert foreign.poll() is None                  # never signalled
+    for i in range(2):
+      assert len(_starts(tmp_path, i)) == 2
+  finally:
+    if foreign is not None:
+      foreign.kill()
+      foreign.wait()
 
 
 @pytest.mark.parametrize("code", [2, 3])
@@ -575,6 +644,20 @@ def test_worker_stop_ends_a_recorded_run(tmp_path):
   assert proc.returncode == 0 and "no podlab run to stop" in proc.stdout
 
 
+def test_a_workdir_lock_of_a_run_started_by_hand_names_it_so(tmp_path):
+  """A run started without a launcher has no PODLAB_RUN_ID: a second run on its workdir is told
+  what holds it, not "belongs to run None"."""
+  from experiments.common import config_utils  # pylint: disable=g-import-not-at-top
+  from experiments.common import workdir_lock  # pylint: disable=g-import-not-at-top
+  with workdir_lock.WorkdirLock(str(tmp_path), run_id=None):
+    with pytest.raises(config_utils.WorkdirError) as e:
+      workdir_lock.WorkdirLock(str(tmp_path), run_id="local-2").acquire()
+  message = str(e.value)
+  assert (f"--workdir={str(tmp_path)!r} belongs to a run without a run id (started without "
+          f"launch/pod.sh or launch/local.sh) (host {os.uname().nodename}, pid {os.getpid()}, ") in message
+  assert "None" not in message, message
+
+
 # --------------------------------------------------------------------------------------------------
 # Fail-fast and bounded hangs: one process dies (tests/_mp_die_worker.py), the others block in a
 # collective.
@@ -667,9 +750,11 @@ def test_pod_passes_arguments_literally(tmp_path):
     assert not glob.glob(str(REPO_ROOT / "PWNED*"))
 
 
-def test_packing_takes_the_work_tree_as_git_sees_it(tmp_path):
-  """A tracked file deleted in the work tree is left out (before: `tar: ...: Cannot stat`), an
-  untracked file goes, an ignored one does not."""
+def test_packing_ships_tracked_files_only_and_what_include_names(tmp_path):
+  """Only what git tracks goes, as it is in the work tree (an edit included, a deleted file left
+  out): an untracked secret.env and id_rsa, a symlinked .venv, workdirs/ and data/ below the root
+  stay here, in the workers' ~/podlab and in the local copy of the archive alike. `--include PATH`
+  ships an untracked path, and the launch says so; a symlink out of the checkout is never shipped."""
   repo = tmp_path / "repo"
   (repo / "tests").mkdir(parents=True)
   shutil.copytree(REPO_ROOT / "launch", repo / "launch")
@@ -678,34 +763,86 @@ def test_packing_takes_the_work_tree_as_git_sees_it(tmp_path):
   shutil.copy(REPO_ROOT / "tests" / "_argv_worker.py", repo / "tests" / "_argv_worker.py")
   (repo / "notes.txt").write_text("tracked, then deleted\n")
   (repo / "kept.txt").write_text("tracked, edited: old\n")
-  (repo / ".gitignore").write_text("*.secret\n")
+  (repo / ".gitignore").write_text("*.secret\n.venv/\n/workdirs/\n")
+  (repo / "inrepo-link").symlink_to("kept.txt")
   git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
   subprocess.run(git + ["init", "-q"], check=True)
   subprocess.run(git + ["add", "-A"], check=True)
   subprocess.run(git + ["commit", "-qm", "x"], check=True)
   (repo / "notes.txt").unlink()
   (repo / "kept.txt").write_text("tracked, edited: new\n")
-  (repo / "untracked.txt").write_text("new file\n")
+  (repo / "secret.env").write_text("API_KEY=never copied\n")
+  (repo / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
   (repo / "token.secret").write_text("never copied\n")
-  proc, _ = _run([repo / "launch" / "pod.sh", "fake-pod", "--python", PYTHON, "--log-dir",
-                  tmp_path / "podlogs", "--module", "tests._argv_worker", "--workdir", tmp_path / "wd",
-                  "--data_dir", tmp_path / "d"], _env(tmp_path), timeout=120, cwd=repo)
+  outside = tmp_path / "shared-venv"
+  (outside / "bin").mkdir(parents=True)
+  (repo / ".venv").symlink_to(outside)                    # `.venv/` matches folders only
+  for d in ("sub/workdirs", "sub/data", "sub/logs"):
+    (repo / d).mkdir(parents=True)
+    (repo / d / "ckpt.bin").write_text("big\n")
+  (repo / "extra").mkdir()
+  (repo / "extra" / "table.csv").write_text("a,b\n")
+  (repo / "extra" / "out-link").symlink_to(outside)
+  args = [repo / "launch" / "pod.sh", "fake-pod", "--python", PYTHON, "--log-dir",
+          tmp_path / "podlogs", "--module", "tests._argv_worker", "--workdir", tmp_path / "wd",
+          "--data_dir", tmp_path / "d"]
+  proc, _ = _run(args + ["--include", "extra"], _env(tmp_path), timeout=120, cwd=repo)
   assert proc.returncode == 0, _explain(proc)
+  assert re.search(r"^pod.sh: code: \d+ files: those git tracks, as in the work tree, and 1 it does "
+                   r"not track$", proc.stdout, re.M), proc.stdout
+  assert "not tracked by git, shipped because of --include extra: 1 file, 4 B" in proc.stdout
+  assert f"not shipped: extra/out-link (a symlink to {outside}, outside the repository)" in proc.stdout
+  with tarfile.open(tmp_path / "podlogs" / "podlab-code.tgz") as tar:
+    names = sorted(tar.getnames())
+  tracked = subprocess.run(git + ["ls-files"], capture_output=True, text=True).stdout.split()
+  assert names == sorted([t for t in tracked if t != "notes.txt"] + ["extra/table.csv"]), names
+  assert {"kept.txt", "inrepo-link", "extra/table.csv", "launch/worker.sh",
+          "tests/_argv_worker.py"} <= set(names)
+  for secret in ("secret.env", "id_rsa", "token.secret", ".venv", "notes.txt", "extra/out-link"):
+    assert secret not in names, names
+  assert not any(n.startswith("sub/") for n in names), names
   for i in range(2):
     code = _home(tmp_path, i) / "podlab"
     assert (code / "kept.txt").read_text() == "tracked, edited: new\n"
-    assert (code / "untracked.txt").is_file() and (code / "launch" / "worker.sh").is_file()
-    assert not (code / "notes.txt").exists() and not (code / "token.secret").exists()
+    assert os.readlink(code / "inrepo-link") == "kept.txt"            # a link, as a link
+    assert (code / "extra" / "table.csv").is_file() and (code / "launch" / "worker.sh").is_file()
+    for gone in ("notes.txt", "secret.env", "id_rsa", "token.secret", ".venv", "sub",
+                 "extra/out-link"):
+      assert not os.path.lexists(code / gone), gone
     assert json.loads((_home(tmp_path, i) / f"argv-{i}.json").read_text())["cwd"] == str(code)
+  # Naming a symlink out of the checkout, or a path outside it: one line, exit 2, nothing copied.
+  for include, message in ((".venv", f"--include .venv: a symlink to {outside}, outside the "
+                                     "repository; pod.sh never follows symlinks"),
+                           (str(tmp_path), "not inside the repository")):
+    calls = len(_tpu_calls(tmp_path))
+    proc, _ = _run(args + ["--include", include], _env(tmp_path), timeout=120, cwd=repo)
+    assert proc.returncode == 2 and message in proc.stderr, _explain(proc)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert len(_tpu_calls(tmp_path)) == calls                       # no gcloud TPU call
+  # The module must be shipped: an untracked one is named with the fix.
+  (repo / "tests" / "_new_worker.py").write_text("print('x')\n")
+  proc, _ = _run(args[:6] + ["--module", "tests._new_worker", *args[8:]], _env(tmp_path),
+                 timeout=120, cwd=repo)
+  assert proc.returncode == 2, _explain(proc)
+  assert ("tests/_new_worker.py is not shipped: git does not track it. Fix: git add "
+          "tests/_new_worker.py, or pass --include tests/_new_worker.py") in proc.stderr
 
 
 def test_pod_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
   env = _env(tmp_path, PODLAB_BUCKET="my-bucket", PODLAB_ZONE="europe-west4-a",
              PODLAB_PROJECT="my-project")
   proc, _ = _run([POD, "stable-1", "--dry-run", "--internal-ip", "--gcloud-flag=--tunnel-through-iap",
-                  "--ssh-flag=-oLogLevel=ERROR", "--", "--config.lr=3e-4"], env, timeout=30)
+                  "--ssh-flag=-oLogLevel=ERROR", "--stop-tpu-holders", "--", "--config.lr=3e-4"],
+                 env, timeout=120)
   assert proc.returncode == 0, _explain(proc)
   lines = proc.stdout.splitlines()
+  # The checks of a real start ran (the config with the args, the code to ship), nothing else.
+  assert ("pod.sh: checked here: --config=configs/v4_64.py loads with the experiment args and "
+          "passes experiments.trm.main's checks") in lines, proc.stdout
+  assert any(re.fullmatch(r"pod.sh: code: \d+ files: those git tracks, as in the work tree.*", l)
+             for l in lines), proc.stdout
+  prepare = [l for l in lines if "worker.sh prepare" in l]
+  assert len(prepare) == 1 and "worker.sh prepare --stop-others'" in prepare[0], prepare
   assert any(l.startswith("gcloud compute tpus tpu-vm describe stable-1 --zone=europe-west4-a "
                           "--project=my-project") for l in lines), proc.stdout
   run = [l for l in lines if "worker.sh run" in l]
@@ -727,11 +864,34 @@ def test_pod_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
   # Without args the workdir is the config name alone; zone and project from gcloud's config.
   env = _env(tmp_path, PODLAB_BUCKET="my-bucket",
              FAKE_GCLOUD_CONFIG="compute/zone=asia-east1-c,core/project=proj-from-config")
-  proc, _ = _run([POD, "stable-1", "--dry-run"], env, timeout=30)
+  proc, _ = _run([POD, "stable-1", "--dry-run"], env, timeout=120)
   assert proc.returncode == 0, _explain(proc)
   assert "--workdir=gs://my-bucket/podlab/stable-1/v4_64'" in proc.stdout
   assert "describe stable-1 --zone=asia-east1-c --project=proj-from-config" in proc.stdout
   assert ["config", "get", "compute/zone"] in _calls(tmp_path)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "configs/nope.py"], "--config=configs/nope.py: config file 'configs/nope.py' not "
+     "found; tried "),
+    (["--dry-run", "--config", "configs/nope.py"], "config file 'configs/nope.py' not found"),
+    (["--", "--config.ema_rate=2"], "config.ema_rate=2.0: must be in [0, 1). Fix: use 0.999"),
+    (["--", "--config.lrr=3e-4"], "--config.lrr: the config has no such field. Fix: did you mean "
+     "--config.lr?"),
+    (["--module", "experiments.nope.main"], "--module 'experiments.nope.main': there is no "
+     "experiments/nope/main.py"),
+])
+def test_pod_checks_the_config_here_before_any_gcloud_tpu_call(tmp_path, args, message):
+  """A mistyped config, a bad override, a value the experiment's validate rejects or a missing
+  module: one line naming the fix, exit 2, before anything is copied, prepared or started (before
+  issue 47 the workers found it, after the code was shipped and the trainers started)."""
+  proc, _ = _run([POD, "fake-pod", "--bucket", "bkt", "--python", PYTHON, "--log-dir",
+                  tmp_path / "podlogs", *args], _env(tmp_path), timeout=120)
+  assert proc.returncode == 2, _explain(proc)
+  assert proc.stderr.startswith("pod.sh: error: ") and message in proc.stderr, _explain(proc)
+  assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+  assert _tpu_calls(tmp_path) == []                       # not even describe
+  assert not (tmp_path / "podlogs").exists() and not (tmp_path / "cloud" / "fake-pod").exists()
 
 
 @pytest.mark.parametrize("args, env, message", [
@@ -808,26 +968,54 @@ def tpu_vm(tmp_path):
                      PODLAB_SUDO=f"{sudo} -n", PODLAB_STOP_GRACE_S="5", PODLAB_DPKG_LOCK_POLL_S="0.1")
 
 
+def _holders(device):
+  return {int(p) for p in subprocess.run(["lsof", "-t", str(device)], capture_output=True,
+                                         text=True).stdout.split()}
+
+
 @pytest.mark.skipif(shutil.which("lsof") is None, reason="needs lsof")
-def test_clean_stops_processes_holding_the_tpu_through_sudo(tmp_path, tpu_vm):
-  holder = subprocess.Popen(["bash", "-c", f"exec 3<{tmp_path}/dev/accel0; sleep 300"])
+def test_clean_stops_podlabs_own_tpu_holders_and_lists_the_others(tmp_path, tpu_vm):
+  """A process a podlab run left holding the TPU (its command ended; a child it started, which
+  carries the run's PODLAB_RUN_ID, still holds the device) is stopped. Another user's job holding
+  it is listed (user, pid, command) and left alone: clean fails (exit 2) naming the fix, and the
+  libtpu lockfile stays. Only `--stop-others` (pod.sh --stop-tpu-holders) stops it (before issue 47
+  every holder was killed through sudo)."""
+  device = tmp_path / "dev" / "accel0"
+  foreign = subprocess.Popen(["bash", "-c", f"exec 3<{device}; exec sleep 300"])
+  start, _ = _run([WORKER, "run", "--run-id", "left", "--log-dir", tmp_path / "logs", "--detach",
+                   "--", "bash", "-c", f"(exec 3<{device}; exec sleep 300) & echo started"],
+                  tpu_vm, timeout=60)
+  assert start.returncode == 0, _explain(start)
   try:
-    for _ in range(100):               # wait until it holds the device
-      if str(holder.pid) in subprocess.run(["lsof", "-t", str(tmp_path / "dev" / "accel0")],
-                                            capture_output=True, text=True).stdout.split():
+    for _ in range(200):                 # both hold the device, and the run's command has ended
+      record = (tmp_path / "state" / "worker-0.run").read_text()
+      if len(_holders(device)) == 2 and "rc=0" in record:
         break
       time.sleep(0.05)
+    leftover = (_holders(device) - {foreign.pid}).pop()
     proc, _ = _run([WORKER, "clean"], tpu_vm, timeout=60)
+    assert proc.returncode == 2, _explain(proc)
+    assert (f"stopping podlab's stale processes holding the TPU on {os.uname().nodename}: {leftover} "
+            "(SIGTERM") in proc.stdout, _explain(proc)
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    assert "other processes hold the TPU on" in proc.stdout
+    assert f"\n  {user} {foreign.pid} sleep 300\n" in proc.stdout, proc.stdout
+    assert ("1 process(es) that are not podlab's hold the TPU on" in proc.stderr
+            and "Fix: end them, or relaunch with launch/pod.sh NAME --stop-tpu-holders" in proc.stderr)
+    assert foreign.poll() is None and leftover not in _holders(device)
+    assert (tmp_path / "libtpu_lockfile").exists()
+    assert not re.search(rf"^kill -(TERM|KILL) .*\b{foreign.pid}\b", (tmp_path / "sudo.log").read_text(),
+                         re.M)
+    proc, _ = _run([WORKER, "clean", "--stop-others"], tpu_vm, timeout=60)
     assert proc.returncode == 0, _explain(proc)
-    assert f"stopping stale processes holding the TPU on" in proc.stdout and str(holder.pid) in proc.stdout
-    assert holder.wait(timeout=10) == -signal.SIGTERM
+    assert "stopping them (--stop-tpu-holders)" in proc.stdout
+    assert foreign.wait(timeout=10) == -signal.SIGTERM
   finally:
-    holder.kill()
+    foreign.kill()
   assert not (tmp_path / "libtpu_lockfile").exists()
   sudo_log = (tmp_path / "sudo.log").read_text().splitlines()
-  assert f"lsof -t {tmp_path}/dev/accel0" in sudo_log
-  assert re.search(rf"^kill -TERM (\d+ )*{holder.pid}\b", "\n".join(sudo_log), re.M), sudo_log
-  assert f"rm -f {tmp_path}/libtpu_lockfile" in sudo_log
+  assert f"lsof -t {device}" in sudo_log and f"rm -f {tmp_path}/libtpu_lockfile" in sudo_log
+  assert re.search(rf"^kill -TERM (\d+ )*{foreign.pid}\b", "\n".join(sudo_log), re.M), sudo_log
 
 
 def test_clean_installs_a_missing_lsof_after_waiting_for_the_dpkg_lock(tmp_path, tpu_vm):
@@ -873,6 +1061,41 @@ def test_clean_refuses_while_a_run_is_alive(tmp_path, tpu_vm):
   assert proc.returncode == 2 and "still runs run live attempt 0" in proc.stderr, _explain(proc)
   _run([WORKER, "stop", "--grace", "2"], tpu_vm, timeout=60)
   assert (tmp_path / "libtpu_lockfile").exists()        # nothing was cleaned
+
+
+def test_two_setups_of_one_venv_never_run_pip_at_once(tmp_path):
+  """A dropped prepare re-run while the first still installs: the second setup waits for the
+  first's lock, then finds the venv current; the pip installs never overlap (before issue 47 two
+  pips ran into one venv). python3.11 is a fake whose venv's pip logs its start and end."""
+  log = tmp_path / "pip.log"
+  venv_python = f"""#!/usr/bin/env bash
+if [[ "$1 $2" == "-m pip" ]]; then
+  echo "start $$" >> {log}; sleep 1; echo "end $$" >> {log}; exit 0
+fi
+exec {PYTHON} "$@"
+"""
+  _fake_bin(tmp_path, "python3.11", f"""if [[ "$1 $2" == "-m venv" ]]; then
+  mkdir -p "$3/bin"; printf '%s' {shlex.quote(venv_python)} > "$3/bin/python"; chmod +x "$3/bin/python"
+fi
+""")
+  env = _worker_env(tmp_path, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+  cmd = [str(WORKER), "setup", "--venv", str(tmp_path / "venv"), "--jax", "cpu"]
+  first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  for _ in range(400):                         # the first is inside its pip install
+    if log.exists() and log.read_text().startswith("start"):
+      break
+    time.sleep(0.05)
+  second, _ = _run(cmd, env, timeout=120)
+  out = first.communicate(timeout=120)[0]
+  assert first.returncode == 0, out
+  assert second.returncode == 0, _explain(second)
+  assert re.search(rf"^waiting for {tmp_path}/venv.setup.lock \(pid {first.pid}\): setting up "
+                   rf"{tmp_path}/venv", second.stdout, re.M), _explain(second)
+  assert "is current" in second.stdout and "nothing to install" in second.stdout
+  events = log.read_text().split()
+  assert events[::2] == ["start", "end"] * (len(events) // 4), events          # never nested
+  assert len(set(events[1::2])) == len(events) // 4 == 2                      # pip -U, pip -e
+  assert not (tmp_path / "venv.setup.lock").exists()
 
 
 def test_worker_setup_checks_the_pins_of_a_given_interpreter(tmp_path):

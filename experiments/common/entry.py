@@ -11,6 +11,9 @@ Every experiment's main.py is a few lines around `run` (training programs) and o
   --dry_run [--target=T]   compile the run's programs for T (a gcloud accelerator type such as
                            v4-64, or cpu: this machine with the pod host's device count) and print
                            memory, FLOPs and predicted speed; trains nothing
+  --check_only             load the config with its overrides and run the experiment's checks, then
+                           print `config ok: FILE` and exit 0 (2 with one line when it fails);
+                           starts nothing (no devices, data or workdir): launch/pod.sh's pre-ship check
   --coordinator_address, --num_processes, --process_id   multi-process runs off TPU (or PODLAB_*)
   --verbosity=1 (or PODLAB_VERBOSE=1)   every library's log lines (default: podlab's own only)
 
@@ -72,6 +75,9 @@ _TARGET = flags.DEFINE_string("target", None,
 _SEARCH_BATCH = flags.DEFINE_bool("search_batch", False,
                                   "With --dry_run: find the largest per-device batch that fits the "
                                   "target and its predicted speed.")
+_CHECK_ONLY = flags.DEFINE_bool("check_only", False,
+                                "Load the config with its overrides, run the experiment's checks and "
+                                "exit (0: `config ok: PATH`); starts no devices, data or workdir.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "host:port of process 0 for multi-process runs off TPU.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (off TPU).")
@@ -194,6 +200,17 @@ def _parse_flags(argv):
 # --------------------------------------------------------------------------------------------------
 # Programs.
 
+def _check_only(experiment: Any = None) -> None:
+  """--check_only: the config loaded (flag parsing did it) and, for a training program, checked as
+  the trainer checks it; one line and the exit code on failure, else `config ok: PATH`, exit 0."""
+  try:
+    if experiment is not None:
+      trainer.check_config(experiment, config())
+  except errors.USER_ERRORS as e:
+    fail(str(e), errors.exit_code(e))
+  print(f"config ok: {config_filename().partition(':')[0]}", flush=True)   # the file, no :arg
+  sys.exit(0)
+
 def _report(e: BaseException) -> None:
   """One line for podlab's errors, the traceback for anything else (a bug)."""
   if isinstance(e, errors.Preempted):
@@ -241,6 +258,8 @@ def run_program(experiment_dir: str, fn: Callable[[], Any], *,
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _CHECK_ONLY.value:
+      _check_only()
     _run_guarded(fn)
 
   argv = config_utils.resolve_config_argv(sys.argv, experiment_dir)
@@ -269,6 +288,8 @@ def run(experiment_dir: str, make_experiment: Callable[[], Any]) -> None:
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _CHECK_ONLY.value:
+      _check_only(make_experiment())
     if _DRY_RUN.value:
       dry_run.prepare(config(), _TARGET.value)     # fake CPU devices before JAX starts a backend
       _run_guarded(program)

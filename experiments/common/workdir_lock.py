@@ -203,6 +203,14 @@ def _pid_alive(pid: int) -> bool:
   return True
 
 
+def run_name(run_id: Optional[str]) -> str:
+  """How messages name a run: `run ID`, or what a run without an id is (started by hand: only
+  launch/pod.sh and launch/local.sh give a run its PODLAB_RUN_ID)."""
+  if run_id:
+    return f"run {run_id}"
+  return "a run without a run id (started without launch/pod.sh or launch/local.sh)"
+
+
 def read_lock(workdir: str, store=None) -> Optional[Dict[str, Any]]:
   """The holder record of `workdir`'s lock, or None when it is free (or unreadable)."""
   store = store or store_for(workdir)
@@ -274,7 +282,7 @@ class WorkdirLock:
   def _held_error(self, holder: Mapping[str, Any]) -> config_utils.WorkdirError:
     age = self.clock() - float(holder.get("heartbeat", 0))
     return config_utils.WorkdirError(
-        f"--workdir={self.workdir!r} belongs to run {holder.get('run_id')} (host "
+        f"--workdir={self.workdir!r} belongs to {run_name(holder.get('run_id'))} (host "
         f"{holder.get('host')}, pid {holder.get('pid')}, started "
         f"{holder.get('started_utc') or _iso(float(holder.get('started', 0)))}, last heartbeat "
         f"{age:.0f} s ago; lock {self.path}). Fix: let that run finish or stop it "
@@ -302,8 +310,8 @@ class WorkdirLock:
         reason = self._stale_reason(holder)
         if reason is None:
           raise self._held_error(holder)
-        logging.warning("workdir lock %s: taking it over from run %s (host %s, pid %s): %s",
-                        self.path, holder.get("run_id"), holder.get("host"), holder.get("pid"),
+        logging.warning("workdir lock %s: taking it over from %s (host %s, pid %s): %s",
+                        self.path, run_name(holder.get("run_id")), holder.get("host"), holder.get("pid"),
                         reason)
         self.store.replace(self.path, json.dumps(self._record()))
         break
@@ -317,7 +325,7 @@ class WorkdirLock:
     if holder is None or holder.get("token") != self.token:
       raise self._held_error(holder or {})
     self.held = True
-    logging.info("workdir lock %s: held by run %s (host %s, pid %d)", self.path, self.run_id,
+    logging.info("workdir lock %s: held by %s (host %s, pid %d)", self.path, run_name(self.run_id),
                  self.host, self.pid)
     self._stop.clear()
     self._thread = threading.Thread(target=self._heartbeat_loop, name="workdir-lock-heartbeat",
@@ -338,7 +346,7 @@ class WorkdirLock:
           self.held = False
           logging.error("workdir lock %s: no longer ours: now %s", self.path,
                         "deleted" if holder is None else
-                        f"held by run {holder.get('run_id')} (host {holder.get('host')}, pid "
+                        f"held by {run_name(holder.get('run_id'))} (host {holder.get('host')}, pid "
                         f"{holder.get('pid')})")
           return False
         self.store.replace(self.path, json.dumps(self._record()))
@@ -357,8 +365,8 @@ class WorkdirLock:
     """Raises config_utils.WorkdirError when the lock was lost (call before writing checkpoints)."""
     if self.lost is not None:
       raise config_utils.WorkdirError(
-          f"--workdir={self.workdir!r}: this run ({self.run_id}) lost its lock {self.path} to run "
-          f"{self.lost.get('run_id')} (host {self.lost.get('host')}, pid "
+          f"--workdir={self.workdir!r}: this run ({run_name(self.run_id)}) lost its lock {self.path} "
+          f"to {run_name(self.lost.get('run_id'))} (host {self.lost.get('host')}, pid "
           f"{self.lost.get('pid')}). Fix: two runs share the workdir; stop one of them")
 
   def release(self) -> None:
@@ -378,7 +386,7 @@ class WorkdirLock:
           logging.info("workdir lock %s: released", self.path)
         else:
           logging.warning("workdir lock %s: not deleted: it is now %s", self.path,
-                          "gone" if holder is None else f"run {holder.get('run_id')}'s")
+                          "gone" if holder is None else f"{run_name(holder.get('run_id'))}'s")
 
   def __enter__(self) -> "WorkdirLock":
     return self.acquire()

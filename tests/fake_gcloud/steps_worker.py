@@ -9,8 +9,11 @@ where a TRM run would take a minute: the launcher's behaviour (detach, attach, r
 Every process appends `<pid> <PODLAB_RUN_ID> <PODLAB_RUN_ATTEMPT>` to $HOME/steps-starts.txt when it
 starts (so a test counts the processes a run really had). Worker $PODLAB_PROCESS_ID's progress is
 `--workdir/progress-<worker>.txt` (the last step done): a restart resumes after it, like a trainer
-resuming from its checkpoint. SIGTERM saves the progress and exits 143 (a preempted trainer);
---exit-code C exits with C after the last step (--fail-at K: at step K instead). --hold-at K
+resuming from its checkpoint. SIGTERM saves the progress, prints `checkpoint N saved` as the
+trainer does, and exits 143 (a preempted trainer);
+--exit-code C exits with C after the last step (--fail-at K: at step K instead). --quiet-others:
+workers other than 0 print no `step N` lines, as the trainer's processes other than 0 (a
+"Training from step S to N" line and a Gloo line instead). --hold-at K
 --release-file F: after step K it waits until file F exists, so that a test can act on a live run
 however slow the machine is.
 """
@@ -30,6 +33,7 @@ def main() -> None:
   parser.add_argument("--fail-at", type=int, default=0)
   parser.add_argument("--hold-at", type=int, default=0)
   parser.add_argument("--release-file", default="")
+  parser.add_argument("--quiet-others", action="store_true")
   args, _ = parser.parse_known_args()
   worker = os.environ.get("PODLAB_PROCESS_ID", "0")
   run_id = os.environ.get("PODLAB_RUN_ID", "-")
@@ -48,17 +52,23 @@ def main() -> None:
 
   def on_term(signum, frame):  # pylint: disable=unused-argument
     save()
-    print(f"preempted by SIGTERM after step {step}; saved", flush=True)
+    print(f"preempted by SIGTERM after step {step}: checkpoint {step} saved", flush=True)
     sys.exit(143)
 
   signal.signal(signal.SIGTERM, on_term)
   print(f"worker {worker}: run {run_id} attempt {attempt}: from step {start} to {args.steps}",
         flush=True)
+  quiet = args.quiet_others and worker != "0"
+  if quiet:          # as the trainer on processes other than 0: no progress lines, Gloo chatter
+    print(f"Training from step {start} to {args.steps}", flush=True)
+    print(f"[Gloo] Rank {worker} is connected to 1 peer ranks. Expected number of connected peer "
+          "ranks is : 1", flush=True)
   while step < args.steps:
     time.sleep(args.interval)
     step += 1
     save()
-    print(f"step {step}", flush=True)
+    if not quiet:
+      print(f"step {step}", flush=True)
     if step == args.hold_at and args.release_file:
       while not os.path.exists(args.release_file):
         time.sleep(0.05)
