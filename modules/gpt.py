@@ -143,8 +143,11 @@ class GPT(hk.Module):
     act = mm if cfg.activations == "autocast" else dtype         # Linear, attention, GELU outputs
     normal = hk.initializers.RandomNormal(INIT_STD)
     proj = hk.initializers.RandomNormal(INIT_STD / math.sqrt(2 * cfg.n_layer))
-    wte = layers.Embed(cfg.vocab_size, cfg.n_embd, w_init=normal, dtype=dtype, name="wte")
-    wpe = layers.Embed(cfg.block_size, cfg.n_embd, w_init=normal, dtype=dtype, name="wpe")
+    wte = layers.Embed(cfg.vocab_size, cfg.n_embd, w_init=normal, dtype=dtype, name="wte",
+                       lookup="gather" if cfg.fast_grad else "auto")   # a CPU target: gather
+    # Positions never collide: their gradient is no serialised scatter, so always a gather.
+    wpe = layers.Embed(cfg.block_size, cfg.n_embd, w_init=normal, dtype=dtype, name="wpe",
+                       lookup="gather")
     start = 0 if kv_cache is None else jnp.asarray(cache_index, jnp.int32)
     pos = start + jnp.arange(T, dtype=jnp.int32)                 # [T]
     x = wte(idx) + wpe(pos)[None]                                # [B, T, C]

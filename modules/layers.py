@@ -94,6 +94,51 @@ def _dot(a: jax.Array, b: jax.Array, contract_b: int) -> jax.Array:
                              preferred_element_type=jnp.float32)
 
 
+def _is_low_precision(dtype: DTypeLike) -> bool:
+  return jnp.dtype(dtype) != jnp.float32
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def _einsum(spec: str, a: jax.Array, b: jax.Array, dtype: str) -> jax.Array:
+  return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _einsum_fwd(spec, a, b, dtype):
+  ac, bc = a.astype(dtype), b.astype(dtype)
+  # Zero-size arrays carry the input dtypes (residuals must be arrays).
+  return _einsum(spec, ac, bc, dtype), (ac, bc, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
+
+
+def _einsum_bwd(spec, dtype, res, g):                          # g: float32, the output's shape
+  ac, bc, a_like, b_like = res
+  ins, out = spec.split("->")
+  sa, sb = ins.split(",")
+  gc = g.astype(dtype)
+  da = jnp.einsum(f"{out},{sb}->{sa}", gc, bc, preferred_element_type=jnp.float32)
+  db = jnp.einsum(f"{sa},{out}->{sb}", ac, gc, preferred_element_type=jnp.float32)
+  return da.astype(a_like.dtype), db.astype(b_like.dtype)
+
+
+_einsum.defvjp(_einsum_fwd, _einsum_bwd)
+
+
+def einsum(spec: str, a: jax.Array, b: jax.Array, dtype: DTypeLike) -> jax.Array:
+  """jnp.einsum(spec, a, b) on operands cast to `dtype`, float32 accumulation -> float32 result.
+
+  A low-precision `dtype` (bfloat16) runs the gradient's two products on `dtype` operands with
+  float32 accumulation too, as torch autocast and the reference's CastedLinear do: the float32
+  output gradient is rounded to `dtype` first. (Autodiff would differentiate the float32-result
+  product with the float32 gradient, i.e. run both backward products in float32 on converted
+  operands.) The gradients come back in a's and b's own dtypes: a float32 weight cast to bfloat16
+  here gets its float32 product unrounded. float32 is plain autodiff. Every index of `a` must
+  appear in the output or in `b` (and so for `b`): no index is summed within one operand.
+  """
+  name = jnp.dtype(dtype).name
+  if not _is_low_precision(name):
+    return jnp.einsum(spec, a.astype(name), b.astype(name), preferred_element_type=jnp.float32)
+  return _einsum(spec, a, b, name)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _matmul(x: jax.Array, w: jax.Array, dtype: str, w_transposed: bool) -> jax.Array:
   return _dot(x.astype(dtype), w.astype(dtype), int(w_transposed))
@@ -138,11 +183,12 @@ _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 def matmul(x: jax.Array, w: jax.Array, dtype: DTypeLike, *, fast_grad: bool = False,
            w_transposed: bool = False) -> jax.Array:
   """x [N, I] @ w [I, O] (or w [O, I] transposed: `w_transposed`) -> float32 [N, O], operands cast
-  to `dtype`, float32 accumulation.
+  to `dtype`, float32 accumulation; a low-precision `dtype` runs the gradient's products on `dtype`
+  operands too (`einsum`). x may have more leading axes ([..., I] -> [..., O]).
 
   `fast_grad` (for programs compiled for the CPU: callers set it from `layout.cpu_tuning`, which is
-  decided by the TARGET platform, so a TPU compile from a CPU box never carries it): the gradient's two
-  matmuls take `dtype` operands too (autodiff would upcast a bfloat16 backward to float32) and the
+  decided by the TARGET platform, so a TPU compile from a CPU box never carries it): the same
+  bfloat16 backward, with the float32 gradient's products written out too, and the
   weight gradient reads a row-major copy of x^T (or g^T): XLA CPU runs a matmul whose left operand
   is transposed on a slower path (float32: 52-100 vs 90-110 GFLOP/s per core here; bfloat16:
   ~125 vs ~255 GFLOP/s on 2 cores with AVX512-BF16). Float32 results are the same products summed in
@@ -151,6 +197,10 @@ def matmul(x: jax.Array, w: jax.Array, dtype: DTypeLike, *, fast_grad: bool = Fa
   name = jnp.dtype(dtype).name
   if fast_grad and x.ndim == 2:
     return _matmul(x, w, name, w_transposed)
+  if _is_low_precision(name):
+    rows = x.reshape(-1, x.shape[-1])                            # [N, I]
+    y = einsum("ni,oi->no" if w_transposed else "ni,io->no", rows, w, name)
+    return y.reshape(x.shape[:-1] + y.shape[-1:])
   return _dot(x.astype(name), w.astype(name), int(w_transposed))
 
 
@@ -273,12 +323,33 @@ class Linear(hk.Module):
     if self.fast_grad:
       y = matmul(x.reshape(-1, fan_in), w, self.dtype, fast_grad=True).reshape(
           x.shape[:-1] + (self.output_size,))
+    elif _is_low_precision(self.dtype):
+      y = matmul(x, w, self.dtype)                               # bfloat16 backward products
     else:
       y = jnp.dot(x.astype(self.dtype), w.astype(self.dtype), preferred_element_type=jnp.float32)
     if self.with_bias:
       b = hk.get_parameter("b", [self.output_size], self.param_dtype, init=self.b_init)
       y = y.astype(self.output_dtype) + b.astype(self.output_dtype)
     return y.astype(self.output_dtype)
+
+
+ONE_HOT_MAX_VOCAB = 1024
+"""`Embed`'s automatic lookup is a one-hot matmul for vocabularies up to this size (TRM's 11-12
+tokens, shakespeare_char's 65) and a gather above it (GPT-2's 50,257, Dream's 151,936). A gather's
+gradient is a scatter-add of every token's row into the table, which an accelerator serialises on
+rows that collide: at TRM's 11 tokens every row does (the bfloat16 Sudoku step on an H200: 36% of
+the step in that one scatter; issue 48). The one-hot matmul's gradient is a matmul, and it costs
+2 V D FLOPs per token each way: small beside a layer for V up to here, the vocabulary projection's
+cost at GPT-2's size."""
+
+LOOKUPS = ("auto", "one_hot", "gather")
+
+
+def one_hot_lookup(vocab_size: int, lookup: str = "auto") -> bool:
+  """Whether `Embed(vocab_size, lookup=lookup)` looks up by a one-hot matmul (else a gather)."""
+  if lookup not in LOOKUPS:
+    raise ValueError(f"Embed lookup={lookup!r}: use one of {LOOKUPS}")
+  return lookup == "one_hot" or (lookup == "auto" and vocab_size <= ONE_HOT_MAX_VOCAB)
 
 
 class Embed(hk.Module):
@@ -290,13 +361,18 @@ class Embed(hk.Module):
     w_init: overrides the init (e.g. a plain normal for GPT).
     dtype: compute dtype of the returned vectors.
     param_dtype: storage dtype of the table (float32 default).
+    lookup: "auto" (one-hot for vocab_size <= ONE_HOT_MAX_VOCAB, else gather), "one_hot" (a
+      one-hot matmul: the gradient is a matmul, `matmul`'s), or "gather" (`jnp.take`: the gradient
+      is a scatter-add). The same vectors; the table gradients are the same sums in another order.
+      A CPU target passes "gather" (XLA:CPU runs the gather and its scatter faster at every size).
   """
 
   def __init__(self, vocab_size: int, embed_dim: int, *, init_std: float = 1.0,
                w_init: Optional[hk.initializers.Initializer] = None,
                dtype: DTypeLike = jnp.bfloat16, name: Optional[str] = None,
-               param_dtype: DTypeLike = jnp.float32):
+               param_dtype: DTypeLike = jnp.float32, lookup: str = "auto"):
     super().__init__(name=name)
+    self.one_hot = one_hot_lookup(vocab_size, lookup)
     self.vocab_size = vocab_size
     self.embed_dim = embed_dim
     self.w_init = w_init or TruncatedNormal(init_std)
@@ -309,6 +385,12 @@ class Embed(hk.Module):
                             init=self.w_init)
 
   def __call__(self, ids: jax.Array) -> jax.Array:              # [...] int -> [..., D]
+    if self.one_hot:                                             # [..., V] @ [V, D]: the rows exactly
+      one_hot = jax.nn.one_hot(ids, self.vocab_size, dtype=self.dtype)
+      if _is_low_precision(self.dtype):
+        return matmul(one_hot, self.embeddings, self.dtype).astype(self.dtype)
+      # HIGHEST: a TPU's default float32 matmul would round the table to bfloat16.
+      return jnp.dot(one_hot, self.embeddings.astype(self.dtype), precision=jax.lax.Precision.HIGHEST)
     return jnp.take(self.embeddings.astype(self.dtype), ids, axis=0)
 
   def attend(self, x: jax.Array, *, matmul_dtype: Optional[DTypeLike] = None,
@@ -831,8 +913,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     scores = jnp.einsum("bkgqd,bksd->bkgqs", qh, kh,
                         preferred_element_type=jnp.float32) * (1.0 / math.sqrt(Dh))
   else:
-    scores = jnp.einsum("bqkgd,bskd->bkgqs", qg, k,
-                        preferred_element_type=jnp.float32) * (1.0 / math.sqrt(Dh))  # [B, K, G, Sq, Sk]
+    scores = einsum("bqkgd,bskd->bkgqs", qg, k, q.dtype) * (1.0 / math.sqrt(Dh))  # [B, K, G, Sq, Sk]
   if mask is not None:
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
   if head_major:                                                 # float32
@@ -841,7 +922,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     out = out / jnp.sum(e, axis=-1, keepdims=True)               # [B, K, G, Sq, Dh]
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, Sq, H, Dh)
   probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-  out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v, preferred_element_type=jnp.float32)
+  out = einsum("bkgqs,bskd->bqkgd", probs, v, q.dtype)          # [B, Sq, K, G, Dh] float32
   return out.reshape(B, Sq, H, Dh).astype(q.dtype)
 
 

@@ -282,7 +282,8 @@ class TRMInner(hk.Module):
     cfg = config
     D = cfg.hidden_size
     self.embed_tokens = layers.Embed(cfg.vocab_size, D, init_std=1.0 / math.sqrt(D),
-                                     dtype=cfg.dtype, name="embed_tokens")
+                                     dtype=cfg.dtype, name="embed_tokens",
+                                     lookup="gather" if cfg.fast_grad else "auto")  # CPU: gather
     if cfg.pos_encodings == "learned":
       self.embed_pos = layers.Embed(cfg.total_len, D, init_std=1.0 / math.sqrt(D), dtype=cfg.dtype,
                                     name="embed_pos")

@@ -154,6 +154,97 @@ def test_embed_lookup_and_tied_attend():
   np.testing.assert_array_equal(f64(out), bf16_round(table)[ids])
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_embed_one_hot_and_gather_lookups(dtype):
+  """Both lookups return the table's rows exactly; the one-hot's table gradient is the float64
+  sum of each token's output gradient (float32 accumulation), the gather's the same sums."""
+  rng = np.random.default_rng(2)
+  V, D = 11, 16
+  ids = rng.integers(0, V, (4, 9)).astype(np.int32)
+  g = rng.standard_normal((4, 9, D)).astype(np.float32)
+  assert layers.one_hot_lookup(layers.ONE_HOT_MAX_VOCAB)
+  assert not layers.one_hot_lookup(layers.ONE_HOT_MAX_VOCAB + 1)           # GPT-2, Dream: gather
+  assert not layers.one_hot_lookup(V, "gather") and layers.one_hot_lookup(50257, "one_hot")
+  with pytest.raises(ValueError, match="lookup='take'"):
+    layers.one_hot_lookup(V, "take")
+
+  def loss(lookup):
+    f = transform(lambda ids: layers.Embed(V, D, dtype=dtype, name="emb", lookup=lookup)(ids))
+    return f, lambda p: jnp.sum(f.apply(p, ids).astype(jnp.float32) * jnp.asarray(g, dtype))
+
+  f, _ = loss("one_hot")
+  params = f.init(jax.random.key(0), ids)
+  table = f64(params["emb"]["embedding"])
+  rows = table if dtype == jnp.float32 else bf16_round(table)
+  g_in = f64(g) if dtype == jnp.float32 else bf16_round(g)
+  want = np.zeros((V, D))
+  np.add.at(want, ids.reshape(-1), g_in.reshape(-1, D))          # [V, D] float64
+  for lookup in ("one_hot", "gather"):
+    f, fn = loss(lookup)
+    out = f.apply(params, ids)
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(f64(out), rows[ids])
+    grad = jax.jit(jax.grad(fn))(params)["emb"]["embedding"]
+    assert grad.dtype == jnp.float32
+    tol = 1e-6 if dtype == jnp.float32 or lookup == "one_hot" else 2e-2  # gather: bf16 scatter sums
+    assert_close(grad, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+def _dot_operand_dtypes(fn, *args):
+  """The operand dtypes of every dot_general in fn's jaxpr (nested jaxprs included)."""
+  found = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "dot_general":
+        found.append(tuple(jnp.dtype(v.aval.dtype).name for v in eqn.invars))
+      for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+          if hasattr(sub, "eqns"):
+            walk(sub)
+          elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):   # a ClosedJaxpr
+            walk(sub.jaxpr)
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return found
+
+
+@pytest.mark.parametrize("spec,a_shape,b_shape", [
+    ("ni,io->no", (6, 8), (8, 5)),                          # Linear
+    ("ni,oi->no", (6, 8), (5, 8)),                          # tied head
+    ("bqkgd,bskd->bkgqs", (2, 3, 2, 2, 4), (2, 5, 2, 4)),   # attention scores
+    ("bkgqs,bskd->bqkgd", (2, 2, 2, 3, 5), (2, 5, 2, 4)),   # attention values
+])
+def test_einsum_bfloat16_backward_runs_bfloat16_products(spec, a_shape, b_shape):
+  """`layers.einsum` in bfloat16: float32 values of the bfloat16 operands, and the gradient's two
+  products on bfloat16 operands (the output gradient rounded first) with float32 accumulation,
+  a's gradient in a's dtype (bfloat16 here), b's in b's (a float32 weight: unrounded)."""
+  rng = np.random.default_rng(3)
+  a = jnp.asarray(rng.standard_normal(a_shape), jnp.bfloat16)
+  b = jnp.asarray(rng.standard_normal(b_shape), jnp.float32)
+  out_shape = np.einsum(spec, f64(a), f64(b)).shape
+  g = rng.standard_normal(out_shape).astype(np.float32)
+
+  def fn(a, b):
+    return jnp.sum(layers.einsum(spec, a, b, jnp.bfloat16) * g)
+
+  y = layers.einsum(spec, a, b, jnp.bfloat16)
+  assert y.dtype == jnp.float32
+  assert_close(y, np.einsum(spec, f64(a), bf16_round(b)), rtol=1e-5, atol=1e-5)
+  da, db = jax.jit(jax.grad(fn, argnums=(0, 1)))(a, b)
+  assert da.dtype == jnp.bfloat16 and db.dtype == jnp.float32
+  ins, out = spec.split("->")
+  sa, sb = ins.split(",")
+  gb = bf16_round(g)
+  want_da = np.einsum(f"{out},{sb}->{sa}", gb, bf16_round(b))
+  want_db = np.einsum(f"{sa},{out}->{sb}", f64(a), gb)
+  assert_close(da, want_da, rtol=1e-2, atol=1e-2 * np.abs(want_da).max())   # one bf16 rounding
+  assert_close(db, want_db, rtol=1e-5, atol=1e-5 * np.abs(want_db).max())
+  # Every product of the value and the gradient reads bfloat16 operands (autodiff's would read
+  # the float32 output gradient and float32 copies of the operands).
+  dots = _dot_operand_dtypes(jax.grad(fn, argnums=(0, 1)), a, b)
+  assert len(dots) == 3 and all(d == ("bfloat16", "bfloat16") for d in dots), dots
+
+
 # --------------------------------------------------------------------------------------------------
 # RMS norms
 # --------------------------------------------------------------------------------------------------
