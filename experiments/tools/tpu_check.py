@@ -5,7 +5,8 @@ r"""`make tpu-check`: every pod config compiled for its TPU target by the TPU co
   python -m experiments.tools.tpu_check --only=diffucoder   # Dream 7.6B sampling on 4 TPU slices
 
 Rows: TRM's v4_64 pod config for each of the five recipes (v4-64), nanoGPT's v4_32 (GPT-2 124M on a
-v4-32), GPT-2 XL finetuning (configs/finetune_shakespeare.py:gpt2-xl) on a v4-8 and a v5e-8, and
+v4-32, grad_accum 5 as the recipe, and 1: the same micro-step without the accumulation loop, whose
+bound per token checks the loop count), GPT-2 XL finetuning (configs/finetune_shakespeare.py:gpt2-xl) on a v4-8 and a v5e-8, and
 DiffuCoder / Dream 7.6B sampling (experiments/diffucoder/tpu_plan.py: one sampler step at canvas 512)
 on a v2-8, v3-8, v5e-8 and v4-8 at batch 1, 8 and 32, with greedy decoding and with the instruct
 configs' sampler (temperature 0.4, top_p 0.95), each at the smallest model-parallel degree that fits
