@@ -17,7 +17,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _doc_rows():
-  return tpu_docs.parse_table((REPO / "docs" / "tpu.md").read_text())
+  return tpu_docs.parse_table((REPO / "docs/tpu.md").read_text())
 
 
 def test_the_readme_excerpt_is_docs_tpu_table():

@@ -31,7 +31,7 @@ def test_tpu_temporaries_per_pod_config_have_not_grown():
     tpu.load_libtpu()
   except tpu.LibtpuMissingError as e:
     pytest.skip(str(e))
-  rows = tpu_docs.parse_table((REPO / "docs" / "tpu.md").read_text())
+  rows = tpu_docs.parse_table((REPO / "docs/tpu.md").read_text())
   recorded = {(r["program"], r["slice"]): r for r in rows if r["temp GiB"] not in ("-", "")}
   # The ARC rows count puzzle ids from the ARC files beside a development clone: not here.
   checks = [c for c in tpu_check.CHECKS if "arc" not in c.label

@@ -184,7 +184,7 @@ def doc_row(report: tpu.Report, at: str) -> tpu_docs.Row:
 def write_docs(reports: Sequence[tpu.Report], root: str = REPO_ROOT) -> None:
   """Merges the reports' rows into docs/tpu.md's table and rewrites the README's excerpt."""
   at = commit()
-  doc_path, readme_path = os.path.join(root, "docs", "tpu.md"), os.path.join(root, "README.md")
+  doc_path, readme_path = os.path.join(root, "docs/tpu.md"), os.path.join(root, "README.md")
   with open(doc_path) as f:
     doc = f.read()
   rows = tpu_docs.merge(tpu_docs.parse_table(doc), [doc_row(r, at) for r in reports])
