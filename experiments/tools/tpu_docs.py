@@ -10,10 +10,11 @@ docs/tpu.md's table, and that the measured-GPU cells are those of `gpu_measured`
 Synopsis:
 
   from experiments.tools import tpu_docs
-  rows = tpu_docs.parse_table(open("docs/tpu.md").read())     # [{column: cell}, ...]
+  doc = open("docs/tpu.md").read()
+  rows = tpu_docs.parse_table(doc)                             # [{column: cell}, ...]
   text = tpu_docs.excerpt(rows)                                # the README's table
-  new_doc = tpu_docs.replace_block(doc, tpu_docs.TABLE_BEGIN, tpu_docs.TABLE_END,
-                                   tpu_docs.table_block(rows, libtpu="0.0.42.1"))
+  doc = tpu_docs.replace_block(doc, tpu_docs.TABLE_BEGIN, tpu_docs.TABLE_END,
+                               tpu_docs.table_block(rows, libtpu="0.0.42.1"))
 """
 
 from __future__ import annotations
