@@ -85,10 +85,11 @@ faults: $(STAMP)
 .PHONY: tpu-check
 TPU_CHECK_ARGS ?=
 # Every pod config compiled for its TPU target by the TPU compiler (libtpu), on this CPU: one table of
-# per-chip HBM, FLOPs, predicted speed and MFU (compiler estimates). Tens of minutes on 2 cores;
-# TPU_CHECK_ARGS=--only=trm narrows it.
+# per-chip HBM (the compiler's peak and margin), FLOPs, speed bounds and MFU at them (compiler
+# estimates), written into docs/tpu.md's table and the README's excerpt. Tens of minutes on 2 cores;
+# TPU_CHECK_ARGS=--only=trm narrows it (the other rows of the docs' table stay).
 tpu-check: $(STAMP)
-	$(PY) -m experiments.tools.tpu_check $(TPU_CHECK_ARGS)
+	$(PY) -m experiments.tools.tpu_check --write_docs $(TPU_CHECK_ARGS)
 
 .PHONY: diffucoder-bench diffucoder-train
 DIFFUCODER_BENCH_ARGS ?=

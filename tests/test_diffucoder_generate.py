@@ -20,6 +20,7 @@ from experiments.diffucoder import convert
 from experiments.diffucoder import generate
 from experiments.diffucoder import sampling
 from experiments.diffucoder import tokenizer as tokenizer_lib
+from experiments.diffucoder import tpu_plan
 from experiments.diffucoder.configs import tiny
 from modules import dream
 
@@ -301,6 +302,34 @@ def test_benchmark_cli_is_an_entry_program_with_one_line_errors():
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == line
+
+
+def test_benchmark_tpu_dry_run_fix_names_its_flag_the_users_batch_and_a_thin_margin(monkeypatch):
+  """Dream 7.6B on a v2-8 does not fit at model_parallel 1; the fix line of `benchmark --dry_run`
+  names benchmark's own flag (--model_parallel), the user's global batch (8 rows at every degree,
+  not generate.py's batch_size per data group) and the thin margin (the compiles are faked: their
+  HBM figures are issue 49's)."""
+  gib = 2 ** 30
+  compiled = []
+  monkeypatch.setattr(tpu, "load_libtpu", lambda: "test")
+  monkeypatch.setattr(tpu_plan, "lower_step", lambda target, batch, m, *a, **k: (batch, m))
+
+  def fake_report(program, *, target, name="program", **kw):
+    batch, m = program
+    compiled.append((batch, m))
+    if m == 1:
+      return tpu.Report(name=name, target=target, libtpu_version="test", compiled=False,
+                        oom_need_bytes=int(14.35 * gib), compiler_message="RESOURCE_EXHAUSTED")
+    return tpu.Report(name=name, target=target, libtpu_version="test", compiled=True,
+                      argument_bytes=int(7.1 * gib), output_bytes=0, alias_bytes=0,
+                      temp_bytes=int(0.4 * gib), peak_bytes=int(7.35 * gib))
+  monkeypatch.setattr(tpu, "compile_report", fake_report)
+  with pytest.raises(tpu.DoesNotFitError) as e:
+    benchmark.run_dry_tpu("v2-8", global_batch=8, canvas=512)
+  assert compiled == [(8, 1), (8, 2)]
+  assert str(e.value).endswith(
+      ". Fix: --model_parallel=2 fits at batch 8 (7.35 of 7.48 GiB per TensorCore, margin 133 MiB "
+      "(1.7%): tight)")
 
 
 def test_benchmark_tpu_dry_run_is_generate_dry_runs_program():

@@ -12,7 +12,8 @@ RUNNABLE = ["modules.layers", "modules.trm", "experiments.common.parallel",
             "input_pipeline.text", "experiments.nanogpt.sampling", "experiments.nanogpt.torch_rng",
             "experiments.diffucoder.sampling",
             "experiments.common.safetensors_io", "experiments.diffucoder.convert",
-            "experiments.common.lazy_import"]
+            "experiments.common.lazy_import", "experiments.common.chips",
+            "experiments.tools.gpu_measured"]
 
 
 def synopsis(module_name: str) -> str:

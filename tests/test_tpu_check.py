@@ -1,9 +1,12 @@
-"""`make tpu-check` (experiments/tools/tpu_check.py) without compiling: which rows it has, and that a
-missing ARC folder skips the ARC rows with one line instead of losing the table."""
+"""`make tpu-check` (experiments/tools/tpu_check.py) without compiling: which rows it has, that a
+missing ARC folder skips the ARC rows with one line instead of losing the table, and the GPU
+measurements shown beside rows."""
 
 import os
+import re
 
 from experiments.diffucoder import tpu_plan
+from experiments.tools import gpu_measured
 from experiments.tools import tpu_check
 
 
@@ -33,3 +36,16 @@ def test_diffucoder_rows_cover_greedy_and_top_p_on_every_target():
   assert labels == [f"diffucoder 7b sampling {s} {t}" for s in ("greedy", "top_p")
                     for t in tpu_plan.TARGETS]
   assert tpu_plan.SAMPLERS["top_p"].top_p == 0.95 and tpu_plan.SAMPLERS["greedy"].temperature == 0
+
+
+def test_gpu_measurements_name_rows_of_the_check():
+  """Each measurement names a tpu-check row of the same program (TRM's v4-64 recipes run the
+  published global batch, 768, which issue 48 measured on one H200)."""
+  labels = [c.label for c in tpu_check.CHECKS]
+  for m in gpu_measured.MEASURED:
+    label, program = m.row.split(": ")
+    assert label in labels and program in ("train_step", "eval_step"), m
+    assert m.items_per_step == 768 and re.fullmatch(r"[0-9a-f]{7}", m.commit)
+  m = gpu_measured.for_row("trm v4_64 sudoku_mlp: train_step")
+  assert gpu_measured.cell(m) == "H200 380.2 ms = 2,020 examples/s (02b0496)"
+  assert gpu_measured.cell(None) == "-"

@@ -13,15 +13,17 @@ Targets:
            devices: one host's program, XLA:CPU's memory estimate (a TPU's differs).
   v4-64 ...  a gcloud accelerator type (experiments/common/tpu.py: v2-8 ... v6e-256): the programs
            compiled by the TPU compiler (libtpu, the `tpu` extra) for the whole slice, every host's
-           devices, on this CPU machine. One table (tpu.format_report): per-device HBM against
-           the chip's, compile time, the compiler's and the analytic FLOPs, the cost model's and
-           the roofline step time, predicted examples/s (tokens/s) and MFU, and the chip-hours of
-           the run's updates. COMPILER ESTIMATES, not measurements.
+           devices, on this CPU machine. One table (tpu.format_report): per-device HBM (the
+           compiler's peak and the margin to the chip's usable HBM), compile time, the compiler's
+           (loop-aware) and the analytic FLOPs, bytes accessed, the compute and memory bounds and
+           the larger, "bound (compiler estimate)", examples/s (tokens/s) and MFU at the bound
+           (upper bounds), and the chip-hours of the run's updates at the bound (a lower bound).
+           COMPILER ESTIMATES, not measurements.
 
 A training step that does not fit exits with one line naming the chip, its HBM and the need, after
 trying the experiment's fixes (`Experiment.fit_variants`: remat, bfloat16, ...) and half the
 per-device batch, listing the ones that fit with the flags to copy. `--search_batch` finds the
-largest per-device batch that fits and its predicted speed (a deviation from the recipe's batch).
+largest per-device batch that fits and its speed bound (a deviation from the recipe's batch).
 
 The programs are built for the TARGET platform: CPU-only code paths (layout.cpu_tuning) are off
 for a TPU target whatever the host's backend is.
@@ -151,10 +153,11 @@ def _per_device(p: experiment_lib.Program) -> tuple:
 
 
 def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict,
-                    target: tpu.Target, *, only: Optional[Sequence[str]] = None
-                    ) -> Tuple[List[tpu.Report], int]:
+                    target: tpu.Target, *, only: Optional[Sequence[str]] = None,
+                    loop_aware: bool = True) -> Tuple[List[tpu.Report], int]:
   """(the reports of the config's programs (or `only` those) compiled for `target`, the run's
-  updates)."""
+  updates). `loop_aware`: count loops trip by trip (tpu.loop_aware_cost: each loop body compiled
+  too); the fit searches, which need only the memory, turn it off."""
   trainer.check_config(experiment, config)
   layout = tpu_layout(config, target)
   b = experiment.build(config, layout, abstract=True)
@@ -162,12 +165,14 @@ def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collection
   for pname, p in programs(b, config, layout).items():
     if only is not None and pname not in only:
       continue
-    lowered = tpu.lower_pmap(p.fn, target, _per_device(p), replicated_in=p.replicated_in,
+    args = _per_device(p)
+    lowered = tpu.lower_pmap(p.fn, target, args, replicated_in=p.replicated_in,
                              out_axes=p.out_axes, donate_argnums=p.donate_argnums)
     reports.append(tpu.compile_report(
         lowered, target=target, name=pname,
         analytic_flops_per_device=p.flops / target.num_devices if p.flops else None,
-        items_per_step=p.items or None, item_name=b.item_name))
+        items_per_step=p.items or None, item_name=b.item_name,
+        jaxpr=tpu.per_device_jaxpr(p.fn, target, args) if loop_aware else None))
   return reports, int(b.total_steps)
 
 
@@ -184,24 +189,26 @@ def _fixes(experiment, config, target: tpu.Target):
   for label, flags, apply in experiment.fit_variants(config):
     c = _with(config, apply)
     out.append((label, flags, lambda c=c: compile_for_tpu(experiment, c, target,
-                                                          only=("train_step",))[0][0]))
+                                                          only=("train_step",),
+                                                          loop_aware=False)[0][0]))
   per_device = tpu_layout(config, target).per_device_batch
   if per_device > 1:
     half = per_device // 2 * target.num_devices
     c = _with(config, lambda c: setattr(c, "global_batch_size", half))
     out.append((f"half the per-device batch ({per_device // 2}; a deviation from the recipe)",
                 f"--config.global_batch_size={half}",
-                lambda c=c: compile_for_tpu(experiment, c, target, only=("train_step",))[0][0]))
+                lambda c=c: compile_for_tpu(experiment, c, target, only=("train_step",),
+                                            loop_aware=False)[0][0]))
   return out
 
 
 def _chip_hours(report: tpu.Report, target: tpu.Target, steps: int) -> str:
-  if not steps or report.step_s is None:
+  if not steps or report.bound_s is None:
     return ""
   hours = report.chip_hours(steps)
-  return (f"The run's {steps:,} updates at the predicted {report.step_s * 1e3:.1f} ms per step: "
-          f"{steps * report.step_s / 3600:.1f} h on {target.name}, {hours:,.0f} chip-hours "
-          f"({report.step_basis}; an estimate, not a measurement).")
+  return (f"The run's {steps:,} updates at the bound of {report.bound_s * 1e3:.1f} ms per step: "
+          f">= {steps * report.bound_s / 3600:.1f} h on {target.name}, >= {hours:,.0f} chip-hours "
+          f"(a lower bound from the compiler's estimates, not a prediction).")
 
 
 def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -> str:
@@ -218,24 +225,24 @@ def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -
 
     def compile_at(b: int) -> tpu.Report:
       c = _with(config, lambda c: setattr(c, "global_batch_size", b * target.num_devices))
-      return compile_for_tpu(experiment, c, target, only=("train_step",))[0][0]
+      return compile_for_tpu(experiment, c, target, only=("train_step",), loop_aware=False)[0][0]
     found = tpu.search_batch(compile_at, 1, max(per_device * 64, 64))
     if found.batch is None:
       text.append("--search_batch: not even a per-device batch of 1 fits.")
     else:
-      r = found.report
-      speed = (f", {r.items_per_s:,.0f} {r.item_name}/s" if r.items_per_s else "")
-      mfu = f", MFU {'<=' if r.step_basis == 'roofline' else ''}{100 * r.mfu:.0f}%" if r.mfu else ""
+      c = _with(config, lambda c: setattr(c, "global_batch_size", found.batch * target.num_devices))
+      r = compile_for_tpu(experiment, c, target, only=("train_step",))[0][0]   # loops counted
+      speed = (f", <= {r.items_per_s:,.0f} {r.item_name}/s" if r.items_per_s else "")
+      mfu = f", MFU <= {100 * r.mfu:.0f}%" if r.mfu else ""
       base = reports[0]
-      base_speed = (f" ({base.items_per_s:,.0f} {base.item_name}/s at the recipe's {per_device})"
-                    if base.items_per_s else "")
+      base_speed = (f" (<= {base.items_per_s:,.0f} {base.item_name}/s at the recipe's "
+                    f"{per_device})" if base.items_per_s else "")
       text.append(
           f"--search_batch: the largest per-device batch that fits {target.name} is {found.batch} "
-          f"({r.need_bytes / tpu.GIB:.2f} of {target.usable_hbm_bytes_per_device / tpu.GIB:.2f} "
-          f"GiB){speed}{mfu}{base_speed}: --config.global_batch_size="
+          f"({tpu.margin_text(r)}){speed}{mfu}{base_speed}: --config.global_batch_size="
           f"{found.batch * target.num_devices}. A batch other than the recipe's is a deviation: "
           "its published results were measured at the recipe's batch. "
-          f"({len(found.tried)} compiles)")
+          f"({len(found.tried) + 1} compiles)")
   train = reports[0]
   if not train.fits:
     fixed, tried = tpu.first_fitting(_fixes(experiment, config, target))

