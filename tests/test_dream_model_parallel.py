@@ -254,16 +254,10 @@ if __name__ == "__main__":
   _eight_device_main(sys.argv[1])
 
 
-@pytest.fixture(scope="module")
-def libtpu_loaded():
-  try:
-    return tpu.load_libtpu()
-  except tpu.LibtpuMissingError as e:
-    pytest.skip(str(e))
 
 
 @pytest.mark.slow
-def test_tpu_compile_splits_the_weights_over_the_model_axis(libtpu_loaded):
+def test_tpu_compile_splits_the_weights_over_the_model_axis(libtpu):
   """The TPU compiler's per-device arguments of the sampler step (tpu_plan, canvas 512) on a v4-8:
   model_parallel 4 holds a quarter of the sharded weights plus the replicated norms per device."""
   cfg = dream.tiny_config(vocab_size=4096, hidden_size=256, intermediate_size=512, num_heads=8,

@@ -29,12 +29,7 @@ from modules import dream
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def libtpu():
-  try:
-    return tpu.load_libtpu()
-  except tpu.LibtpuMissingError as e:
-    pytest.skip(f"the TPU compile tests need libtpu: {e}")
+pytestmark = pytest.mark.usefixtures("libtpu")      # tests/conftest.py
 
 
 def _gpt(batch: int = 16):

@@ -28,12 +28,6 @@ GIB = 2 ** 30
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def libtpu_loaded():
-  try:
-    return tpu.load_libtpu()
-  except tpu.LibtpuMissingError as e:
-    pytest.skip(str(e))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -250,7 +244,7 @@ def test_missing_libtpu_message(monkeypatch):
 # Compiled for TPU by libtpu.
 
 @pytest.mark.parametrize("name", tpu.valid_target_names())
-def test_every_target_builds_its_topology(libtpu_loaded, name):
+def test_every_target_builds_its_topology(libtpu, name):
   t = tpu.parse_target(name)
   devices = tpu.target_devices(t)
   assert len(devices) == t.num_devices
@@ -262,7 +256,7 @@ def test_every_target_builds_its_topology(libtpu_loaded, name):
   assert set(per_host.values()) == {t.devices_per_host}
 
 
-def test_refused_topology_is_one_line(libtpu_loaded):
+def test_refused_topology_is_one_line(libtpu):
   """A one-chip grid cannot be split into 2x2x1 hosts: libtpu refuses it, the error says so."""
   bad = dataclasses.replace(tpu.parse_target("v6e-1"), chips_per_host_bounds=(2, 2, 1))
   with pytest.raises(tpu.TargetError) as e:
@@ -288,7 +282,7 @@ def _mlp_step(sizes):
 
 
 @pytest.mark.parametrize("name", ["v4-8", "v5e-4", "v4-64"])
-def test_mlp_train_step(libtpu_loaded, name):
+def test_mlp_train_step(libtpu, name):
   target = tpu.parse_target(name)
   B, sizes = 512, (1024, 2048, 1024)
   step, weights = _mlp_step(sizes)
@@ -314,7 +308,7 @@ def test_mlp_train_step(libtpu_loaded, name):
   assert target.name in tpu.format_report([r])
 
 
-def test_loops_are_counted_trip_by_trip(libtpu_loaded):
+def test_loops_are_counted_trip_by_trip(libtpu):
   """The compiler's cost analysis counts a loop body once: a 5-trip fori_loop of a matmul reports one
   matmul. `loop_aware_cost` compiles the body once more and counts 5, as for the same 5 matmuls
   unrolled (FLOPs within 0.1%; bytes within 15%: a standalone body reads its carry from HBM). A
@@ -378,7 +372,7 @@ def _compile_big(target, batch, remat=False, D=512):
   return tpu.compile_report(lowered, target=target, name=f"batch {batch}")
 
 
-def test_does_not_fit_and_first_fitting(libtpu_loaded):
+def test_does_not_fit_and_first_fitting(libtpu):
   """8M x 512 float32 rows per chip: 16 GiB of input alone, more than a v5e chip's 15.75 usable."""
   target = tpu.parse_target("v5e-4")
   big = _compile_big(target, 2 ** 23)
@@ -402,7 +396,7 @@ def test_does_not_fit_and_first_fitting(libtpu_loaded):
   assert text[2].endswith("fits: --config.batch_size=2097152")
 
 
-def test_search_batch_compiles(libtpu_loaded):
+def test_search_batch_compiles(libtpu):
   target = tpu.parse_target("v5e-4")
   res = tpu.search_batch(lambda b: _compile_big(target, b), 2 ** 12, 2 ** 23, multiple_of=2 ** 16)
   assert res.report.fits and res.batch % 2 ** 16 == 0
@@ -411,7 +405,7 @@ def test_search_batch_compiles(libtpu_loaded):
   assert len(res.tried) <= 8
 
 
-def test_compiler_hbm_limits_match_the_chip_table(libtpu_loaded):
+def test_compiler_hbm_limits_match_the_chip_table(libtpu):
   """What the compiler says is available per device when 64 GiB (v5p: 128) of input does not fit."""
   for family, gen in (("v2-8", "v2"), ("v3-8", "v3"), ("v4-8", "v4"), ("v5e-4", "v5e"),
                       ("v5p-8", "v5p"), ("v6e-4", "v6e")):
@@ -427,7 +421,7 @@ def test_compiler_hbm_limits_match_the_chip_table(libtpu_loaded):
     assert available == int(tpu.CHIPS[gen].compiler_hbm_gib * GIB), family
 
 
-def test_layout_constraints_detected(libtpu_loaded):
+def test_layout_constraints_detected(libtpu):
   """`layers.matmul(fast_grad=True)` (the CPU-target form) pins a row-major transpose; the check
   finds it in that program only, so a TPU compile that carried it by mistake is reported."""
   target = tpu.parse_target("v4-8")
