@@ -338,9 +338,10 @@ ONE_HOT_MAX_VOCAB = 1024
 tokens, shakespeare_char's 65) and a gather above it (GPT-2's 50,257, Dream's 151,936). A gather's
 gradient is a scatter-add of every token's row into the table, which an accelerator serialises on
 rows that collide: at TRM's 11 tokens every row does (the bfloat16 Sudoku step on an H200: 36% of
-the step in that one scatter; issue 48). The one-hot matmul's gradient is a matmul, and it costs
-2 V D FLOPs per token each way: small beside a layer for V up to here, the vocabulary projection's
-cost at GPT-2's size."""
+the step in that one scatter; issue 48). The one-hot lookup's forward pass is still the gather (the
+rows exactly, no FLOPs: sampling and evaluation pay nothing); its gradient is the matmul
+one_hot(ids)^T @ g (`_take_dense_grad`), 2 V D FLOPs per token: small beside a layer for V up to
+here, the vocabulary projection's cost at GPT-2's size."""
 
 LOOKUPS = ("auto", "one_hot", "gather")
 
@@ -352,6 +353,31 @@ def one_hot_lookup(vocab_size: int, lookup: str = "auto") -> bool:
   return lookup == "one_hot" or (lookup == "auto" and vocab_size <= ONE_HOT_MAX_VOCAB)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _take_dense_grad(vocab_size: int, dtype: DTypeLike, table: jax.Array,
+                     ids: jax.Array) -> jax.Array:
+  """Rows `ids` of `table` cast to `dtype` (a gather), whose table gradient is the one-hot matmul
+  one_hot(ids)^T @ g with float32 accumulation, in the table's dtype: no scatter-add."""
+  return jnp.take(table.astype(dtype), ids, axis=0)              # [..., D]
+
+
+def _take_dense_grad_fwd(vocab_size, dtype, table, ids):
+  return _take_dense_grad(vocab_size, dtype, table, ids), (ids, jnp.zeros((0,), table.dtype))
+
+
+def _take_dense_grad_bwd(vocab_size, dtype, residuals, g):       # g [..., D]
+  ids, table_dtype = residuals
+  one_hot = jax.nn.one_hot(ids, vocab_size, dtype=g.dtype)       # [..., V], exact 0 / 1
+  # HIGHEST: a TPU's default float32 product would round g to bfloat16.
+  precision = None if _is_low_precision(g.dtype) else jax.lax.Precision.HIGHEST
+  d_table = jnp.einsum("...v,...d->vd", one_hot, g, preferred_element_type=jnp.float32,
+                       precision=precision)                      # [V, D] float32
+  return d_table.astype(table_dtype.dtype), None
+
+
+_take_dense_grad.defvjp(_take_dense_grad_fwd, _take_dense_grad_bwd)
+
+
 class Embed(hk.Module):
   """Token embedding with a float32 table cast to `dtype` at lookup.
 
@@ -361,9 +387,9 @@ class Embed(hk.Module):
     w_init: overrides the init (e.g. a plain normal for GPT).
     dtype: compute dtype of the returned vectors.
     param_dtype: storage dtype of the table (float32 default).
-    lookup: "auto" (one-hot for vocab_size <= ONE_HOT_MAX_VOCAB, else gather), "one_hot" (a
-      one-hot matmul: the gradient is a matmul, `matmul`'s), or "gather" (`jnp.take`: the gradient
-      is a scatter-add). The same vectors; the table gradients are the same sums in another order.
+    lookup: "auto" (one-hot for vocab_size <= ONE_HOT_MAX_VOCAB, else gather), "one_hot" (the
+      rows gathered, the table's gradient a one-hot matmul: `_take_dense_grad`), or "gather"
+      (`jnp.take`: the gradient is a scatter-add). The same vectors; the table gradients are the same sums in another order.
       A CPU target passes "gather" (XLA:CPU runs the gather and its scatter faster at every size).
   """
 
@@ -385,12 +411,8 @@ class Embed(hk.Module):
                             init=self.w_init)
 
   def __call__(self, ids: jax.Array) -> jax.Array:              # [...] int -> [..., D]
-    if self.one_hot:                                             # [..., V] @ [V, D]: the rows exactly
-      one_hot = jax.nn.one_hot(ids, self.vocab_size, dtype=self.dtype)
-      if _is_low_precision(self.dtype):
-        return matmul(one_hot, self.embeddings, self.dtype).astype(self.dtype)
-      # HIGHEST: a TPU's default float32 matmul would round the table to bfloat16.
-      return jnp.dot(one_hot, self.embeddings.astype(self.dtype), precision=jax.lax.Precision.HIGHEST)
+    if self.one_hot:
+      return _take_dense_grad(self.vocab_size, self.dtype, self.embeddings, ids)
     return jnp.take(self.embeddings.astype(self.dtype), ids, axis=0)
 
   def attend(self, x: jax.Array, *, matmul_dtype: Optional[DTypeLike] = None,

@@ -92,10 +92,9 @@ def test_the_reader_finds_autodiffs_float32_products_and_none_under_a_bf16_custo
     assert len(s.dots) == 3 and s.f32_dots_from_bf16 == [] and not any(d.float32 for d in s.dots)
 
 
-@pytest.fixture(scope="module")
-def sudoku_step():
+def _sudoku_step():
   """The bf16 TRM-MLP Sudoku recipe's training step (hidden 64, 8 examples: the program's structure
-  is the recipe's), compiled for the TPU."""
+  is the recipe's), compiled for the TPU: (as lowered, TPU-optimized) summaries and the config."""
   config = bench.recipe_config("mlp", "bfloat16", hidden=64, per_device_batch=8)
   lowered, compiled = profile_step.tpu_train_step(config, TARGET)
   print(profile_step.tpu_hlo_report(lowered, compiled, f"TRM-MLP bf16 ({TARGET})"))
@@ -103,8 +102,9 @@ def sudoku_step():
           profile_step.hlo_summary(compiled.as_text()), config)
 
 
-def test_the_bf16_sudoku_step_has_no_scatter_into_the_token_table(sudoku_step):
-  _, optimized, config = sudoku_step
+def test_the_bf16_sudoku_step_has_no_token_table_scatter_and_no_bf16_product_in_float32():
+  """One compile, both checks (the compile is most of the test's time)."""
+  lowered, optimized, config = _sudoku_step()
   table = f"[{bench.SUDOKU_METADATA['vocab_size']},{config.model.hidden_size}]"
   into_table = [s for s in optimized.scatters
                 if s.shape.endswith(table) or "embed_tokens" in s.op_name]
@@ -112,10 +112,6 @@ def test_the_bf16_sudoku_step_has_no_scatter_into_the_token_table(sudoku_step):
       f"{len(into_table)} scatter(s) into the token-embedding table {table} in the TPU program: "
       + "; ".join(f"{s.name} {s.shape} ({s.op_name})" for s in into_table)
       + " - the token lookup's gradient is a scatter-add (issue 48 item 1: a one-hot matmul)")
-
-
-def test_the_bf16_sudoku_step_runs_no_bf16_product_in_float32(sudoku_step):
-  lowered, _, _ = sudoku_step
   found = lowered.f32_dots_from_bf16
   names = sorted({"/".join(d.op_name.split("/")[-3:]) for d in found})
   assert not found, (

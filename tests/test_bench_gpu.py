@@ -20,6 +20,7 @@ def rows():
                        quick=True)
 
 
+@pytest.mark.slow
 def test_the_table_has_every_column_and_a_row_per_cell(rows):
   assert [(r["cell"], r["batch"]) for r in rows] == [("TRM-MLP bf16", 4), ("GPT-2 124M bf16", 4)]
   text = bench.format_table(rows, bench_gpu.COLUMNS)

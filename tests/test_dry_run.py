@@ -44,7 +44,7 @@ def _trm(batch: int = 16):
   return c
 
 
-@pytest.mark.parametrize("target", ["v4-8", "v5litepod-4"])
+@pytest.mark.parametrize("target", ["v4-8", pytest.param("v5litepod-4", marks=pytest.mark.slow)])
 def test_tiny_trm_and_gpt_compile_for_a_slice(target):
   t = tpu.parse_target(target)
   for name, experiment, config in (("gpt", gpt_train.NanoGPT(), _gpt()),

@@ -146,6 +146,7 @@ def _params(run, layout):
   return p
 
 
+@pytest.mark.slow
 def test_trm_trains_alike_in_both_layouts(trm_runs, monkeypatch):
   monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
   rep = parallel.unreplicate(_params(trm_runs["replicated"], "replicated"))
@@ -161,6 +162,7 @@ def test_trm_trains_alike_in_both_layouts(trm_runs, monkeypatch):
   np.testing.assert_allclose(b["lm_loss"], a["lm_loss"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_checkpoints_restore_bitwise_into_either_layout(trm_runs, monkeypatch):
   monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
   for name in ("replicated", "fsdp"):
@@ -196,6 +198,7 @@ print("restored", step, split)
 """
 
 
+@pytest.mark.slow
 def test_a_four_device_fsdp_checkpoint_restores_onto_two_devices(trm_runs, monkeypatch):
   monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
   c, workdir, _ = trm_runs["fsdp"]

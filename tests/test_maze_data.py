@@ -517,7 +517,7 @@ def test_hard_builder_rejects_malformed_csv(tmp_path, mazes):
   with pytest.raises(maze.MazeDataError, match=r"train\.csv:3: answer"):
     prepare.prepare("maze_hard", str(tmp_path / "tfds"), {}, manual)
   (manual / "test.csv").unlink()
-  with pytest.raises(FileNotFoundError, match=r"test\.csv not found"):
+  with pytest.raises(FileNotFoundError, match=r"test\.csv: not in .*manual\. Fix: download"):
     prepare.prepare("maze_hard", str(tmp_path / "tfds2"), {}, manual)
 
 
