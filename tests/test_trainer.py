@@ -9,6 +9,8 @@ import json
 import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -170,3 +172,54 @@ def test_a_checkpoint_of_another_model_advises_a_new_workdir(example, tmp_path):
   bigger.hidden, bigger.allow_config_change = 64, True
   with pytest.raises(errors.CheckpointError, match="another model or config.*new --workdir"):
     trainer.train_and_evaluate(mlp, bigger, workdir)
+
+
+def _doc_program(root: pathlib.Path, commands: str) -> subprocess.CompletedProcess:
+  """The doc's bash block run in `root`, a stand-in repository root whose `experiments/` holds links to
+  the real packages and whose `experiments/mlp/train.py` is the doc's Python block down to its `# ---`
+  line (the step the block's comment asks of the reader); the block's other lines as written, except
+  that only the `python -m` lines in `commands` run (each with /tmp/mlp* inside `root`)."""
+  repo = DOC.parents[1]
+  (root / "experiments").mkdir(parents=True)
+  for entry in (repo / "experiments").iterdir():
+    if entry.name != "__pycache__":
+      (root / "experiments" / entry.name).symlink_to(entry)
+  for name in ("modules", "input_pipeline", "third_party"):
+    (root / name).symlink_to(repo / name)
+  block = re.search(r"```bash\n(.*?)```", DOC.read_text(), re.S).group(1)
+  setup, runs = block.split("\npython -m", 1)
+  runs = ["python -m" + r for r in ("\npython -m" + runs).split("\npython -m")[1:]]
+  chosen = [r for r in runs if any(c in r for c in commands.split("|"))]
+  assert chosen, commands
+  train_py = _doc_code().split("\n# ---")[0]
+  script = (setup.replace("# ... save the block above",
+                          f"cat > experiments/$E/train.py <<'PYEOF'\n{train_py}\nPYEOF\n#")
+            + "\n" + "\n".join(chosen)).replace("/tmp/mlp", str(root / "mlp"))
+  env = dict(os.environ, PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}",
+             PYTHONPATH=str(root))
+  return subprocess.run(["bash", "-e", "-c", script], cwd=root, env=env, capture_output=True,
+                        text=True, timeout=900)
+
+
+def test_the_docs_files_make_a_program_whose_config_resolves(tmp_path):
+  """adding-an-experiment.md's four files, written as the doc says, make `python -m
+  experiments.mlp.main`: `--config=configs/base.py` resolves inside the experiment's folder."""
+  out = _doc_program(tmp_path, "--check_only")
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert f"config ok: {tmp_path}/experiments/mlp/configs/base.py" in out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_the_docs_commands_train_evaluate_finetune_and_compile(tmp_path, libtpu):
+  """Every command of the doc's bash block, as written: train, --mode=eval, init_from, --check_only,
+  --dry_run --target=v4-8."""
+  del libtpu
+  out = _doc_program(tmp_path, "python -m")
+  text = out.stdout + out.stderr
+  assert out.returncode == 0, text[-3000:]
+  evals = json.loads((tmp_path / "mlp" / "final_eval.json").read_text())
+  assert evals["step"] == 60 and evals["eval"]["accuracy"] > 0.9
+  saved = json.loads((tmp_path / "mlp" / "eval_results.json").read_text())
+  assert saved["eval"] == evals["eval"]                               # --mode=eval: same weights
+  assert json.loads((tmp_path / "mlp_ft" / "final_eval.json").read_text())["step"] == 10
+  assert "train_step" in text and "v4-8" in text
