@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from modules import kernels as kernels_lib
 from modules import layers
 
 INIT_STD = 0.02
@@ -68,10 +69,9 @@ class GPTConfig:
   Fields: block_size (max T), vocab_size, n_layer, n_head, n_embd (divisible by n_head), dropout
   (probability, 0 = off), bias (LayerNorm and Linear biases), dtype (matmul dtype: "float32" is the
   reference's CPU run; "bfloat16" is nanoGPT's GPU run under torch.autocast: bfloat16 matmul operands
-  with float32 accumulation), activations (with "bfloat16" only; see ACTIVATIONS), fast_grad (for a
-  CPU target only, set from `layout.cpu_tuning`: `layers.matmul`'s gradient: the weight gradient as
-  a row-major matmul, and bfloat16 backward operands under "bfloat16"; float32 results are the same
-  sums in another order), gelu ("exact" or GPT-2's "tanh"; see GELUS).
+  with float32 accumulation), activations (with "bfloat16" only; see ACTIVATIONS), gelu ("exact" or GPT-2's "tanh"; see
+  GELUS), kernels ("default" | "xla_cpu": modules/kernels; the trainer picks "xla_cpu" for a CPU
+  target, `layout.cpu_tuning`).
   """
   block_size: int = 1024
   vocab_size: int = 50304
@@ -82,8 +82,8 @@ class GPTConfig:
   bias: bool = True
   dtype: str = "float32"
   activations: str = "autocast"
-  fast_grad: bool = False
   gelu: str = "exact"
+  kernels: str = "default"
 
   def __post_init__(self):
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -102,6 +102,7 @@ class GPTConfig:
     if self.gelu not in GELUS:
       raise ValueError(f"model.gelu={self.gelu!r}: must be 'exact' or 'tanh'. Fix: use 'exact' "
                        "(nanoGPT's) or 'tanh' (GPT-2's gelu_new)")
+    kernels_lib.check(self.kernels, "model.kernels")
     if self.activations not in ACTIVATIONS:
       raise ValueError(f"model.activations={self.activations!r}: must be one of "
                        f"{', '.join(map(repr, ACTIVATIONS))}. Fix: use 'autocast' (the reference)")
@@ -144,7 +145,7 @@ class GPT(hk.Module):
     normal = hk.initializers.RandomNormal(INIT_STD)
     proj = hk.initializers.RandomNormal(INIT_STD / math.sqrt(2 * cfg.n_layer))
     wte = layers.Embed(cfg.vocab_size, cfg.n_embd, w_init=normal, dtype=dtype, name="wte",
-                       lookup="gather" if cfg.fast_grad else "auto")   # a CPU target: gather
+                       kernels=cfg.kernels)
     # Positions never collide: their gradient is no serialised scatter, so always a gather.
     wpe = layers.Embed(cfg.block_size, cfg.n_embd, w_init=normal, dtype=dtype, name="wpe",
                        lookup="gather")
@@ -160,7 +161,7 @@ class GPT(hk.Module):
         attn = layers.CausalSelfAttention(
             num_heads=cfg.n_head, head_dim=cfg.head_dim, with_bias=cfg.bias,
             dropout_rate=cfg.dropout, dtype=act, qkv_w_init=normal, out_w_init=proj, name="attn",
-            fast_grad=cfg.fast_grad, matmul_dtype=mm)
+            kernels=cfg.kernels, matmul_dtype=mm)
         h = layers.LayerNorm(with_bias=cfg.bias, name="ln_1")(x)
         if kv_cache is None:
           a = attn(h, is_training=is_training)
@@ -171,12 +172,12 @@ class GPT(hk.Module):
         h = layers.LayerNorm(with_bias=cfg.bias, name="ln_2")(x)
         x = x + layers.GeluMLP(with_bias=cfg.bias, dropout_rate=cfg.dropout, dtype=act,
                                w_init=normal, out_w_init=proj, name="mlp",
-                               fast_grad=cfg.fast_grad, matmul_dtype=mm,
+                               kernels=cfg.kernels, matmul_dtype=mm,
                                approximate=cfg.gelu == "tanh")(h, is_training=is_training)
     x = layers.LayerNorm(with_bias=cfg.bias, name="ln_f")(x)
     if last_only:
       x = x[:, -1:]                                              # [B, 1, C]
-    logits = wte.attend(x, matmul_dtype=mm, fast_grad=cfg.fast_grad)   # [B, T, V] float32
+    logits = wte.attend(x, matmul_dtype=mm)                      # [B, T, V] float32
     if act == jnp.bfloat16:
       # autocast's lm_head returns bfloat16 logits; rounded by to_precision first, which XLA keeps,
       # where it may drop the float32 -> bfloat16 -> float32 round trip into the loss's float32.
