@@ -31,8 +31,8 @@ What `kernels="xla_cpu"` turns on is decided here, by `forms(kernels, dtype)`:
                    as one `gate_up_swiglu`, whose gradient feeds d gate and d up in separately.
 
 Each form's measurement is in docs/benchmarks.md under its name. A tuning tool turns single forms
-off with `override` (read when a function is traced: compile a fresh function inside it); nothing
-else does.
+off with `override`; tests pin an exact set with `exactly`; nothing else does. Both are read when a
+function is traced: compile a fresh function inside the block.
 """
 
 from __future__ import annotations
@@ -157,7 +157,6 @@ def embed_lookup(kernels: str, dtype) -> str:
   return "gather" if forms(kernels, dtype).fast_grad else "auto"
 
 
-
 # --------------------------------------------------------------------------------------------------
 # The custom VJPs.
 
@@ -177,7 +176,6 @@ def _row_major(a: jax.Array) -> jax.Array:
 def _row_major_transpose(a: jax.Array) -> jax.Array:
   """a.T [N, M] materialised row-major, so a matmul reads it as a plain (non-transposed) operand."""
   return _row_major(jnp.asarray(a).T)
-
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
