@@ -79,7 +79,7 @@ SMALL = dict(block_size=12, vocab_size=17, n_layer=2, n_head=2, n_embd=16)
 @pytest.mark.parametrize("bias", [True, False])
 def test_layer_norm_matches_numpy(bias):
   x = np.random.default_rng(1).normal(2.0, 3.0, (3, 5, 8)).astype(np.float32)
-  f = hk.without_apply_rng(hk.transform(lambda x: layers.LayerNorm(with_bias=bias)(x)))
+  f = hk.without_apply_rng(hk.transform(lambda x: gpt.LayerNorm(with_bias=bias)(x)))
   params = randomize(f.init(jax.random.key(0), x))
   y = f.apply(params, x)
   want = np_ln(f64(x), f64(params["layer_norm"]["weight"]),
@@ -90,7 +90,7 @@ def test_layer_norm_matches_numpy(bias):
 
 def test_gelu_mlp_is_exact_gelu():
   x = np.random.default_rng(2).normal(0, 1, (2, 3, 8)).astype(np.float32)
-  f = hk.without_apply_rng(hk.transform(lambda x: layers.GeluMLP(with_bias=True)(x)))
+  f = hk.without_apply_rng(hk.transform(lambda x: gpt.GeluMLP(with_bias=True)(x)))
   p = randomize(f.init(jax.random.key(0), x))
   y = f.apply(p, x)
   h = np_gelu(f64(x) @ f64(p["gelu_mlp/c_fc"]["w"]) + f64(p["gelu_mlp/c_fc"]["b"]))
@@ -201,7 +201,7 @@ def test_dropout_only_in_training_and_scaled():
   c = f64(model.apply(params, idx, jax.random.key(2), is_training=True))
   assert np.abs(a - b).max() > 1e-3 and np.abs(b - c).max() > 1e-3
   x = jnp.ones((100_000,))
-  y = f64(layers.dropout(x, 0.2, jax.random.key(0)))
+  y = f64(gpt.dropout(x, 0.2, jax.random.key(0)))
   assert set(np.unique(y)) == {0.0, 1.25} and abs((y == 0).mean() - 0.2) < 0.01
   with pytest.raises(ValueError, match="rng"):
     model.apply(params, idx, is_training=True)
@@ -347,8 +347,8 @@ def test_feature_major_swiglu_equals_the_row_major_one():
 
 def test_gelu_exact_matches_erf_formula():
   x = np.linspace(-8.0, 8.0, 4001).astype(np.float32)
-  np.testing.assert_allclose(f64(layers.gelu_exact(jnp.asarray(x))), np_gelu(f64(x)), atol=2e-6)
-  g = jax.grad(lambda v: jnp.sum(layers.gelu_exact(v)))(jnp.asarray(x))
+  np.testing.assert_allclose(f64(gpt.gelu_exact(jnp.asarray(x))), np_gelu(f64(x)), atol=2e-6)
+  g = jax.grad(lambda v: jnp.sum(gpt.gelu_exact(v)))(jnp.asarray(x))
   want = 0.5 * (1 + np.vectorize(math.erf)(f64(x) / math.sqrt(2))) + f64(x) * np.exp(
       -f64(x) ** 2 / 2) / math.sqrt(2 * math.pi)
   np.testing.assert_allclose(f64(g), want, atol=3e-6)
