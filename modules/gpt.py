@@ -1,4 +1,6 @@
-"""GPT (nanoGPT) in Haiku from the shared layers: pre-LN blocks, causal attention, tied output head.
+"""GPT (nanoGPT) in Haiku: pre-LN blocks, causal attention, tied output head; its own layers
+(LayerNorm, GeluMLP, CausalSelfAttention, dropout: nanoGPT's model.py) on the shared `layers.Linear`
+and `layers.Embed`.
 
 The model of `docs/nanogpt.md`: token + learned position embeddings, dropout, n_layer
 blocks x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), a final ln_f and logits = h @ wte^T (the head IS
@@ -41,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from modules import kernels as kernels_lib
 from modules import layers
 
 INIT_STD = 0.02
@@ -68,10 +71,9 @@ class GPTConfig:
   Fields: block_size (max T), vocab_size, n_layer, n_head, n_embd (divisible by n_head), dropout
   (probability, 0 = off), bias (LayerNorm and Linear biases), dtype (matmul dtype: "float32" is the
   reference's CPU run; "bfloat16" is nanoGPT's GPU run under torch.autocast: bfloat16 matmul operands
-  with float32 accumulation), activations (with "bfloat16" only; see ACTIVATIONS), fast_grad (for a
-  CPU target only, set from `layout.cpu_tuning`: `layers.matmul`'s gradient: the weight gradient as
-  a row-major matmul, and bfloat16 backward operands under "bfloat16"; float32 results are the same
-  sums in another order), gelu ("exact" or GPT-2's "tanh"; see GELUS).
+  with float32 accumulation), activations (with "bfloat16" only; see ACTIVATIONS), gelu ("exact" or GPT-2's "tanh"; see
+  GELUS), kernels ("default" | "xla_cpu": modules/kernels; the trainer picks "xla_cpu" for a CPU
+  target, `layout.cpu_tuning`).
   """
   block_size: int = 1024
   vocab_size: int = 50304
@@ -82,8 +84,8 @@ class GPTConfig:
   bias: bool = True
   dtype: str = "float32"
   activations: str = "autocast"
-  fast_grad: bool = False
   gelu: str = "exact"
+  kernels: str = "default"
 
   def __post_init__(self):
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -102,6 +104,7 @@ class GPTConfig:
     if self.gelu not in GELUS:
       raise ValueError(f"model.gelu={self.gelu!r}: must be 'exact' or 'tanh'. Fix: use 'exact' "
                        "(nanoGPT's) or 'tanh' (GPT-2's gelu_new)")
+    kernels_lib.check(self.kernels, "model.kernels")
     if self.activations not in ACTIVATIONS:
       raise ValueError(f"model.activations={self.activations!r}: must be one of "
                        f"{', '.join(map(repr, ACTIVATIONS))}. Fix: use 'autocast' (the reference)")
@@ -118,6 +121,190 @@ class GPTConfig:
 
 
 KVCache = List[Tuple[jax.Array, jax.Array]]      # per layer (k, v), each [B, S, H, Dh]
+
+
+# --------------------------------------------------------------------------------------------------
+# GPT's layers (nanoGPT's model.py): LayerNorm with an optional bias, the exact-GELU MLP, dropout, and causal
+# self-attention with dropout and a fixed-slot KV cache for sampling.
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
+  """Inverted dropout: zeroes each element with probability `rate`, scales the rest by 1/(1-rate)."""
+  if rate <= 0.0:
+    return x
+  if rate >= 1.0:
+    return jnp.zeros_like(x)
+  keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype)).astype(x.dtype)
+
+
+class LayerNorm(hk.Module):
+  """LayerNorm over the last axis with a weight and an optional bias (nanoGPT's `bias` flag).
+
+  Fields:
+    with_bias: adds the `bias` parameter (zeros); False = no bias at all (nanoGPT's default).
+    eps: 1e-5 (PyTorch's default).
+  Computed in float32, returned in x's dtype. Parameters: `weight` [D] (ones), `bias` [D] (zeros).
+  """
+
+  def __init__(self, *, with_bias: bool = True, eps: float = 1e-5, name: Optional[str] = None):
+    super().__init__(name=name)
+    self.with_bias = with_bias
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:                # [..., D] -> [..., D]
+    D = x.shape[-1]
+    weight = hk.get_parameter("weight", [D], jnp.float32, init=jnp.ones)
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + self.eps) * weight
+    if self.with_bias:
+      y = y + hk.get_parameter("bias", [D], jnp.float32, init=jnp.zeros)
+    return y.astype(x.dtype)
+
+
+def gelu_exact(x: jax.Array) -> jax.Array:
+  """x * 0.5 * (1 + erf(x / sqrt(2))): the exact GELU in PyTorch's formula.
+
+  `jax.nn.gelu(approximate=False)` computes the same function through erfc, which XLA CPU evaluates
+  ~3x slower; the two agree to 1.2e-6 (both within that of torch's GELU on [-12, 12]).
+  A bfloat16 x is computed in float32 and rounded once, as torch's GELU does on a bfloat16 tensor.
+  """
+  x32 = x.astype(jnp.float32)
+  return (x32 * 0.5 * (1.0 + jax.lax.erf(x32 * (1.0 / math.sqrt(2.0))))).astype(x.dtype)
+
+
+def gelu_tanh(x: jax.Array) -> jax.Array:
+  """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))): GPT-2's "gelu_new" (torch's
+  approximate="tanh"), computed in float32 and rounded once as `gelu_exact`."""
+  return jax.nn.gelu(x.astype(jnp.float32), approximate=True).astype(x.dtype)
+
+
+class GeluMLP(hk.Module):
+  """c_proj(gelu(c_fc(x))) with the exact (erf) GELU (or GPT-2's tanh form with
+  `approximate`) and dropout after c_proj (GPT's MLP).
+
+  Fields:
+    expansion: F = expansion * D (4 in GPT).  with_bias: biases on both projections.
+    approximate: the tanh GELU (`gelu_tanh`) instead of the exact one.
+    dropout_rate: applied to the output when called with `is_training=True`.
+    dtype: compute dtype.  w_init / out_w_init: initialisers of c_fc / c_proj.
+    kernels: "default" | "xla_cpu" for both projections (`Linear.kernels`).
+    matmul_dtype: the projections' operand dtype when it differs from `dtype` (bfloat16 matmuls
+      with float32 activations: GPT's activations="float32"); default `dtype`.
+  Parameters: `c_fc/w` [D, F], `c_proj/w` [F, D] (+ `b`).
+  """
+
+  def __init__(self, *, expansion: int = 4, with_bias: bool = True, dropout_rate: float = 0.0,
+               dtype: layers.DTypeLike = jnp.float32,
+               w_init: Optional[hk.initializers.Initializer] = None,
+               out_w_init: Optional[hk.initializers.Initializer] = None,
+               name: Optional[str] = None, kernels: str = "default",
+               matmul_dtype: Optional[layers.DTypeLike] = None, approximate: bool = False):
+    super().__init__(name=name)
+    self.kernels = kernels_lib.check(kernels)
+    self.matmul_dtype = jnp.dtype(matmul_dtype or dtype)
+    self.approximate = approximate
+    self.expansion = expansion
+    self.with_bias = with_bias
+    self.dropout_rate = float(dropout_rate)
+    self.dtype = jnp.dtype(dtype)
+    self.w_init = w_init
+    self.out_w_init = out_w_init
+
+  def __call__(self, x: jax.Array, *, is_training: bool = False) -> jax.Array:  # [..., D]
+    shape, D = x.shape, x.shape[-1]
+    x = x.reshape(-1, D)                                         # [N, D]: see CausalSelfAttention
+    h = layers.Linear(self.expansion * D, with_bias=self.with_bias, dtype=self.matmul_dtype,
+                      output_dtype=self.dtype, w_init=self.w_init, name="c_fc",
+                      kernels=self.kernels)(x)                   # [N, F]
+    h = gelu_tanh(h) if self.approximate else gelu_exact(h)
+    y = layers.Linear(D, with_bias=self.with_bias, dtype=self.matmul_dtype,
+                      output_dtype=self.dtype, w_init=self.out_w_init, name="c_proj",
+                      kernels=self.kernels)(h).reshape(shape)    # [..., D]
+    if is_training and self.dropout_rate > 0:
+      y = dropout(y, self.dropout_rate, hk.next_rng_key())
+    return y
+
+
+def init_kv_cache(batch: int, slots: int, num_heads: int, head_dim: int,
+                  dtype: layers.DTypeLike = jnp.float32) -> Tuple[jax.Array, jax.Array]:
+  """An empty (zero) KV cache (k, v), each [B, C, H, Dh], for `CausalSelfAttention`."""
+  shape = (batch, slots, num_heads, head_dim)
+  return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+
+
+class CausalSelfAttention(hk.Module):
+  """GPT's causal self-attention: fused q|k|v projection, scale 1/sqrt(Dh), dropout, KV cache.
+
+  The parameter layout is `Attention`'s (`qkv_proj/w` [D, 3 H Dh] ordered q | k | v, head-major;
+  `o_proj/w` [H Dh, D]; `b` with `with_bias`), which is also nanoGPT's `c_attn` / `c_proj` transposed.
+  Fields:
+    num_heads: H.  head_dim: Dh.  with_bias: biases on both projections.
+    dropout_rate: on the attention probabilities and after the output projection (`is_training`).
+    dtype: compute dtype (scores and softmax in float32).  qkv_w_init / out_w_init: initialisers.
+    kernels: "default" | "xla_cpu" for both projections (`Linear.kernels`).
+    matmul_dtype: operand dtype of the two projections when it differs from `dtype` (see
+      GeluMLP); default `dtype`.
+  Without a cache, query s attends to keys <= s. With `kv_cache=(k, v)` ([B, C, H, Dh], C slots,
+  `init_kv_cache`) and `cache_index` (int scalar: the position of the first of the S new tokens),
+  the new keys/values are written into slots [cache_index, cache_index + S), query i attends to
+  slots <= cache_index + i, and the call returns `(out, (k, v))` with the updated cache.
+  """
+
+  def __init__(self, *, num_heads: int, head_dim: int, with_bias: bool = True,
+               dropout_rate: float = 0.0, dtype: layers.DTypeLike = jnp.float32,
+               qkv_w_init: Optional[hk.initializers.Initializer] = None,
+               out_w_init: Optional[hk.initializers.Initializer] = None,
+               name: Optional[str] = None, kernels: str = "default",
+               matmul_dtype: Optional[layers.DTypeLike] = None):
+    super().__init__(name=name)
+    self.kernels = kernels_lib.check(kernels)
+    self.matmul_dtype = jnp.dtype(matmul_dtype or dtype)
+    self.num_heads = num_heads
+    self.head_dim = head_dim
+    self.with_bias = with_bias
+    self.dropout_rate = float(dropout_rate)
+    self.dtype = jnp.dtype(dtype)
+    self.qkv_w_init = qkv_w_init
+    self.out_w_init = out_w_init
+
+  def __call__(self, x: jax.Array, *, is_training: bool = False,
+               kv_cache: Optional[Tuple[jax.Array, jax.Array]] = None,
+               cache_index: Optional[jax.Array] = None):         # [B, S, D] -> [B, S, D]
+    B, S, D = x.shape
+    H, Dh = self.num_heads, self.head_dim
+    drop = is_training and self.dropout_rate > 0
+    # The projections run on [B S, D] rows: XLA CPU differentiates 2-D matmuls much faster.
+    mm = self.matmul_dtype
+    qkv = layers.Linear(3 * H * Dh, with_bias=self.with_bias, dtype=mm, output_dtype=self.dtype,
+                        w_init=self.qkv_w_init, name="qkv_proj", kernels=self.kernels)(
+                            x.reshape(B * S, D)).reshape(B, S, 3, H, Dh)   # [B, S, 3, H, Dh]
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]           # [B, S, H, Dh]
+    if kv_cache is None:
+      mask = jnp.tril(jnp.ones((S, S), bool))                    # [S, S]
+    else:
+      start = jnp.asarray(cache_index, jnp.int32)
+      k = jax.lax.dynamic_update_slice(kv_cache[0], k.astype(kv_cache[0].dtype), (0, start, 0, 0))
+      v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), (0, start, 0, 0))
+      kv_cache = (k, v)                                          # [B, C, H, Dh]
+      mask = jnp.arange(k.shape[1])[None, :] <= start + jnp.arange(S)[:, None]   # [S, C]
+    # The two attention products take `dtype` operands with float32 accumulation, the softmax is
+    # float32: torch's scaled_dot_product_attention under autocast (GPT's "autocast" activations).
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k.astype(q.dtype),
+                        preferred_element_type=jnp.float32) * (1.0 / math.sqrt(Dh))  # [B, H, S, C]
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    if drop:
+      probs = dropout(probs, self.dropout_rate, hk.next_rng_key())
+    out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(self.dtype), v.astype(self.dtype),
+                     preferred_element_type=jnp.float32).astype(self.dtype)  # [B, S, H, Dh]
+    out = layers.Linear(D, with_bias=self.with_bias, dtype=mm, output_dtype=self.dtype,
+                        w_init=self.out_w_init, name="o_proj", kernels=self.kernels)(
+                            out.reshape(B * S, H * Dh)).reshape(B, S, D)   # [B, S, D]
+    if drop:
+      out = dropout(out, self.dropout_rate, hk.next_rng_key())
+    return out if kv_cache is None else (out, kv_cache)
 
 
 class GPT(hk.Module):
@@ -144,7 +331,7 @@ class GPT(hk.Module):
     normal = hk.initializers.RandomNormal(INIT_STD)
     proj = hk.initializers.RandomNormal(INIT_STD / math.sqrt(2 * cfg.n_layer))
     wte = layers.Embed(cfg.vocab_size, cfg.n_embd, w_init=normal, dtype=dtype, name="wte",
-                       lookup="gather" if cfg.fast_grad else "auto")   # a CPU target: gather
+                       kernels=cfg.kernels)
     # Positions never collide: their gradient is no serialised scatter, so always a gather.
     wpe = layers.Embed(cfg.block_size, cfg.n_embd, w_init=normal, dtype=dtype, name="wpe",
                        lookup="gather")
@@ -153,30 +340,30 @@ class GPT(hk.Module):
     x = wte(idx) + wpe(pos)[None]                                # [B, T, C]
     drop = is_training and cfg.dropout > 0
     if drop:
-      x = layers.dropout(x, cfg.dropout, hk.next_rng_key())
+      x = dropout(x, cfg.dropout, hk.next_rng_key())
     new_cache = []
     for i in range(cfg.n_layer):
       with hk.name_scope(f"h_{i}"):
-        attn = layers.CausalSelfAttention(
+        attn = CausalSelfAttention(
             num_heads=cfg.n_head, head_dim=cfg.head_dim, with_bias=cfg.bias,
             dropout_rate=cfg.dropout, dtype=act, qkv_w_init=normal, out_w_init=proj, name="attn",
-            fast_grad=cfg.fast_grad, matmul_dtype=mm)
-        h = layers.LayerNorm(with_bias=cfg.bias, name="ln_1")(x)
+            kernels=cfg.kernels, matmul_dtype=mm)
+        h = LayerNorm(with_bias=cfg.bias, name="ln_1")(x)
         if kv_cache is None:
           a = attn(h, is_training=is_training)
         else:
           a, layer_cache = attn(h, kv_cache=kv_cache[i], cache_index=start)
           new_cache.append(layer_cache)
         x = x + a                                                # [B, T, C] float32
-        h = layers.LayerNorm(with_bias=cfg.bias, name="ln_2")(x)
-        x = x + layers.GeluMLP(with_bias=cfg.bias, dropout_rate=cfg.dropout, dtype=act,
+        h = LayerNorm(with_bias=cfg.bias, name="ln_2")(x)
+        x = x + GeluMLP(with_bias=cfg.bias, dropout_rate=cfg.dropout, dtype=act,
                                w_init=normal, out_w_init=proj, name="mlp",
-                               fast_grad=cfg.fast_grad, matmul_dtype=mm,
+                               kernels=cfg.kernels, matmul_dtype=mm,
                                approximate=cfg.gelu == "tanh")(h, is_training=is_training)
-    x = layers.LayerNorm(with_bias=cfg.bias, name="ln_f")(x)
+    x = LayerNorm(with_bias=cfg.bias, name="ln_f")(x)
     if last_only:
       x = x[:, -1:]                                              # [B, 1, C]
-    logits = wte.attend(x, matmul_dtype=mm, fast_grad=cfg.fast_grad)   # [B, T, V] float32
+    logits = wte.attend(x, matmul_dtype=mm)                      # [B, T, V] float32
     if act == jnp.bfloat16:
       # autocast's lm_head returns bfloat16 logits; rounded by to_precision first, which XLA keeps,
       # where it may drop the float32 -> bfloat16 -> float32 round trip into the loss's float32.
@@ -217,7 +404,7 @@ class GPTModel:
 
   def init_cache(self, batch: int, slots: Optional[int] = None) -> KVCache:
     cfg = self.config
-    return [layers.init_kv_cache(batch, slots or cfg.block_size, cfg.n_head, cfg.head_dim,
+    return [init_kv_cache(batch, slots or cfg.block_size, cfg.n_head, cfg.head_dim,
                                  cfg.dtype) for _ in range(cfg.n_layer)]
 
 

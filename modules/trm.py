@@ -49,7 +49,9 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
+from modules import kernels as kernels_lib
 from modules import layers
+from modules.kernels import xla_cpu
 
 Batch = Dict[str, jax.Array]
 
@@ -75,45 +77,11 @@ class TRMConfig:
   remat: recompute each block's activations in the backward pass instead of storing them (same numbers,
     about a third more compute, several times less memory: what lets batch 768 fit in 24 GB).
     Not in the reference (an implementation choice with no effect on results); off by default.
-  fast_grad: the CPU matmul forms of `layers.matmul` in every projection (SwiGLU, attention, the
-    mlp_t token mix, lm and q heads): weight gradients as row-major matmuls and, in bfloat16,
-    bfloat16 backward operands. For a CPU TARGET only: the trainer sets it from `layout.cpu_tuning`
-    (a TPU compile never carries it). Float32 results are the same sums in another order; off by
-    default.
-  seq_major: (mlp_t models; a CPU target only, set with fast_grad from `layout.cpu_tuning`) the
-    recursion holds z_H, z_L and the input embedding as [S, B, D]: the token mix is then a
-    projection of feature-major rows (`layers.wt_matmul`: [S, B*D] in, no transposes) and the
-    channel SwiGLU works on [S*B, D] rows as before; one transpose in and out per ACT step instead
-    of two per block plus the backward's. The same products, summed in another order. Off by default.
-  unroll: the cycle with gradient's n z_L updates written out instead of a loop (a CPU target only,
-    set with fast_grad): a loop with gradient stores every iteration's residuals into stacked
-    buffers, an unrolled one keeps them in place. The same operations; XLA fuses them differently,
-    so results agree to float32 rounding. Off by default.
-  head_major: (attention models; a CPU target only, set with fast_grad) the attention copies q, k
-    and v head-major once and runs its batched matmuls on them (`layers.dot_product_attention`)
-    instead of XLA's own copies around each. The same products, summed in another order. Off by
-    default.
-  lean_swiglu: (a CPU target only, set with fast_grad) every SwiGLU's backward pass recomputes
-    sigmoid(gate) and silu(gate) from the gate|up projection output, with torch's SiLU backward
-    formula (`layers.swiglu_activation(lean_grad=True)`), instead of keeping them from the forward
-    pass: two [rows, F] buffers fewer per SwiGLU call of the cycle with gradient. The same values;
-    gradients agree to rounding. Off by default.
-  nograd_chunk_elements: (a CPU target only, set with fast_grad for bfloat16) the T-1 cycles without
-    gradient run on chunks of the batch one after another (`nograd_chunk`: the most examples, a
-    power of two dividing the batch, whose latents hold at most this many elements, chunk x S x D)
-    instead of the whole batch at once. Those cycles treat every example on its own, so the values
-    are the same; the activations between the matmuls are a chunk's, not the batch's, and the
-    passes over them run on memory nearer the cores. 0 = the whole batch (the default).
-  pad_contraction: (seq_major's token mix; a CPU target only, set with fast_grad for bfloat16) the
-    token mix's two products that contract over the S sequence positions (gate|up's value, down's
-    input gradient) zero-pad S to a multiple of 32 (`layers.wt_matmul`): XLA:CPU's bfloat16 kernel
-    runs S = 97 far slower than 128. The added products are exact zeros. Off by default.
-  split_gate_up: (with fast_grad and lean_swiglu; a CPU target only, set with them for bfloat16)
-    every SwiGLU's gate|up projection and activation are one `layers.gate_up_swiglu`, whose
-    backward pass feeds d gate and d up into the projection's gradient products separately instead
-    of concatenating them: XLA:CPU then computes sigmoid(gate) once per backward pass instead of
-    once per half. The same values and weight gradients; the input gradients add the two halves'
-    float32 products (rounding apart). Off by default.
+  kernels: "default" (plain JAX: what a TPU or GPU compiles) or "xla_cpu" (modules/kernels/xla_cpu.py:
+    the same model in the forms XLA:CPU runs faster, which `xla_cpu.forms` picks for the forward
+    dtype, among them the [S, B, D] recursion of mlp_t models, the unrolled cycle with gradient and
+    the cycles without gradient in chunks of the batch). The trainer sets "xla_cpu" for a CPU
+    target only (`layout.cpu_tuning`). The same function; results agree to float32 rounding.
   """
   seq_len: int
   vocab_size: int
@@ -134,14 +102,7 @@ class TRMConfig:
   halt_max_steps: int = 16
   halt_exploration_prob: float = 0.1
   remat: bool = False
-  fast_grad: bool = False
-  seq_major: bool = False
-  unroll: bool = False
-  head_major: bool = False
-  lean_swiglu: bool = False
-  nograd_chunk_elements: int = 0
-  pad_contraction: bool = False
-  split_gate_up: bool = False
+  kernels: str = "default"
 
   def __post_init__(self):
     def bad(field, value, fix):
@@ -160,24 +121,11 @@ class TRMConfig:
       bad("halt_max_steps", self.halt_max_steps, "must be >= 1")
     if not 0.0 <= self.halt_exploration_prob <= 1.0:
       bad("halt_exploration_prob", self.halt_exploration_prob, "must be in [0, 1]")
-    if self.nograd_chunk_elements < 0:
-      bad("nograd_chunk_elements", self.nograd_chunk_elements,
-          "use 0 (the whole batch) or a positive number of elements per chunk")
+    if self.kernels not in kernels_lib.KERNELS:
+      bad("kernels", self.kernels, f"use one of {kernels_lib.KERNELS}")
     if self.emb_ndim > self.prefix_len * self.hidden_size:
       bad("puzzle_emb_len", self.puzzle_emb_len,
           f"P * hidden_size must hold puzzle_emb_ndim={self.emb_ndim}")
-
-  def nograd_chunk(self, batch: int) -> int:
-    """Examples per chunk of the cycles without gradient for a batch of `batch` examples: the
-    largest power of two dividing `batch` whose chunk x S x D latents are at most
-    nograd_chunk_elements, at least 1; `batch` itself (one chunk) when that is off (0)."""
-    if not self.nograd_chunk_elements:
-      return batch
-    chunk = 1
-    while (batch % (2 * chunk) == 0
-           and 2 * chunk * self.total_len * self.hidden_size <= self.nograd_chunk_elements):
-      chunk *= 2
-    return chunk
 
   @property
   def emb_ndim(self) -> int:
@@ -197,9 +145,14 @@ class TRMConfig:
     return self.prefix_len + self.seq_len
 
   @property
+  def forms(self) -> xla_cpu.Forms:
+    """The XLA:CPU forms this model carries (none for kernels="default"), read at trace time."""
+    return xla_cpu.forms(self.kernels, self.dtype)
+
+  @property
   def seq_first(self) -> bool:
-    """True when the recursion runs on [S, B, D] latents (`seq_major` with an mlp_t model)."""
-    return self.seq_major and self.mlp_t
+    """True when the recursion runs on [S, B, D] latents (xla_cpu's seq_major, mlp_t models)."""
+    return self.mlp_t and self.forms.seq_major
 
   @property
   def dtype(self) -> jnp.dtype:
@@ -223,25 +176,20 @@ class TRMBlock(hk.Module):
     if cfg.seq_first:
       S, B, D = h.shape
       mix = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp_t",
-                          fast_grad=cfg.fast_grad, feature_major=True,
-                          lean_grad=cfg.lean_swiglu, pad_contraction=cfg.pad_contraction,
-                          split_grad=cfg.split_gate_up)
+                          feature_major=True, kernels=cfg.kernels)
       mixed = mix(h.reshape(S, B * D)).reshape(S, B, D)         # SwiGLU over S on [S, B*D] rows
       h = layers.rms_norm(h + mixed, axis=0, eps=eps)            # normalise over the SEQUENCE axis
     elif cfg.mlp_t:
       mix = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp_t",
-                          fast_grad=cfg.fast_grad, lean_grad=cfg.lean_swiglu,
-                          split_grad=cfg.split_gate_up)
+                          kernels=cfg.kernels)
       mixed = jnp.swapaxes(mix(jnp.swapaxes(h, 1, 2)), 1, 2)    # SwiGLU over S: [B, D, S] -> [B, S, D]
       h = layers.rms_norm(h + mixed, axis=1, eps=eps)            # normalise over the SEQUENCE axis
     else:
       attn = layers.Attention(num_heads=cfg.num_heads, head_dim=cfg.head_dim, causal=False,
-                              dtype=cfg.dtype, name="self_attn", fast_grad=cfg.fast_grad,
-                              head_major=cfg.head_major)
+                              dtype=cfg.dtype, name="self_attn", kernels=cfg.kernels)
       h = layers.rms_norm(h + attn(h, rope=rope), eps=eps)
     mlp = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp",
-                        fast_grad=cfg.fast_grad, lean_grad=cfg.lean_swiglu,
-                        split_grad=cfg.split_gate_up)
+                        kernels=cfg.kernels)
     return layers.rms_norm(h + mlp(h), eps=eps)
 
 
@@ -282,17 +230,16 @@ class TRMInner(hk.Module):
     cfg = config
     D = cfg.hidden_size
     self.embed_tokens = layers.Embed(cfg.vocab_size, D, init_std=1.0 / math.sqrt(D),
-                                     dtype=cfg.dtype, name="embed_tokens",
-                                     lookup="gather" if cfg.fast_grad else "auto")  # CPU: gather
+                                     dtype=cfg.dtype, name="embed_tokens", kernels=cfg.kernels)
     if cfg.pos_encodings == "learned":
       self.embed_pos = layers.Embed(cfg.total_len, D, init_std=1.0 / math.sqrt(D), dtype=cfg.dtype,
                                     name="embed_pos")
     self.lm_head = layers.Linear(cfg.vocab_size, dtype=cfg.dtype, name="lm_head",
                                  w_init=layers.TruncatedNormal(1.0 / math.sqrt(D)),
-                                 fast_grad=cfg.fast_grad)
+                                 kernels=cfg.kernels)
     self.q_head = layers.Linear(2, with_bias=True, dtype=cfg.dtype, name="q_head",
                                 w_init=jnp.zeros, b_init=hk.initializers.Constant(-5.0),
-                                fast_grad=cfg.fast_grad)
+                                kernels=cfg.kernels)
     self.L_level = ReasoningNet(cfg, name="L_level")
 
   def initial_latents(self) -> Tuple[jax.Array, jax.Array]:
@@ -335,8 +282,8 @@ class TRMInner(hk.Module):
     return z_H, z_L
 
   def cycles_without_gradient(self, z_H, z_L, x, rope):
-    """The T-1 cycles before the one with gradient, in chunks of `config.nograd_chunk` examples
-    (one chunk: the whole batch). z_H, z_L, x: [B, S, D] ([S, B, D]: seq_first)."""
+    """The T-1 cycles before the one with gradient, in chunks of `xla_cpu.nograd_chunk` examples
+    (one chunk, the whole batch, by default). z_H, z_L, x: [B, S, D] ([S, B, D]: seq_first)."""
     cfg = self.config
 
     def cycles(z_H, z_L, x):
@@ -346,7 +293,7 @@ class TRMInner(hk.Module):
 
     axis = 1 if cfg.seq_first else 0                             # the batch axis
     B = z_H.shape[axis]
-    chunk = cfg.nograd_chunk(B)
+    chunk = xla_cpu.nograd_chunk(cfg.forms, B, cfg.total_len * cfg.hidden_size)
     if chunk == B:
       return cycles(z_H, z_L, x)
 
@@ -375,7 +322,7 @@ class TRMInner(hk.Module):
       # stored and nothing flows back through these cycles.
       with hk.custom_getter(_stop_gradient_getter):
         z_H, z_L = self.cycles_without_gradient(z_H, z_L, jax.lax.stop_gradient(x), rope)
-    z_H, z_L = self.latent_recursion(z_H, z_L, x, rope, unroll=cfg.unroll)  # the cycle WITH gradient
+    z_H, z_L = self.latent_recursion(z_H, z_L, x, rope, unroll=cfg.forms.unroll)  # WITH gradient
     if cfg.seq_first:
       logits = jnp.swapaxes(self.lm_head(z_H[cfg.prefix_len:]), 0, 1)  # [L, B, V] -> [B, L, V]
       q = self.q_head(z_H[0]).astype(jnp.float32)                # [B, 2]

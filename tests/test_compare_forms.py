@@ -13,7 +13,7 @@ def test_two_variants_alternate_and_agree():
                                    "--forms=fast_grad,unroll,split_reduce", "--warmup=1"])
   assert (args.hidden, args.batch, args.rounds) == (32, 4, 2)
   rows = compare_forms.compare(args)
-  assert [r["cpu_forms"] for r in rows] == ["all", "fast_grad,unroll,split_reduce"]
+  assert [r["forms"] for r in rows] == ["all", "fast_grad,unroll,split_reduce"]
   for r in rows:
     assert 0 < r["p10"] <= r["ms"] <= r["p90"]
     assert r["temp_GB"] > 0 and r["rounds"] == 2
@@ -24,7 +24,7 @@ def test_two_variants_alternate_and_agree():
   # starting weights, five steps each: one warm-up, then two rounds of two).
   assert rows[1]["lm_loss"] == pytest.approx(rows[0]["lm_loss"], rel=1e-4)
   table = compare_forms.format_table(rows).splitlines()
-  assert table[0].startswith("| cpu_forms | ms | p10 | p90 | vs_first | won |")
+  assert table[0].startswith("| forms | ms | p10 | p90 | vs_first | won |")
   assert len(table) == 4 and table[3].startswith("| fast_grad,unroll,split_reduce | ")
 
 

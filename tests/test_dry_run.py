@@ -14,6 +14,7 @@ import sys
 import jax
 import pytest
 
+from experiments.common import cpu_features
 from experiments.common import dry_run
 from experiments.common import errors
 from experiments.common import layout as layout_lib
@@ -25,6 +26,7 @@ from experiments.nanogpt.configs import shakespeare_char_cpu
 from experiments.trm import train as trm_train
 from experiments.trm.configs import cpu_demo
 from modules import dream
+from modules.kernels import xla_cpu
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -64,17 +66,19 @@ def test_tiny_trm_and_gpt_compile_for_a_slice(target):
 
 @pytest.mark.parametrize("family", ["gpt", "trm"])
 def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
-  """The same GPT / TRM step lowered for the CPU (cpu_tuning on) carries fast_grad and pins layouts;
-  for a TPU it does not (the switch is the TARGET platform, not this process's backend)."""
+  """The same GPT / TRM step lowered for the CPU (cpu_tuning on) carries the xla_cpu kernels and
+  pins layouts; for a TPU it does not (the switch is the TARGET platform, not this process's
+  backend)."""
   make, experiment = {"gpt": (_gpt, gpt_train.NanoGPT), "trm": (_trm, trm_train.TRM)}[family]
   config = make(4 * jax.local_device_count())
   cpu = layout_lib.batch_layout(config, platform="cpu")
   assert cpu.cpu_tuning
   b = experiment().build(config, cpu, abstract=True)
-  assert b.model_config.fast_grad
+  assert b.model_config.kernels == "xla_cpu"
   if family == "trm":
-    assert all(getattr(b.model_config, name) for name in trm_train.MODEL_FORMS)
-    assert b.compiler_options == parallel.CPU_DOTS_ONLY      # cpu_forms "all" has split_reduce
+    f = b.model_config.forms
+    assert all((f.fast_grad, f.seq_major, f.unroll, f.head_major, f.lean_swiglu))
+    assert b.compiler_options == cpu_features.CPU_DOTS_ONLY   # every form, split_reduce too
   p = dry_run.programs(b, config, cpu)["train_step"]
   lowered = parallel.pmap_step(p.fn, replicated_in=p.replicated_in, out_axes=p.out_axes
                                ).lower(*p.args)
@@ -83,9 +87,9 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
   on_tpu = dry_run.tpu_layout(config, t)
   assert not on_tpu.cpu_tuning
   b = experiment().build(config, on_tpu, abstract=True)
-  assert not b.model_config.fast_grad
+  assert b.model_config.kernels == "default"
   if family == "trm":
-    assert not any(getattr(b.model_config, name) for name in trm_train.MODEL_FORMS)
+    assert b.model_config.forms == xla_cpu.Forms()            # no form at all
   assert not b.compiler_options                               # no XLA:CPU option in a TPU program
   p = dry_run.programs(b, config, on_tpu)["train_step"]
   assert not tpu.hlo_has_layout_constraints(

@@ -15,6 +15,7 @@ import pytest
 
 from modules import gpt
 from modules import layers
+from modules.kernels import xla_cpu
 
 
 def f64(x):
@@ -78,7 +79,7 @@ SMALL = dict(block_size=12, vocab_size=17, n_layer=2, n_head=2, n_embd=16)
 @pytest.mark.parametrize("bias", [True, False])
 def test_layer_norm_matches_numpy(bias):
   x = np.random.default_rng(1).normal(2.0, 3.0, (3, 5, 8)).astype(np.float32)
-  f = hk.without_apply_rng(hk.transform(lambda x: layers.LayerNorm(with_bias=bias)(x)))
+  f = hk.without_apply_rng(hk.transform(lambda x: gpt.LayerNorm(with_bias=bias)(x)))
   params = randomize(f.init(jax.random.key(0), x))
   y = f.apply(params, x)
   want = np_ln(f64(x), f64(params["layer_norm"]["weight"]),
@@ -89,7 +90,7 @@ def test_layer_norm_matches_numpy(bias):
 
 def test_gelu_mlp_is_exact_gelu():
   x = np.random.default_rng(2).normal(0, 1, (2, 3, 8)).astype(np.float32)
-  f = hk.without_apply_rng(hk.transform(lambda x: layers.GeluMLP(with_bias=True)(x)))
+  f = hk.without_apply_rng(hk.transform(lambda x: gpt.GeluMLP(with_bias=True)(x)))
   p = randomize(f.init(jax.random.key(0), x))
   y = f.apply(p, x)
   h = np_gelu(f64(x) @ f64(p["gelu_mlp/c_fc"]["w"]) + f64(p["gelu_mlp/c_fc"]["b"]))
@@ -200,7 +201,7 @@ def test_dropout_only_in_training_and_scaled():
   c = f64(model.apply(params, idx, jax.random.key(2), is_training=True))
   assert np.abs(a - b).max() > 1e-3 and np.abs(b - c).max() > 1e-3
   x = jnp.ones((100_000,))
-  y = f64(layers.dropout(x, 0.2, jax.random.key(0)))
+  y = f64(gpt.dropout(x, 0.2, jax.random.key(0)))
   assert set(np.unique(y)) == {0.0, 1.25} and abs((y == 0).mean() - 0.2) < 0.01
   with pytest.raises(ValueError, match="rng"):
     model.apply(params, idx, is_training=True)
@@ -213,10 +214,15 @@ def test_config_errors_name_the_field():
     gpt.GPTConfig(dropout=1.5)
 
 
+def _kernels(fast: bool) -> str:
+  return "xla_cpu" if fast else "default"
+
+
 @pytest.mark.parametrize("dtype,tol", [("float32", 2e-5), ("bfloat16", 3e-2)])
 @pytest.mark.parametrize("w_transposed", [False, True])
 def test_fast_grad_matmul_gradients_match_numpy(dtype, tol, w_transposed):
-  """layers.matmul(fast_grad=True) (custom VJP, row-major transposes): value and both gradients of
+  """layers.matmul(kernels="xla_cpu") (`xla_cpu.matmul`: custom VJP, row-major transposes): value and
+  both gradients of
   sum(c * (x @ w)) against float64 NumPy; float32 also equals plain autodiff to rounding."""
   rng = np.random.default_rng(0)
   x = rng.standard_normal((96, 40)).astype(np.float32)
@@ -225,7 +231,7 @@ def test_fast_grad_matmul_gradients_match_numpy(dtype, tol, w_transposed):
   wm = f64(w).T if w_transposed else f64(w)
 
   def loss(x, w, fast):
-    y = layers.matmul(x, w, dtype, fast_grad=fast, w_transposed=w_transposed)
+    y = layers.matmul(x, w, dtype, kernels=_kernels(fast), w_transposed=w_transposed)
     assert y.dtype == jnp.float32
     return jnp.sum(c * y)
 
@@ -251,14 +257,15 @@ def test_fast_grad_matmul_gradients_match_numpy(dtype, tol, w_transposed):
 @pytest.mark.parametrize("fast", [True, False])
 def test_wt_matmul_value_and_gradients_match_numpy(dtype, tol, fast):
   """layers.wt_matmul(w, x) = w^T x for feature-major x [I, N]: value and both gradients of
-  sum(c * w^T x) against float64 NumPy, with the CPU form (fast_grad) and plain autodiff."""
+  sum(c * w^T x) against float64 NumPy, with the CPU form (kernels="xla_cpu": fast_grad) and plain
+  autodiff."""
   rng = np.random.default_rng(1)
   x = rng.standard_normal((40, 96)).astype(np.float32)          # [I, N]
   w = rng.standard_normal((40, 24)).astype(np.float32) * 0.2   # [I, O]
   c = rng.standard_normal((24, 96)).astype(np.float32)          # [O, N]
 
   def loss(w, x):
-    y = layers.wt_matmul(w, x, dtype, fast_grad=fast)
+    y = layers.wt_matmul(w, x, dtype, kernels=_kernels(fast))
     assert y.dtype == jnp.float32 and y.shape == (24, 96)
     return jnp.sum(c * y)
 
@@ -270,8 +277,8 @@ def test_wt_matmul_value_and_gradients_match_numpy(dtype, tol, fast):
   np.testing.assert_allclose(f64(gw), want_gw, atol=tol * np.abs(want_gw).max())
   assert gw.dtype == jnp.float32 and gx.dtype == jnp.float32
   # The same products as the row-major form matmul(x^T, w)^T.
-  y_rows = layers.matmul(jnp.asarray(x).T, w, dtype, fast_grad=fast).T
-  np.testing.assert_allclose(layers.wt_matmul(w, x, dtype, fast_grad=fast), y_rows,
+  y_rows = layers.matmul(jnp.asarray(x).T, w, dtype, kernels=_kernels(fast)).T
+  np.testing.assert_allclose(layers.wt_matmul(w, x, dtype, kernels=_kernels(fast)), y_rows,
                              rtol=1e-6, atol=1e-6)
 
 
@@ -297,8 +304,8 @@ def test_wt_matmul_pad_contraction():
   c = jnp.asarray(rng.standard_normal((97, 256)), jnp.float32)
 
   def loss(w1, w2, x, dtype, pad):
-    h = layers.wt_matmul(w1, x, dtype, fast_grad=True, pad_contraction=pad)   # [64, N]
-    y = layers.wt_matmul(w2, h, dtype, fast_grad=True, pad_contraction=pad)   # [97, N]
+    h = xla_cpu.wt_matmul(w1, x, dtype, pad_contraction=pad)                 # [64, N]
+    y = xla_cpu.wt_matmul(w2, h, dtype, pad_contraction=pad)                 # [97, N]
     return jnp.sum(c * y)
 
   for dtype in ("bfloat16", "float32"):
@@ -317,12 +324,12 @@ def test_wt_matmul_pad_contraction():
 
 def test_feature_major_swiglu_equals_the_row_major_one():
   """SwiGLU(feature_major=True) on x^T [D, N] has the same parameters as the row-major SwiGLU and
-  returns its result transposed (float32, fast_grad on and off), gradients included."""
+  returns its result transposed (float32, kernels "default" and "xla_cpu"), gradients included."""
   x = jax.random.normal(jax.random.key(0), (50, 24), jnp.float32)          # [N, D]
 
   def make(feature_major, fast):
     def f(v):
-      return layers.SwiGLU(expansion=2.0, dtype=jnp.float32, fast_grad=fast,
+      return layers.SwiGLU(expansion=2.0, dtype=jnp.float32, kernels=_kernels(fast),
                            feature_major=feature_major, name="mix")(v)
     return hk.without_apply_rng(hk.transform(f))
 
@@ -340,8 +347,8 @@ def test_feature_major_swiglu_equals_the_row_major_one():
 
 def test_gelu_exact_matches_erf_formula():
   x = np.linspace(-8.0, 8.0, 4001).astype(np.float32)
-  np.testing.assert_allclose(f64(layers.gelu_exact(jnp.asarray(x))), np_gelu(f64(x)), atol=2e-6)
-  g = jax.grad(lambda v: jnp.sum(layers.gelu_exact(v)))(jnp.asarray(x))
+  np.testing.assert_allclose(f64(gpt.gelu_exact(jnp.asarray(x))), np_gelu(f64(x)), atol=2e-6)
+  g = jax.grad(lambda v: jnp.sum(gpt.gelu_exact(v)))(jnp.asarray(x))
   want = 0.5 * (1 + np.vectorize(math.erf)(f64(x) / math.sqrt(2))) + f64(x) * np.exp(
       -f64(x) ** 2 / 2) / math.sqrt(2 * math.pi)
   np.testing.assert_allclose(f64(g), want, atol=3e-6)
@@ -349,9 +356,10 @@ def test_gelu_exact_matches_erf_formula():
 
 def test_bfloat16_gpt_is_autocast_style_and_close_to_float32():
   """dtype="bfloat16": bfloat16 matmul operands, float32 activations; logits and gradients stay
-  close to the float32 model (same params), and fast_grad does not change float32 gradients."""
+  close to the float32 model (same params), and kernels="xla_cpu" does not change float32
+  gradients."""
   args = dict(block_size=16, vocab_size=13, n_layer=2, n_head=2, n_embd=32, bias=True)
-  cfg32 = gpt.GPTConfig(**args, fast_grad=True)
+  cfg32 = gpt.GPTConfig(**args, kernels="xla_cpu")
   params = gpt.GPTModel(cfg32).init(jax.random.key(1))
   idx = jax.random.randint(jax.random.key(2), (3, 16), 0, 13)
 
@@ -360,8 +368,8 @@ def test_bfloat16_gpt_is_autocast_style_and_close_to_float32():
 
   vg = jax.jit(jax.value_and_grad(loss), static_argnums=1)
   l32, g32 = vg(params, cfg32)
-  l16, g16 = vg(params, gpt.GPTConfig(**args, dtype="bfloat16", fast_grad=True))
-  lplain, gplain = vg(params, gpt.GPTConfig(**args, fast_grad=False))
+  l16, g16 = vg(params, gpt.GPTConfig(**args, dtype="bfloat16", kernels="xla_cpu"))
+  lplain, gplain = vg(params, gpt.GPTConfig(**args, kernels="default"))
   assert abs(float(l16) - float(l32)) < 1e-2
   np.testing.assert_allclose(float(lplain), float(l32), rtol=1e-6)
   for (path, a), b, c in zip(jax.tree_util.tree_leaves_with_path(g32), jax.tree.leaves(g16),
@@ -408,7 +416,7 @@ def test_bfloat16_autocast_activations_follow_torch_autocast(bias):
   float32 residual stream. Against torch 2.13's autocast on the same parameters: of its bfloat16
   logits about half are torch's bit for bit (activations="float32": none), the rest
   a rounding apart (torch's attention kernel rounds the unnormalised probabilities; summation
-  orders); loss and gradients agree to bfloat16 rounding, with and without fast_grad."""
+  orders); loss and gradients agree to bfloat16 rounding, with kernels "xla_cpu" and "default"."""
   torch = pytest.importorskip("torch", reason="the torch cross-check needs torch (pip '.[torch]')")
   args = dict(block_size=32, vocab_size=67, n_layer=2, n_head=4, n_embd=64, bias=bias)
   params = gpt.GPTModel(gpt.GPTConfig(**args)).init(jax.random.key(3))
@@ -428,7 +436,7 @@ def test_bfloat16_autocast_activations_follow_torch_autocast(bias):
   equal = {}
   for act in ("autocast", "float32"):
     for fast in (False, True):
-      cfg = gpt.GPTConfig(**args, dtype="bfloat16", activations=act, fast_grad=fast)
+      cfg = gpt.GPTConfig(**args, dtype="bfloat16", activations=act, kernels=_kernels(fast))
       model = gpt.GPTModel(cfg)
 
       def loss_fn(p):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from modules import layers
+from modules.kernels import xla_cpu
 
 TRUNC_STD = 0.87962566103423978  # std of a standard normal truncated to [-2, 2]
 
@@ -390,21 +391,26 @@ def test_silu_equals_torch_bit_for_bit():
   got = layers.silu(jnp.asarray(r, jnp.bfloat16))
   np.testing.assert_array_equal(f64(got), t.astype(np.float64))
   # SwiGLU (one more rounding) and its gradient: torch's autograd of F.silu(gate) * up, bit for bit,
-  # from JAX's autodiff and from lean_grad's hand-written backward alike.
+  # from JAX's autodiff and from xla_cpu's lean_swiglu hand-written backward alike.
   gate_up = jnp.asarray(r.reshape(256, 256), jnp.bfloat16)
   ct = jnp.asarray(np.random.default_rng(6).standard_normal((256, 128)), jnp.bfloat16)
   tg = torch.from_numpy(np.array(gate_up.astype(jnp.float32))).to(torch.bfloat16).requires_grad_()
   out = torch.nn.functional.silu(tg[:, :128]) * tg[:, 128:]
   out.backward(torch.from_numpy(np.array(ct.astype(jnp.float32))).to(torch.bfloat16))
   for lean in (False, True):
-    h, vjp = jax.vjp(lambda v: layers.swiglu_activation(v, lean_grad=lean), gate_up)
+    h, vjp = jax.vjp(lambda v: _swiglu_activation(lean)(v), gate_up)
     np.testing.assert_array_equal(f64(h), out.detach().float().numpy())
     np.testing.assert_array_equal(f64(vjp(ct)[0]), tg.grad.float().numpy())
     # Jitted too (as a training step runs): there XLA drops a bfloat16 round trip between float32
     # operations unless it is a reduce_precision; d silu = g * up is rounded as torch rounds it.
     jitted = jax.jit(lambda v, c: jax.vjp(
-        lambda w: layers.swiglu_activation(w, lean_grad=lean), v)[1](c)[0])
+        lambda w: _swiglu_activation(lean)(w), v)[1](c)[0])
     np.testing.assert_array_equal(f64(jitted(gate_up, ct)), tg.grad.float().numpy())
+
+
+def _swiglu_activation(lean):
+  """The default swiglu_activation, or xla_cpu's lean_swiglu form of it."""
+  return xla_cpu.swiglu_activation if lean else layers.swiglu_activation
 
 
 def _np_swiglu_grads(gate, up, ct):
@@ -415,7 +421,7 @@ def _np_swiglu_grads(gate, up, ct):
 
 @pytest.mark.parametrize("axis", [-1, 0], ids=["rows", "feature_major"])
 def test_swiglu_lean_grad_values_and_gradients(axis):
-  """swiglu_activation(lean_grad=True) (TRM's lean_swiglu CPU form): the same values bit for bit;
+  """xla_cpu.swiglu_activation (the lean_swiglu CPU form): the same values bit for bit;
   float32 gradients equal float64's to rounding; bfloat16 gradients no further from float64's than
   JAX's own gradient of silu(gate) * up (it rounds d gate once, from float32, as torch does)."""
   rng = np.random.default_rng(11)
@@ -430,7 +436,7 @@ def test_swiglu_lean_grad_values_and_gradients(axis):
     x, c = jnp.asarray(gu, dtype), jnp.asarray(ct, dtype)
     out = {}
     for lean in (False, True):
-      h, vjp = jax.vjp(lambda v: layers.swiglu_activation(v, axis=axis, lean_grad=lean), x)
+      h, vjp = jax.vjp(lambda v: _swiglu_activation(lean)(v, axis=axis), x)
       out[lean] = (h, vjp(c)[0])
     assert out[True][0].dtype == dtype and out[True][1].shape == shape
     np.testing.assert_array_equal(f64(out[True][0]), f64(out[False][0]))     # the same forward
@@ -447,8 +453,8 @@ def test_swiglu_lean_grad_values_and_gradients(axis):
 
 @pytest.mark.parametrize("axis", [-1, 0], ids=["rows", "feature_major"])
 def test_swiglu_lean_grad_keeps_fewer_buffers_and_equal_gradients(axis):
-  """Why lean_grad exists: in a compiled gradient of L SwiGLU layers XLA keeps sigmoid(gate) and
-  silu(gate) of every layer for the backward pass ([N, F] each); with lean_grad it keeps neither
+  """Why lean_swiglu exists: in a compiled gradient of L SwiGLU layers XLA keeps sigmoid(gate) and
+  silu(gate) of every layer for the backward pass ([N, F] each); with lean_swiglu it keeps neither
   (at least 2L - 1 buffers of [N, F] less compiled scratch). The weight gradients stay equal."""
   N, D, F, L = 512, 64, 256, 3
   rng = np.random.default_rng(12)
@@ -459,9 +465,9 @@ def test_swiglu_lean_grad_keeps_fewer_buffers_and_equal_gradients(axis):
   def loss(ws, x, lean):
     for w1, w2 in ws:
       if axis == -1:                                            # rows: [N, D]
-        x = x + layers.swiglu_activation(x @ w1, axis=-1, lean_grad=lean) @ w2
+        x = x + _swiglu_activation(lean)(x @ w1, axis=-1) @ w2
       else:                                                     # feature-major: [D, N]
-        x = x + w2.T @ layers.swiglu_activation(w1.T @ x, axis=0, lean_grad=lean)
+        x = x + w2.T @ _swiglu_activation(lean)(w1.T @ x, axis=0)
     return jnp.sum(jnp.sin(x))
 
   temp, grads = {}, {}
@@ -478,8 +484,8 @@ def test_swiglu_lean_grad_keeps_fewer_buffers_and_equal_gradients(axis):
 
 @pytest.mark.parametrize("feature_major", [False, True], ids=["rows", "feature_major"])
 def test_gate_up_swiglu_equals_the_projection_then_lean_swiglu(feature_major):
-  """gate_up_swiglu (TRM's split_gate_up CPU form) is `Linear(2F, fast_grad=True)` followed by
-  `swiglu_activation(lean_grad=True)` with one gradient: the same values bit for bit and the same
+  """xla_cpu.gate_up_swiglu (the split_gate_up CPU form) is `xla_cpu.matmul` (`wt_matmul`) followed
+  by `xla_cpu.swiglu_activation` with one gradient: the same values bit for bit and the same
   weight gradient bit for bit; the input gradient sums the gate and up halves' products apart, so
   it agrees to float32 rounding (bfloat16: within one rounding of the result). float32 matches
   float64 numpy. feature_major with bfloat16 also pads the contraction (I = 33 -> 64)."""
@@ -494,13 +500,13 @@ def test_gate_up_swiglu_equals_the_projection_then_lean_swiglu(feature_major):
 
     def two_steps(x, w):
       if feature_major:
-        gu = layers.wt_matmul(w, x, dtype, fast_grad=True, pad_contraction=pad).astype(dtype)
+        gu = xla_cpu.wt_matmul(w, x, dtype, pad_contraction=pad).astype(dtype)
       else:
-        gu = layers.matmul(x, w, dtype, fast_grad=True).astype(dtype)
-      return layers.swiglu_activation(gu, axis=0 if feature_major else -1, lean_grad=True)
+        gu = xla_cpu.matmul(x, w, dtype).astype(dtype)
+      return xla_cpu.swiglu_activation(gu, axis=0 if feature_major else -1)
 
     def one_step(x, w):
-      return layers.gate_up_swiglu(x, w, dtype, feature_major=feature_major, pad_contraction=pad)
+      return xla_cpu.gate_up_swiglu(x, w, dtype, feature_major=feature_major, pad_contraction=pad)
 
     out = {}
     for name, f in (("two", two_steps), ("one", one_step)):
@@ -524,15 +530,22 @@ def test_gate_up_swiglu_equals_the_projection_then_lean_swiglu(feature_major):
 
 
 def test_swiglu_split_grad_keeps_the_parameters_and_values():
-  """SwiGLU(split_grad=True) (with fast_grad and lean_grad) creates the same parameters, initialised
-  the same, and returns the same values; without fast_grad and lean_grad it is ignored."""
+  """SwiGLU(kernels="xla_cpu") with split_gate_up (bfloat16, with fast_grad and lean_swiglu)
+  creates the same parameters, initialised the same, and returns the same values as without it;
+  without fast_grad and lean_swiglu it is off."""
   x = jnp.asarray(np.random.default_rng(14).standard_normal((2, 5, 16)), jnp.bfloat16)
   outs, params = {}, {}
   for split in (False, True):
-    f = hk.transform(lambda v: layers.SwiGLU(expansion=2.0, fast_grad=True, lean_grad=True,
-                                             split_grad=split)(v))
-    params[split] = f.init(jax.random.PRNGKey(3), x)
-    outs[split] = f.apply(params[split], None, x)
+    f = hk.transform(lambda v: layers.SwiGLU(expansion=2.0, kernels="xla_cpu")(v))
+    with xla_cpu.override(split_gate_up=split):
+      assert xla_cpu.forms("xla_cpu", jnp.bfloat16).split_gate_up == split
+      params[split] = f.init(jax.random.PRNGKey(3), x)
+      outs[split] = f.apply(params[split], None, x)
+  with xla_cpu.override(fast_grad=False):
+    assert not xla_cpu.forms("xla_cpu", jnp.bfloat16).split_gate_up
+  with xla_cpu.override(lean_swiglu=False):
+    assert not xla_cpu.forms("xla_cpu", jnp.bfloat16).split_gate_up
+  assert not xla_cpu.forms("xla_cpu", jnp.float32).split_gate_up
   assert jax.tree.structure(params[True]) == jax.tree.structure(params[False])
   assert sorted(params[True]["swi_glu/gate_up_proj"]) == ["w"]
   for a, b in zip(jax.tree.leaves(params[True]), jax.tree.leaves(params[False])):
@@ -549,6 +562,14 @@ D = 32
 
 def run_attention(x, *, H, K, Dh, causal=False, qkv_bias=False, out_bias=False, mask=None,
                   rope_pos=None, theta=10000.0, seed=0, head_major=False):
+  with xla_cpu.override(fast_grad=False):    # xla_cpu's head_major form alone, when asked for
+    return _run_attention(x, H=H, K=K, Dh=Dh, causal=causal, qkv_bias=qkv_bias,
+                          out_bias=out_bias, mask=mask, rope_pos=rope_pos, theta=theta, seed=seed,
+                          kernels="xla_cpu" if head_major else "default")
+
+
+def _run_attention(x, *, H, K, Dh, causal, qkv_bias, out_bias, mask, rope_pos, theta, seed,
+                   kernels):
   rng = np.random.default_rng(seed + 100)
 
   def fn(x, mask):
@@ -557,7 +578,7 @@ def run_attention(x, *, H, K, Dh, causal=False, qkv_bias=False, out_bias=False, 
       rope = layers.rope_tables(jnp.asarray(rope_pos), head_dim=Dh, theta=theta)
     attn = layers.Attention(num_heads=H, head_dim=Dh, num_kv_heads=K, causal=causal,
                             qkv_bias=qkv_bias, out_bias=out_bias, dtype=jnp.float32, name="attn",
-                            head_major=head_major)
+                            kernels=kernels)
     return attn(x, rope=rope, mask=mask)
 
   f = transform(fn)
@@ -652,7 +673,7 @@ def test_attention_with_rope():
 
 
 def test_attention_head_major_matches_numpy_and_the_default_gradients():
-  """head_major (a CPU form: q, k, v copied head-major before the batched matmuls) is the same
+  """head_major (an xla_cpu form: q, k, v copied head-major before the batched matmuls) is the same
   attention: float64 NumPy's values with grouped heads, a padding mask with a fully masked row, RoPE
   and a causal mask; its float32 gradients equal the default layout's to rounding."""
   B, S = 2, 6
@@ -671,13 +692,15 @@ def test_attention_head_major_matches_numpy_and_the_default_gradients():
   def loss(head_major):
     f = transform(lambda x: layers.Attention(num_heads=4, head_dim=8, num_kv_heads=2,
                                              dtype=jnp.float32, name="attn",
-                                             head_major=head_major)(x, mask=jmask))
+                                             kernels="xla_cpu" if head_major else "default"
+                                             )(x, mask=jmask))
     return f, lambda p, x: jnp.sum(jnp.sin(f.apply(p, x)))
   f0, l0 = loss(False)
   _, l1 = loss(True)
   params = f0.init(jax.random.key(1), x)
   g0 = jax.jit(jax.grad(l0, argnums=(0, 1)))(params, x)
-  g1 = jax.jit(jax.grad(l1, argnums=(0, 1)))(params, x)
+  with xla_cpu.override(fast_grad=False):                         # head_major alone
+    g1 = jax.jit(jax.grad(l1, argnums=(0, 1)))(params, x)
   for (path, a), b in zip(jax.tree.leaves_with_path(g1), jax.tree.leaves(g0)):
     scale = np.abs(f64(b)).max()
     assert scale > 0, jax.tree_util.keystr(path)
@@ -686,7 +709,7 @@ def test_attention_head_major_matches_numpy_and_the_default_gradients():
 
 
 def test_split_qkv_gradient_is_the_slices_gradient_concatenated():
-  """head_major's q|k|v split (`layers._split_qkv`): the same slices; its gradient is exactly
+  """head_major's q|k|v split (`xla_cpu.split_qkv`): the same slices; its gradient is exactly
   autodiff's (pure data movement), built by concatenation instead of pads; through RoPE and the
   bfloat16 attention it equals autodiff's but for float32 rounding in RoPE's backward pass."""
   B, S, H, K, Dh = 2, 13, 4, 2, 8
@@ -694,11 +717,11 @@ def test_split_qkv_gradient_is_the_slices_gradient_concatenated():
   qkv = jnp.asarray(rng.standard_normal((B, S, H + 2 * K, Dh)), jnp.float32)
   c = [jnp.asarray(rng.standard_normal((B, S, n, Dh)), jnp.float32) for n in (H, K, K)]
   plain = lambda x: (x[:, :, :H], x[:, :, H:H + K], x[:, :, H + K:])   # noqa: E731
-  for a, b in zip(layers._split_qkv(qkv, H, K), plain(qkv)):
+  for a, b in zip(xla_cpu.split_qkv(qkv, H, K), plain(qkv)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   loss = lambda split: (lambda x: sum(jnp.sum(jnp.sin(p) * w)          # noqa: E731
                                       for p, w in zip(split(x), c)))
-  ours = jax.jit(jax.grad(loss(lambda x: layers._split_qkv(x, H, K))))
+  ours = jax.jit(jax.grad(loss(lambda x: xla_cpu.split_qkv(x, H, K))))
   want = jax.grad(loss(plain))(qkv)
   np.testing.assert_array_equal(np.asarray(ours(qkv)), np.asarray(want))
   assert " pad(" not in ours.lower(qkv).compile().as_text()
@@ -712,10 +735,10 @@ def test_split_qkv_gradient_is_the_slices_gradient_concatenated():
     def f(x):
       q, k, v = split(x)
       q, k = layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin)
-      out = layers.dot_product_attention(q, k, v, head_major=True)
+      out = layers.dot_product_attention(q, k, v, kernels="xla_cpu")
       return jnp.sum(out.astype(jnp.float32) * g)
     return jax.jit(jax.grad(f))
-  a = f64(attention(lambda x: layers._split_qkv(x, H, H))(qkv))
+  a = f64(attention(lambda x: xla_cpu.split_qkv(x, H, H))(qkv))
   b = f64(attention(lambda x: (x[:, :, :H], x[:, :, H:2 * H], x[:, :, 2 * H:]))(qkv))
   # Entries apart only where RoPE's g cos + g' sin nearly cancels (float32 contraction differs):
   # measured 4 of 595,968, each by 1-2 bfloat16 ulps of a value ~1e-5 of the gradient's largest.
@@ -754,7 +777,8 @@ def test_head_major_bfloat16_backward_pass(H, K):
   want_out, want = _np_attention_grads(f64(q), f64(k), f64(v), f64(c))
   out, errs = {}, {}
   for hm in (False, True):
-    f = lambda q, k, v, hm=hm: layers.dot_product_attention(q, k, v, head_major=hm)
+    f = lambda q, k, v, hm=hm: layers.dot_product_attention(  # noqa: E731
+        q, k, v, kernels="xla_cpu" if hm else "default")
     if hm:
       assert "custom_vjp_call" in str(jax.make_jaxpr(f)(q, k, v))
     loss = lambda q, k, v, f=f: jnp.sum(c * f(q, k, v).astype(jnp.float32))
@@ -780,7 +804,7 @@ def test_head_majors_softmax_is_jax_softmax_bit_for_bit_with_the_same_gradient()
     s[0, 1] = np.finfo(np.float32).min                            # a fully masked row
     s[1, 2, : (n + 1) // 2] = -1e30                               # half a row far below the rest
     s = jnp.asarray(s)
-    tree_softmax = layers._softmax_tree_max                       # pylint: disable=protected-access
+    tree_softmax = xla_cpu._softmax_tree_max                      # pylint: disable=protected-access
     got = jax.jit(tree_softmax)(s)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(
         lambda x: jax.nn.softmax(x, axis=-1))(s)), err_msg=f"n={n}")

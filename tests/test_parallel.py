@@ -1,4 +1,5 @@
-"""parallel.pmap_step with XLA compiler options (`CPU_DOTS_ONLY`, TRM's split_reduce CPU form)."""
+"""parallel.pmap_step with XLA compiler options (`cpu_features.CPU_DOTS_ONLY`: TRM's split_reduce
+CPU form)."""
 
 import concurrent.futures
 import re
@@ -7,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.common import cpu_features
 from experiments.common import parallel
 
 
@@ -36,7 +38,7 @@ def test_cpu_dots_only_keeps_reductions_out_of_the_matmul_fusions():
   p = parallel.pmap_step(_step, replicated_in=(0,), out_axes=(None, 0))
   default = _ynn_fusions_with_a_reduce(p.lower(w, x).compile().as_text())
   dots_only = _ynn_fusions_with_a_reduce(
-      p.lower(w, x).compile(compiler_options=parallel.CPU_DOTS_ONLY).as_text())
+      p.lower(w, x).compile(compiler_options=cpu_features.CPU_DOTS_ONLY).as_text())
   # XLA 0.10.2's default fuses the dot with the reduce after it; the option leaves single dots.
   assert True in default, default
   assert dots_only and True not in dots_only, dots_only
@@ -45,7 +47,7 @@ def test_cpu_dots_only_keeps_reductions_out_of_the_matmul_fusions():
 def test_a_step_with_compiler_options_compiles_once_per_signature_and_keeps_the_values():
   w, x = _inputs()
   p = parallel.pmap_step(_step, replicated_in=(0,), out_axes=(None, 0),
-                         compiler_options=parallel.CPU_DOTS_ONLY)
+                         compiler_options=cpu_features.CPU_DOTS_ONLY)
   w_out, s = p(w, x)
   x64, w64 = x.astype(np.float64), w.astype(np.float64)
   np.testing.assert_allclose(np.asarray(s), np.sum((x64 @ w64 + x64) ** 2, axis=-1), rtol=1e-5)
@@ -64,7 +66,7 @@ def test_a_step_with_compiler_options_compiles_once_per_signature_and_keeps_the_
 def test_precompile_from_shapes_serves_the_first_call():
   w, x = _inputs()
   p = parallel.pmap_step(_step, replicated_in=(0,), out_axes=(None, 0),
-                         compiler_options=parallel.CPU_DOTS_ONLY)
+                         compiler_options=cpu_features.CPU_DOTS_ONLY)
   specs = (jax.ShapeDtypeStruct(w.shape, w.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype))
   lowered = p.precompile(*specs)                                # compiles in a background thread
   assert lowered.out_info[1].shape == (x.shape[0], 256)

@@ -422,19 +422,19 @@ def test_compiler_hbm_limits_match_the_chip_table(libtpu):
 
 
 def test_layout_constraints_detected(libtpu):
-  """`layers.matmul(fast_grad=True)` (the CPU-target form) pins a row-major transpose; the check
+  """`layers.matmul(kernels="xla_cpu")` (the CPU-target form) pins a row-major transpose; the check
   finds it in that program only, so a TPU compile that carried it by mistake is reported."""
   target = tpu.parse_target("v4-8")
 
-  def make(fast_grad):
+  def make(kernels):
     def step(w, x):                     # w replicated [256, 512], x per device [128, 256]
-      loss = lambda w: jnp.sum(layers.matmul(x, w, jnp.bfloat16, fast_grad=fast_grad) ** 2)
+      loss = lambda w: jnp.sum(layers.matmul(x, w, jnp.bfloat16, kernels=kernels) ** 2)
       g = jax.grad(loss)(w)
       return jax.lax.pmean(g, parallel.AXIS)
     return tpu.lower_pmap(step, target, (jax.ShapeDtypeStruct((256, 512), jnp.float32),
                                          jax.ShapeDtypeStruct((128, 256), jnp.float32)),
                           replicated_in=(0,), out_axes=None)
-  cpu_style, plain = make(True), make(False)
+  cpu_style, plain = make("xla_cpu"), make("default")
   assert tpu.hlo_has_layout_constraints(cpu_style)
   assert tpu.hlo_has_layout_constraints(cpu_style.as_text(dialect="hlo"))
   assert not tpu.hlo_has_layout_constraints(plain)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from modules import trm
+from modules.kernels import xla_cpu
 
 TRUNC_STD = 0.87962566103423978
 Q_HEAD = "trm/~/q_head"
@@ -485,8 +486,13 @@ def test_float32_and_bfloat16_compute_agree(tiny):
 
 
 # --------------------------------------------------------------------------------------------------
-# fast_grad (the CPU matmul forms of layers.matmul) against plain autodiff.
+# kernels="xla_cpu" (modules/kernels/xla_cpu.py), one form at a time (`xla_cpu.exactly`), against
+# the default path.
 # --------------------------------------------------------------------------------------------------
+
+F = xla_cpu.Forms
+XLA_CPU = F(fast_grad=True, seq_major=True, unroll=True, head_major=True, lean_swiglu=True)
+"""The forms a float32 CPU target gets (`xla_cpu.forms`); bfloat16 adds the last three."""
 
 
 def _cpu_form_case(cfg):
@@ -499,7 +505,13 @@ def _cpu_form_case(cfg):
   return model, params, state, table, make_batch(cfg, 3, seed=4)
 
 
-def _value_and_grads(cfg, params, state, table, batch, dtype):
+def _value_and_grads(cfg, params, state, table, batch, dtype, forms=None):
+  """Value, logits and (weight, puzzle-row) gradients of a fixed loss; `forms` (xla_cpu.Forms): the
+  model with kernels="xla_cpu" carrying exactly those forms."""
+  if forms is not None:
+    with xla_cpu.exactly(forms):
+      return _value_and_grads(dataclasses.replace(cfg, kernels="xla_cpu"), params, state, table,
+                              batch, dtype)
   model = trm.TRMModel(cfg)
   rows = table[batch["puzzle_identifiers"]]
   h_init, l_init = model.latents(state)
@@ -520,7 +532,7 @@ def _value_and_grads(cfg, params, state, table, batch, dtype):
 
 @pytest.mark.parametrize("mlp_t", [False, True], ids=["att", "mlp"])
 def test_fast_grad_equals_autodiff_in_float32_and_keeps_bfloat16_tolerances(mlp_t):
-  """fast_grad=True reorders the weight-gradient sums (row-major transposes) and, in bfloat16, keeps
+  """fast_grad reorders the weight-gradient sums (row-major transposes) and, in bfloat16, keeps
   the backward operands bfloat16: float32 values and gradients equal plain autodiff's to rounding;
   bfloat16 stays within the float32-vs-bfloat16 tolerances of test_float32_and_bfloat16_compute_agree
   and its gradients as close to float32's as plain autodiff's bfloat16 gradients are."""
@@ -528,8 +540,8 @@ def test_fast_grad_equals_autodiff_in_float32_and_keeps_bfloat16_tolerances(mlp_
   model, params, state, table, batch = _cpu_form_case(cfg)
 
   v0, l0, (g0, r0) = _value_and_grads(cfg, params, state, table, batch, jnp.float32)
-  v1, l1, (g1, r1) = _value_and_grads(dataclasses.replace(cfg, fast_grad=True), params, state,
-                                      table, batch, jnp.float32)
+  v1, l1, (g1, r1) = _value_and_grads(cfg, params, state, table, batch, jnp.float32,
+                                      F(fast_grad=True))
   np.testing.assert_allclose(float(v1), float(v0), rtol=1e-6)
   np.testing.assert_allclose(f64(l1), f64(l0), rtol=1e-6, atol=1e-6)
   for (path, a), b in zip(jax.tree.leaves_with_path(g1), jax.tree.leaves(g0)):
@@ -541,8 +553,8 @@ def test_fast_grad_equals_autodiff_in_float32_and_keeps_bfloat16_tolerances(mlp_
 
   c16 = dataclasses.replace(cfg, forward_dtype="bfloat16")
   _, l16, (g16, _) = _value_and_grads(c16, params, state, table, batch, jnp.bfloat16)
-  _, l16f, (g16f, _) = _value_and_grads(dataclasses.replace(c16, fast_grad=True), params, state,
-                                        table, batch, jnp.bfloat16)
+  _, l16f, (g16f, _) = _value_and_grads(c16, params, state, table, batch, jnp.bfloat16,
+                                        F(fast_grad=True))
   a = f64(l0)
   for b in (f64(l16), f64(l16f)):                               # the forward is the same program
     assert np.abs(a - b).max() < 0.1 * np.abs(a).max() + 0.05
@@ -560,8 +572,8 @@ def test_fast_grad_equals_autodiff_in_float32_and_keeps_bfloat16_tolerances(mlp_
     assert np.corrcoef(ref, fast)[0, 1] > np.corrcoef(ref, plain)[0, 1] - 0.005
 
 
-# fast_grad=False (the forms without the row-major weight gradients: a cpu_forms subset for
-# measuring) is `make test-slow`; the CPU default, fast_grad with seq_major and unroll, is `make test`.
+# fast_grad off (the forms without the row-major weight gradients: a subset the tuning tools
+# measure) is `make test-slow`; the CPU default, fast_grad with seq_major and unroll, is `make test`.
 @pytest.mark.parametrize("fast_grad", [pytest.param(False, marks=pytest.mark.slow), True],
                          ids=["autodiff", "fast_grad"])
 def test_seq_major_and_unroll_equal_the_reference_layout(fast_grad):
@@ -573,9 +585,11 @@ def test_seq_major_and_unroll_equal_the_reference_layout(fast_grad):
   model, params, state, table, batch = _cpu_form_case(cfg)
   v0, l0, (g0, r0) = _value_and_grads(cfg, params, state, table, batch, jnp.float32)
   for fields in (dict(seq_major=True), dict(unroll=True), dict(seq_major=True, unroll=True)):
-    c = dataclasses.replace(cfg, fast_grad=fast_grad, **fields)
-    assert c.seq_first == c.seq_major
-    v1, l1, (g1, r1) = _value_and_grads(c, params, state, table, batch, jnp.float32)
+    f = F(fast_grad=fast_grad, **fields)
+    c = dataclasses.replace(cfg, kernels="xla_cpu")
+    with xla_cpu.exactly(f):
+      assert c.seq_first == f.seq_major
+    v1, l1, (g1, r1) = _value_and_grads(cfg, params, state, table, batch, jnp.float32, f)
     np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
     np.testing.assert_allclose(f64(l1), f64(l0), rtol=1e-5, atol=1e-5 * np.abs(f64(l0)).max())
     for (path, a), b in zip(jax.tree.leaves_with_path(g1), jax.tree.leaves(g0)):
@@ -589,17 +603,18 @@ def test_seq_major_and_unroll_equal_the_reference_layout(fast_grad):
     z = jnp.broadcast_to(m.latents(state)[0].astype(jnp.float32), shape)
     rows = table[batch["puzzle_identifiers"]]
     out0 = model.inner(params, state, z, z, batch["inputs"], rows)
-    out1 = m.inner(params, state, z, z, batch["inputs"], rows)
+    with xla_cpu.exactly(f):
+      out1 = m.inner(params, state, z, z, batch["inputs"], rows)
     for a, b in zip(out1, out0):
       assert a.shape == b.shape
       np.testing.assert_allclose(f64(a), f64(b), rtol=1e-5, atol=1e-5 * np.abs(f64(b)).max())
-  att = dataclasses.replace(TINY, seq_major=True)
-  assert not att.seq_first                                      # attention keeps [B, S, D]
+  att = dataclasses.replace(TINY, kernels="xla_cpu")
+  with xla_cpu.exactly(F(seq_major=True)):
+    assert not att.seq_first                                    # attention keeps [B, S, D]
 
   c16 = dataclasses.replace(cfg, forward_dtype="bfloat16")
-  _, l16, _ = _value_and_grads(dataclasses.replace(c16, fast_grad=fast_grad, seq_major=True,
-                                                   unroll=True), params, state, table, batch,
-                               jnp.bfloat16)
+  _, l16, _ = _value_and_grads(c16, params, state, table, batch, jnp.bfloat16,
+                               F(fast_grad=fast_grad, seq_major=True, unroll=True))
   a, b = f64(l0), f64(l16)
   assert np.abs(a - b).max() < 0.1 * np.abs(a).max() + 0.05
   assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.99
@@ -629,13 +644,12 @@ def test_head_major_equals_the_reference_layout():
   ref = _value_and_grads(cfg, params, state, table, batch, jnp.float32)
   l0 = ref[1]
   for fields in (dict(head_major=True), dict(head_major=True, fast_grad=True, unroll=True)):
-    c = dataclasses.replace(cfg, **fields)
-    _assert_float32_equal(_value_and_grads(c, params, state, table, batch, jnp.float32), ref,
-                          str(fields))
+    _assert_float32_equal(_value_and_grads(cfg, params, state, table, batch, jnp.float32,
+                                           F(**fields)), ref, str(fields))
 
-  c16 = dataclasses.replace(cfg, forward_dtype="bfloat16", head_major=True, fast_grad=True,
-                            unroll=True)
-  _, l16, _ = _value_and_grads(c16, params, state, table, batch, jnp.bfloat16)
+  c16 = dataclasses.replace(cfg, forward_dtype="bfloat16")
+  _, l16, _ = _value_and_grads(c16, params, state, table, batch, jnp.bfloat16,
+                               F(head_major=True, fast_grad=True, unroll=True))
   a, b = f64(l0), f64(l16)
   assert np.abs(a - b).max() < 0.1 * np.abs(a).max() + 0.05
   assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.99
@@ -653,12 +667,12 @@ def test_lean_swiglu_equals_the_reference_gradients(mlp_t):
   l0, g0 = ref[1], ref[2][0]
   others = dict(fast_grad=True, unroll=True, seq_major=True, head_major=True)
   for fields in (dict(lean_swiglu=True), dict(lean_swiglu=True, **others)):
-    c = dataclasses.replace(cfg, **fields)
-    _assert_float32_equal(_value_and_grads(c, params, state, table, batch, jnp.float32), ref,
-                          str(fields))
+    _assert_float32_equal(_value_and_grads(cfg, params, state, table, batch, jnp.float32,
+                                           F(**fields)), ref, str(fields))
 
-  c16 = dataclasses.replace(cfg, forward_dtype="bfloat16", lean_swiglu=True, **others)
-  _, l16, (g16, _) = _value_and_grads(c16, params, state, table, batch, jnp.bfloat16)
+  c16 = dataclasses.replace(cfg, forward_dtype="bfloat16")
+  _, l16, (g16, _) = _value_and_grads(c16, params, state, table, batch, jnp.bfloat16,
+                                      F(lean_swiglu=True, **others))
   a, b = f64(l0), f64(l16)
   assert np.abs(a - b).max() < 0.1 * np.abs(a).max() + 0.05
   assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.99
@@ -669,17 +683,23 @@ def test_lean_swiglu_equals_the_reference_gradients(mlp_t):
 
 
 def test_nograd_chunk_rule_and_its_field_check():
-  """nograd_chunk(B): the largest power of two dividing B whose chunk x S x D latents fit
+  """xla_cpu.nograd_chunk(B): the largest power of two dividing B whose chunk x S x D latents fit
   nograd_chunk_elements; the whole batch when the field is 0; a negative field is refused."""
-  recipe = trm.TRMConfig(seq_len=81, vocab_size=11, puzzle_emb_len=16, hidden_size=512,
-                         nograd_chunk_elements=2 ** 19)            # S x D = 97 x 512 = 49,664
-  assert [recipe.nograd_chunk(b) for b in (64, 32, 12, 8, 6, 7, 1)] == [8, 8, 4, 8, 2, 1, 1]
-  off = dataclasses.replace(recipe, nograd_chunk_elements=0)
-  assert [off.nograd_chunk(b) for b in (64, 7)] == [64, 7]
-  tiny = dataclasses.replace(recipe, nograd_chunk_elements=1000)  # less than one example: 1
-  assert tiny.nograd_chunk(64) == 1
+  recipe = trm.TRMConfig(seq_len=81, vocab_size=11, puzzle_emb_len=16, hidden_size=512)
+  per_example = recipe.total_len * recipe.hidden_size             # S x D = 97 x 512 = 49,664
+  chunk = lambda f, b: xla_cpu.nograd_chunk(f, b, per_example)    # noqa: E731
+  on = F(nograd_chunk_elements=2 ** 19)
+  assert [chunk(on, b) for b in (64, 32, 12, 8, 6, 7, 1)] == [8, 8, 4, 8, 2, 1, 1]
+  assert [chunk(F(), b) for b in (64, 7)] == [64, 7]
+  assert chunk(F(nograd_chunk_elements=1000), 64) == 1            # less than one example: 1
   with pytest.raises(ValueError, match=r"nograd_chunk_elements=-1.*use 0"):
-    dataclasses.replace(recipe, nograd_chunk_elements=-1)
+    F(nograd_chunk_elements=-1)
+  # What kernels="xla_cpu" picks: the budget for a bfloat16 forward, the whole batch in float32.
+  assert xla_cpu.forms("xla_cpu", "bfloat16").nograd_chunk_elements == 2 ** 19
+  assert xla_cpu.forms("xla_cpu", "float32").nograd_chunk_elements == 0
+  assert xla_cpu.forms("default", "bfloat16") == F()
+  with pytest.raises(ValueError, match=r"kernels='tpu'.*default.*xla_cpu"):
+    trm.TRMConfig(seq_len=81, vocab_size=11, kernels="tpu")
 
 
 @pytest.mark.parametrize("mlp_t", [False, True], ids=["att", "mlp"])
@@ -692,20 +712,19 @@ def test_nograd_chunks_equal_the_whole_batch(mlp_t):
   in bfloat16 of 1. (Measured: bfloat16 equal bit for bit in chunks of 2; in chunks of 1 an mlp_t
   model's differ by 0.6% of each gradient's norm, because XLA keeps float32 between operations in
   different places in the two programs: with `xla_allow_excess_precision` off they are equal.)"""
-  base = dataclasses.replace(TINY, mlp_t=mlp_t, pos_encodings="none" if mlp_t else "rope",
-                             fast_grad=True, unroll=True, seq_major=True, head_major=True,
-                             lean_swiglu=True)
+  base = dataclasses.replace(TINY, mlp_t=mlp_t, pos_encodings="none" if mlp_t else "rope")
   _, params, state, table, _ = _cpu_form_case(base)
   batch = make_batch(base, 4, seed=6)
   per_example = base.total_len * base.hidden_size
   for dtype in ("float32", "bfloat16"):
     cfg = dataclasses.replace(base, forward_dtype=dtype)
-    ref = _value_and_grads(cfg, params, state, table, batch, cfg.dtype)
+    ref = _value_and_grads(cfg, params, state, table, batch, cfg.dtype, XLA_CPU)
     sizes = ((2 * per_example, 2),) + (((per_example, 1),) if dtype == "bfloat16" else ())
     for elements, chunk in sizes:
-      c = dataclasses.replace(cfg, nograd_chunk_elements=elements)
-      assert c.nograd_chunk(4) == chunk and cfg.nograd_chunk(4) == 4
-      got = _value_and_grads(c, params, state, table, batch, c.dtype)
+      f = dataclasses.replace(XLA_CPU, nograd_chunk_elements=elements)
+      assert xla_cpu.nograd_chunk(f, 4, per_example) == chunk
+      assert xla_cpu.nograd_chunk(XLA_CPU, 4, per_example) == 4
+      got = _value_and_grads(cfg, params, state, table, batch, cfg.dtype, f)
       if dtype == "float32":
         _assert_float32_equal(got, ref, f"chunk {chunk}")
         continue
@@ -718,16 +737,17 @@ def test_nograd_chunks_equal_the_whole_batch(mlp_t):
                                                                         jax.tree_util.keystr(path))
 
 
-def _with_and_without(base: trm.TRMConfig, seed: int, **fields):
-  """(dtype, `_value_and_grads` with `fields`, the same without) in bfloat16, then float32, on one
-  batch of 4 from the same parameters."""
+def _with_and_without(base: trm.TRMConfig, forms: xla_cpu.Forms, seed: int, **fields):
+  """(dtype, `_value_and_grads` with `forms` and `fields`, the same with `forms` alone) in
+  bfloat16, then float32, on one batch of 4 from the same parameters."""
   _, params, state, table, _ = _cpu_form_case(base)
   batch = make_batch(base, 4, seed=seed)
   for dtype in ("bfloat16", "float32"):
     cfg = dataclasses.replace(base, forward_dtype=dtype)
-    ref = _value_and_grads(cfg, params, state, table, batch, cfg.dtype)
-    c = dataclasses.replace(cfg, **fields)
-    yield dtype, _value_and_grads(c, params, state, table, batch, c.dtype), ref
+    ref = _value_and_grads(cfg, params, state, table, batch, cfg.dtype, forms)
+    got = _value_and_grads(cfg, params, state, table, batch, cfg.dtype,
+                           dataclasses.replace(forms, **fields))
+    yield dtype, got, ref
 
 
 def _assert_bfloat16_equal(got, ref):
@@ -747,10 +767,8 @@ def test_split_gate_up_equals_lean_swiglu(mlp_t):
   form, for bfloat16) is lean_swiglu's computation: with the other CPU forms on, the bfloat16
   logits equal lean_swiglu's bit for bit and the value and every gradient to bfloat16 rounding
   (only the input gradients' float32 sums run in another order); float32 to float32 rounding."""
-  base = dataclasses.replace(TINY, mlp_t=mlp_t, pos_encodings="none" if mlp_t else "rope",
-                             fast_grad=True, unroll=True, seq_major=True, head_major=True,
-                             lean_swiglu=True)
-  for dtype, got, ref in _with_and_without(base, 8, split_gate_up=True):
+  base = dataclasses.replace(TINY, mlp_t=mlp_t, pos_encodings="none" if mlp_t else "rope")
+  for dtype, got, ref in _with_and_without(base, XLA_CPU, 8, split_gate_up=True):
     if dtype == "float32":
       _assert_float32_equal(got, ref, "split_gate_up")
       continue
@@ -764,10 +782,10 @@ def test_pad_contraction_equals_the_unpadded_token_mix():
   and S = 33 (padded to 64), the bfloat16 value, logits and every gradient equal the unpadded
   model's to bfloat16 rounding (the padded products are exact zeros; only the float32 sums' order
   may differ); in float32 the field changes nothing (it pads bfloat16 only)."""
-  base = dataclasses.replace(TINY, seq_len=17, mlp_t=True, pos_encodings="none", fast_grad=True,
-                             unroll=True, seq_major=True, lean_swiglu=True)
+  base = dataclasses.replace(TINY, seq_len=17, mlp_t=True, pos_encodings="none")
   assert base.total_len == 33
-  for dtype, got, ref in _with_and_without(base, 7, pad_contraction=True):
+  forms = F(fast_grad=True, unroll=True, seq_major=True, lean_swiglu=True)
+  for dtype, got, ref in _with_and_without(base, forms, 7, pad_contraction=True):
     if dtype == "float32":
       for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
         np.testing.assert_array_equal(f64(a), f64(b))

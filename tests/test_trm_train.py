@@ -12,14 +12,17 @@ import pytest
 import tensorflow as tf
 
 from experiments.common import config_utils
+from experiments.common import cpu_features
 from experiments.common import parallel
 from experiments.common import layout
 from experiments.common import trainer
+from experiments.trm import cpu_tuning
 from experiments.trm import train
 from experiments.trm.configs import arc1_att, arc2_att, base, cpu_demo, maze_att
 from experiments.trm.configs import sudoku_att, sudoku_mlp, v4_64
 from input_pipeline.puzzles import sudoku
 from modules import trm
+from modules.kernels import xla_cpu
 
 TRM_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
                        "trm")
@@ -63,7 +66,7 @@ def test_train_writes_metrics_checkpoints_table_and_resumes(tmp_path, monkeypatc
   # The training step (precompiled at start from shapes) and the evaluation step: one compile each,
   # so the precompiled signature is the one the loop calls with.
   assert [len(p._compiled) for p in steps] == [1, 1]  # pylint: disable=protected-access
-  assert all(p.compiler_options == parallel.CPU_DOTS_ONLY for p in steps)
+  assert all(p.compiler_options == cpu_features.CPU_DOTS_ONLY for p in steps)
 
   # Final table: every test puzzle counted once (40 puzzles in 3 padded batches of 16 on 4 devices).
   assert results["test"]["count"] == 40
@@ -195,65 +198,58 @@ def test_config_errors_name_field_value_and_fix():
 
 def test_cpu_forms_pick_the_model_fields_and_never_reach_a_tpu_program():
   c = cpu_demo.get_config("smoke")
-  assert train.MODEL_FORMS == ("fast_grad", "seq_major", "unroll", "head_major", "lean_swiglu")
+  names = ("fast_grad", "seq_major", "unroll", "head_major", "lean_swiglu")
+  assert cpu_tuning.FORMS[:5] == names
 
-  def forms(m):                                                         # on/off per model form
-    return tuple(getattr(m, name) for name in train.MODEL_FORMS)
+  def carried(text="all", tuning=True):            # (the model's Forms, the steps' XLA options)
+    with cpu_tuning.override(text):                # as the tuning tools turn forms off
+      m = train.model_config(c, sudoku.METADATA, cpu_tuning.kernels(tuning))
+      return m.forms, cpu_tuning.compiler_options(tuning)
 
-  on = train.model_config(c, sudoku.METADATA, fast_grad=True)           # "all"
+  def forms(f):                                                         # on/off per model form
+    return tuple(getattr(f, name) for name in names)
+
+  on, options = carried()                                               # "all"
   assert forms(on) == (True, True, True, True, True)
-  c.cpu_forms = "seq_major, unroll"
-  some = train.model_config(c, sudoku.METADATA, fast_grad=True)
-  assert forms(some) == (False, True, True, False, False)
-  c.cpu_forms = "head_major"
-  hm = train.model_config(c, sudoku.METADATA, fast_grad=True)
-  assert forms(hm) == (False, False, False, True, False)
-  c.cpu_forms = "lean_swiglu"
-  lean = train.model_config(c, sudoku.METADATA, fast_grad=True)
-  assert forms(lean) == (False, False, False, False, True)
-  c.cpu_forms = "none"
-  none = train.model_config(c, sudoku.METADATA, fast_grad=True)
+  assert options == cpu_features.CPU_DOTS_ONLY
+  assert forms(carried("seq_major, unroll")[0]) == (False, True, True, False, False)
+  assert forms(carried("head_major")[0]) == (False, False, False, True, False)
+  assert forms(carried("lean_swiglu")[0]) == (False, False, False, False, True)
+  none, options = carried("none")
   assert not any(forms(none))
-  assert train.compiler_options(c, cpu_tuning=True) == {}               # no split_reduce
-  c.cpu_forms = "split_reduce"
-  only = train.model_config(c, sudoku.METADATA, fast_grad=True)
+  assert options == {}                                                  # no split_reduce
+  only, options = carried("split_reduce")
   assert not any(forms(only))
-  assert train.compiler_options(c, cpu_tuning=True) == parallel.CPU_DOTS_ONLY
-  c.cpu_forms = "all"
-  assert train.compiler_options(c, cpu_tuning=True) == parallel.CPU_DOTS_ONLY
-  assert train.compiler_options(c, cpu_tuning=False) == {}               # not a CPU target
-  tpu = train.model_config(c, sudoku.METADATA, fast_grad=False)         # not a CPU target
-  assert not any(forms(tpu))
+  assert options == cpu_features.CPU_DOTS_ONLY
+  assert carried(tuning=False) == (xla_cpu.Forms(), {})                 # not a CPU target
+  assert train.model_config(c, sudoku.METADATA).kernels == "default"
   # nograd_chunks: the cycles without gradient in chunks, for a bfloat16 forward on a CPU target.
   assert on.nograd_chunk_elements == 0 and c.model.forward_dtype == "float32"   # make run's model
   c.model.forward_dtype = "bfloat16"
-  assert train.model_config(c, sudoku.METADATA, fast_grad=True).nograd_chunk_elements == 2 ** 19
-  assert train.model_config(c, sudoku.METADATA, fast_grad=False).nograd_chunk_elements == 0
-  c.cpu_forms = "nograd_chunks"
-  chunks = train.model_config(c, sudoku.METADATA, fast_grad=True)
-  assert chunks.nograd_chunk_elements == train.CPU_NOGRAD_CHUNK_ELEMENTS and not any(forms(chunks))
-  c.cpu_forms = "fast_grad,seq_major,unroll,head_major,lean_swiglu,split_reduce,batch_slices"
-  assert train.model_config(c, sudoku.METADATA, fast_grad=True).nograd_chunk_elements == 0
+  assert carried()[0].nograd_chunk_elements == 2 ** 19
+  assert carried(tuning=False)[0].nograd_chunk_elements == 0
+  chunks = carried("nograd_chunks")[0]
+  assert chunks.nograd_chunk_elements == xla_cpu.NOGRAD_CHUNK_ELEMENTS and not any(forms(chunks))
+  listed = "fast_grad,seq_major,unroll,head_major,lean_swiglu,split_reduce,batch_slices"
+  assert carried(listed)[0].nograd_chunk_elements == 0
   # pad_contraction: the token mix's products over the sequence padded, bfloat16 on a CPU target.
   assert not on.pad_contraction                                          # float32 (make run)
-  assert not train.model_config(c, sudoku.METADATA, fast_grad=True).pad_contraction  # not listed
-  c.cpu_forms = "pad_contraction"
-  padded = train.model_config(c, sudoku.METADATA, fast_grad=True)
+  assert not carried(listed)[0].pad_contraction                          # not listed
+  padded = carried("pad_contraction")[0]
   assert padded.pad_contraction and not any(forms(padded)) and padded.nograd_chunk_elements == 0
-  assert not train.model_config(c, sudoku.METADATA, fast_grad=False).pad_contraction
-  c.cpu_forms = "all"
-  assert train.model_config(c, sudoku.METADATA, fast_grad=True).pad_contraction
+  assert not carried(tuning=False)[0].pad_contraction
+  assert carried()[0].pad_contraction
   # split_gate_up: with fast_grad and lean_swiglu, bfloat16 on a CPU target.
-  assert train.model_config(c, sudoku.METADATA, fast_grad=True).split_gate_up
-  assert not train.model_config(c, sudoku.METADATA, fast_grad=False).split_gate_up
+  assert carried()[0].split_gate_up
+  assert not carried(tuning=False)[0].split_gate_up
   assert not on.split_gate_up                                            # float32 (make run)
-  c.cpu_forms = "split_gate_up"                                          # without its two forms
-  assert not train.model_config(c, sudoku.METADATA, fast_grad=True).split_gate_up
-  c.cpu_forms = "fast_grad,lean_swiglu,split_gate_up"
-  assert train.model_config(c, sudoku.METADATA, fast_grad=True).split_gate_up
-  c.cpu_forms = "fast_grad,seqmajor"
-  with pytest.raises(config_utils.ConfigError, match=r"cpu_forms.*seqmajor.*seq_major"):
-    trainer.check_config(train.TRM(), c)
+  assert not carried("split_gate_up")[0].split_gate_up                   # without its two forms
+  assert carried("fast_grad,lean_swiglu,split_gate_up")[0].split_gate_up
+  # A tool's unknown form name, and the one selector's bad value: the field, the value and the fix.
+  with pytest.raises(ValueError, match=r"forms='fast_grad,seqmajor'.*seqmajor.*seq_major"):
+    cpu_tuning.parse_forms("fast_grad,seqmajor")
+  with pytest.raises(config_utils.ConfigError, match=r"kernels='cpu'.*default.*xla_cpu"):
+    train.model_config(c, sudoku.METADATA, "cpu")
 
 
 def test_config_path_resolves_inside_the_experiment(tmp_path, monkeypatch):
@@ -356,8 +352,8 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
   assert e0 == e1
 
 
-@pytest.mark.parametrize("cpu_forms", [True, False])
-def test_batch_slices_give_the_whole_batch_step(tmp_path, cpu_forms):
+@pytest.mark.parametrize("kernels", ["xla_cpu", "default"])
+def test_batch_slices_give_the_whole_batch_step(tmp_path, kernels):
   """config.batch_slices = 2: each device's batch of 4 runs as two slices of 2, forward and backward,
   gradients summed. The recursion, the halting, the metrics and the puzzle-row updates are the whole
   batch's; the parameters agree to float32 rounding (the weight gradients' sums in another order)."""
@@ -367,7 +363,7 @@ def test_batch_slices_give_the_whole_batch_step(tmp_path, cpu_forms):
   config.lr_warmup_steps = 1
   num_ids = 6
   model = trm.TRMModel(train.model_config(config, dict(sudoku.METADATA, num_puzzle_identifiers=num_ids),
-                                          fast_grad=cpu_forms))
+                                          kernels))
   assert model.config.halt_max_steps > 1                        # halting with exploration
   adam, sign = train.make_optimizers(config, total_steps=3)
   n, per_device = jax.local_device_count(), 4
@@ -415,10 +411,10 @@ def test_batch_slices_give_the_whole_batch_step(tmp_path, cpu_forms):
   with pytest.raises(config_utils.ConfigError, match=r"batch_slices=-1.*>= 0"):
     train.validate_config(config)
   # Automatic (0, the default) on a CPU target with the form: the fewest slices (a power of two,
-  # at least 2) of at most CPU_SLICE_ELEMENTS activations each; else the whole batch.
+  # at least 2) of at most SLICE_ELEMENTS activations each; else the whole batch.
   config.batch_slices = 0
-  auto = lambda batch, mc=model.config, tuning=True: train.batch_slices(  # noqa: E731
-      config, mc, batch, cpu_tuning=tuning)
+  auto = lambda batch, mc=model.config, tuning=True: cpu_tuning.batch_slices(  # noqa: E731
+      config.batch_slices, mc, batch, cpu_tuning=tuning)
   assert auto(4) == 2                                                 # this tiny model
   assert auto(3) == 1                                                 # 2 does not divide 3
   assert auto(4, tuning=False) == 1                                   # a TPU target
@@ -427,23 +423,23 @@ def test_batch_slices_give_the_whole_batch_step(tmp_path, cpu_forms):
   assert (recipe.total_len, demo.total_len) == (97, 81)
   recipe_f32 = dataclasses.replace(recipe, forward_dtype="float32")
   assert [auto(b, recipe_f32) for b in (64, 128, 256, 512)] == [2, 4, 8, 16]   # slices of 32
-  assert 32 * 97 * 512 <= train.CPU_SLICE_ELEMENTS < 64 * 97 * 512
+  assert 32 * 97 * 512 <= cpu_tuning.SLICE_ELEMENTS < 64 * 97 * 512
   assert [auto(b, demo) for b in (128, 256)] == [2, 2]
   assert auto(150, recipe_f32) == 2       # 75 examples per slice are over the budget, 4 does not divide 150
-  # A bfloat16 forward with the token mix (TRM-MLP): slices of at most CPU_TOKEN_MIX_SLICE_ELEMENTS,
-  # 8 examples of the recipe; with attention (TRM-Att), CPU_BF16_ATTENTION_SLICE_ELEMENTS, 16
-  # examples; float32 keeps CPU_SLICE_ELEMENTS (32 examples).
+  # A bfloat16 forward with the token mix (TRM-MLP): slices of at most TOKEN_MIX_SLICE_ELEMENTS,
+  # 8 examples of the recipe; with attention (TRM-Att), BF16_ATTENTION_SLICE_ELEMENTS, 16
+  # examples; float32 keeps SLICE_ELEMENTS (32 examples).
   token_mix = dataclasses.replace(recipe, mlp_t=True)
   assert [auto(b, token_mix) for b in (64, 256)] == [8, 32]        # slices of 8 examples
-  assert 8 * 97 * 512 <= train.CPU_TOKEN_MIX_SLICE_ELEMENTS < 16 * 97 * 512
+  assert 8 * 97 * 512 <= cpu_tuning.TOKEN_MIX_SLICE_ELEMENTS < 16 * 97 * 512
   assert [auto(b, dataclasses.replace(token_mix, forward_dtype="float32")) for b in (64, 256)] == [2, 8]
   assert recipe.forward_dtype == "bfloat16" and not recipe.mlp_t
   assert [auto(b, recipe) for b in (64, 256)] == [4, 16]           # slices of 16 examples
-  assert 16 * 97 * 512 <= train.CPU_BF16_ATTENTION_SLICE_ELEMENTS < 32 * 97 * 512
+  assert 16 * 97 * 512 <= cpu_tuning.BF16_ATTENTION_SLICE_ELEMENTS < 32 * 97 * 512
   demo_bf16 = dataclasses.replace(demo, mlp_t=True)                    # make run's model in bfloat16
   assert auto(128, demo_bf16) == 2                                     # 64 x 81 x 64 fits the budget
   assert auto(150, token_mix) == 2                                     # 4 does not divide 150
-  config.cpu_forms = "fast_grad,split_reduce"
-  assert auto(4) == 1 and auto(256, recipe) == 1
+  with cpu_tuning.override("fast_grad,split_reduce"):                 # without the form
+    assert auto(4) == 1 and auto(256, recipe) == 1
   config.batch_slices = 4                                             # explicit: any target
-  assert train.batch_slices(config, model.config, 8, cpu_tuning=False) == 4
+  assert cpu_tuning.batch_slices(config.batch_slices, model.config, 8, cpu_tuning=False) == 4

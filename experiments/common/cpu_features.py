@@ -27,6 +27,15 @@ from typing import Callable, FrozenSet, Optional
 import jax
 import jax.numpy as jnp
 
+CPU_DOTS_ONLY = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+"""XLA compiler options for a CPU program: YNNPACK (XLA:CPU's matmul library) gets single dots only,
+never a dot fused with the reduction after it. XLA 0.10.2's default also fuses a dot with a following
+reduce (e.g. a projection, the residual add and RMSNorm's sum of squares in one YNNPACK fusion), and
+those fused kernels ran at a third to a half of the plain dot's rate on the dev CPU
+(docs/benchmarks.md). Options of one compile (`parallel.pmap_step(compiler_options=...)`), not of
+the process: other programs keep XLA's defaults. TRM's steps take them on a CPU target
+(experiments/trm/cpu_tuning.py, split_reduce)."""
+
 CPUINFO = "/proc/cpuinfo"
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 

@@ -215,15 +215,6 @@ def first_local(x: Any) -> np.ndarray:
   return np.asarray(x)
 
 
-CPU_DOTS_ONLY = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
-"""XLA compiler options for a CPU program: YNNPACK (XLA:CPU's matmul library) gets single dots only,
-never a dot fused with the reduction after it. XLA 0.10.2's default also fuses a dot with a following
-reduce (e.g. a projection, the residual add and RMSNorm's sum of squares in one YNNPACK fusion), and
-those fused kernels ran at a third to a half of the plain dot's rate on the dev CPU (docs/benchmarks.md).
-Options of one compile (`pmap_step(compiler_options=...)`), not of the process: other programs keep
-XLA's defaults."""
-
-
 def _signature(args: Any) -> Any:
   """(tree structure, ((shape, dtype) per leaf)) of arrays or ShapeDtypeStructs."""
   leaves, tree = jax.tree.flatten(args)
@@ -354,8 +345,8 @@ def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_
     devices: the devices to map over, in order (default: this process's devices, as `jax.pmap`;
       under "fsdp" every process's); `experiments.common.tpu` passes a TPU topology's devices to
       compile for a whole slice.
-    compiler_options: XLA options for this step's compiles (e.g. `CPU_DOTS_ONLY`; callers pass
-      them only for a CPU target). The step is then compiled ahead of time on its first call per
+    compiler_options: XLA options for this step's compiles (`cpu_features.CPU_DOTS_ONLY`; callers
+      pass them only for a CPU target). The step is then compiled ahead of time on its first call per
       argument signature. Single-process only under "replicated": with several processes the
       options are not applied (JAX's ahead-of-time pmap has no host-local to global conversion)
       and the step is plain.

@@ -380,8 +380,8 @@ _LAYOUT_CONSTRAINT = re.compile(
 
 def hlo_has_layout_constraints(program: Any) -> bool:
   """True when the program pins an array's memory layout (`jax.experimental.layout.
-  with_layout_constraint`, e.g. the CPU-only weight-gradient trick of `modules.layers.matmul(
-  fast_grad=True)`, which only a CPU target may carry).
+  with_layout_constraint`, e.g. the CPU-only weight-gradient trick of
+  `modules.kernels.xla_cpu.matmul`, which only a CPU target may carry).
 
   `program`: a `jax.stages.Lowered` (its StableHLO has `stablehlo.custom_call @LayoutConstraint`),
   or HLO / StableHLO text (`custom_call_target="LayoutConstraint"` in HLO). A `jax.stages.Compiled`

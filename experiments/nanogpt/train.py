@@ -93,15 +93,16 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int,
-                 fast_grad: bool = False) -> gpt.GPTConfig:
-  """GPTConfig of the config's model fields; `fast_grad`: the CPU matmul forms (layout.cpu_tuning)."""
+                 kernels: str = "default") -> gpt.GPTConfig:
+  """GPTConfig of the config's model fields; `kernels` "xla_cpu" for a CPU target
+  (layout.cpu_tuning)."""
   m = config.model
   try:
     return gpt.GPTConfig(block_size=m.block_size,
                          vocab_size=m.vocab_size if m.vocab_size > 0 else vocab_size,
                          n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
                          bias=m.bias, dtype=m.dtype, activations=m.activations,
-                         fast_grad=fast_grad, gelu="exact" if m.gelu == "auto" else m.gelu)
+                         kernels=kernels, gelu="exact" if m.gelu == "auto" else m.gelu)
   except ValueError as e:
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 
@@ -152,7 +153,7 @@ def init_from_model_config(config: ml_collections.ConfigDict, model: gpt.GPTConf
         "prepare the text with this folder's tokenizer (dataset.builder_kwargs.tokenizer_dir) and "
         "leave model.vocab_size at -1")
   run = dataclasses.replace(folder, block_size=config.model.block_size, dtype=model.dtype,
-                            activations=model.activations, fast_grad=model.fast_grad)
+                            activations=model.activations, kernels=model.kernels)
   return folder, run
 
 
@@ -319,7 +320,7 @@ class NanoGPT(experiment.Experiment):
     else:
       data = TextData(config)
       vocab_size = data.vocab_size
-    model = model_config(config, vocab_size, fast_grad=layout.cpu_tuning)
+    model = model_config(config, vocab_size, "xla_cpu" if layout.cpu_tuning else "default")
     folder = None
     if is_gpt2_folder(config.init_from):   # the folder's shape (nanoGPT's from_pretrained + crop)
       folder, model = init_from_model_config(config, model)

@@ -19,7 +19,7 @@ Synopsis (tests call it with a tiny config):
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,7 @@ from experiments.common import lazy_import
 from experiments.common import metrics as metrics_lib
 from experiments.common import parallel
 from experiments.common import trainer
+from experiments.trm import cpu_tuning
 from experiments.trm import evaluators as evaluators_lib
 from experiments.trm import flops as flops_lib
 from experiments.trm import losses
@@ -101,134 +102,19 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             "use 0 (automatic), 1 (the whole batch at once) or a divisor of the per-device batch")
   if config.eval_subset < 0:
     raise E("eval_subset", config.eval_subset, "must be >= 0", "use 0 (full test set) or a size")
-  cpu_forms(config)
   evaluators_lib.names(config)
 
 
-CPU_FORMS = ("fast_grad", "seq_major", "unroll", "head_major", "lean_swiglu", "split_reduce",
-             "batch_slices", "nograd_chunks", "pad_contraction", "split_gate_up")
-"""config.cpu_forms' names: the first five are TRMConfig fields (model forms); split_reduce is the
-XLA compiler option `parallel.CPU_DOTS_ONLY` for the training and evaluation steps; batch_slices is
-the training step's automatic `batch_slices` (slices of at most CPU_SLICE_ELEMENTS on a CPU target);
-nograd_chunks sets TRMConfig.nograd_chunk_elements to CPU_NOGRAD_CHUNK_ELEMENTS for a bfloat16
-forward (the cycles without gradient in chunks of the batch); pad_contraction sets
-TRMConfig.pad_contraction for a bfloat16 forward (the token mix's products over the sequence
-zero-padded to a multiple of 32 positions); split_gate_up sets TRMConfig.split_gate_up for a
-bfloat16 forward where fast_grad and lean_swiglu are on too (every SwiGLU's gradient feeds d gate
-and d up into the gate|up products separately)."""
-
-CPU_SLICE_ELEMENTS = 2 ** 21
-"""config.batch_slices = 0 (automatic) on a CPU target with the batch_slices form: each device's
-batch in the fewest slices (2, 4, 8, ...: at least 2) whose activations, examples x positions x
-hidden, are at most this many elements (docs/benchmarks.md, "batch_slices"). Measured on the dev CPU:
-make run's model (batch 128, 81 x 64) 2 slices of 64 faster than the whole batch, 4 the same; the
-recipes (97 x 512) at batch 64 2 slices of 32 faster than 1 or 4; at batch 256 2, 4 and 8 slices
-within 1.3% of each other, in 5.81, 2.98 and 1.57 GB of scratch (TRM-MLP bfloat16). 2 ** 21 picks
-2, 2 and 8 there: the speed of the fastest, the memory of the smallest slices. (A bfloat16 forward
-has since taken CPU_TOKEN_MIX_SLICE_ELEMENTS with the token mix, CPU_BF16_ATTENTION_SLICE_ELEMENTS
-with attention.)"""
-
-CPU_TOKEN_MIX_SLICE_ELEMENTS = 2 ** 19
-"""CPU_SLICE_ELEMENTS' value for a bfloat16 forward with the token mix (TRMConfig.mlp_t): 8
-examples of the recipe (97 x 512) per slice, as CPU_NOGRAD_CHUNK_ELEMENTS for the cycles without
-gradient. The token mix writes its float32 gate|up, [2F, examples x hidden] (64 MB for 32 examples
-of the recipe), and reads it back; smaller slices keep it nearer the cores. Measured on the
-Intel/AMX CPU (docs/benchmarks.md, "batch_slices"): TRM-MLP bfloat16 5.7% shorter at batch 64 (8
-slices against 2) and 7.6% at batch 256 (32 against 8), in a third of the scratch; TRM-MLP float32
-no faster (+0.8%), so it keeps CPU_SLICE_ELEMENTS."""
-
-CPU_BF16_ATTENTION_SLICE_ELEMENTS = 2 ** 20
-"""CPU_SLICE_ELEMENTS' value for a bfloat16 forward with attention (TRMConfig.mlp_t False): 16
-examples of the recipe (97 x 512) per slice. Measured on the Intel/AMX CPU (docs/benchmarks.md,
-"batch_slices"): TRM-Att bfloat16 6.0% shorter at batch 64 (4 slices against 2, 4 of 4 rounds) and
-4.4% at batch 256 (16 against 8, 2 of 2), in 0.53-0.58x the scratch; 8 slices of 8 at batch 64
-were 5.8% slower than 2 in an earlier session. TRM-Att float32 in 4 slices was no faster (+1.4%,
-1 of 3 rounds) and keeps CPU_SLICE_ELEMENTS."""
-MODEL_FORMS = CPU_FORMS[:5]
-
-CPU_NOGRAD_CHUNK_ELEMENTS = 2 ** 19
-"""TRMConfig.nograd_chunk_elements on a CPU target with the nograd_chunks form and a bfloat16
-forward: the cycles without gradient run on chunks of at most this many latent elements (examples x
-positions x hidden): 8 examples of the recipes (97 x 512). Measured on the Intel/AMX CPU
-(docs/benchmarks.md, "nograd_chunks"): the bfloat16 steps at batch 64 16% (TRM-MLP) and 7.6%
-(TRM-Att) shorter with chunks of 8 examples, less with chunks of 4 or 16; the float32 steps no
-faster (TRM-MLP 3.5% slower), so a float32 forward keeps the whole batch."""
-
-
-def cpu_forms(config: ml_collections.ConfigDict) -> Tuple[str, ...]:
-  """The CPU forms named by config.cpu_forms ("all", "none" or a comma list of CPU_FORMS)."""
-  text = str(config.get("cpu_forms", "all")).strip()
-  if text == "all":
-    return CPU_FORMS
-  names = tuple(n.strip() for n in text.split(",") if n.strip() and n.strip() != "none")
-  bad = [n for n in names if n not in CPU_FORMS]
-  if bad:
-    raise errors.ConfigError("cpu_forms", text, f"unknown form(s) {bad}",
-                             f"use 'all', 'none' or a comma list of {', '.join(CPU_FORMS)}")
-  return names
-
-
 def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any],
-                 fast_grad: bool = False) -> trm.TRMConfig:
-  """TRMConfig from the config's model fields and the dataset's metadata. `fast_grad` (set from
-  `layout.cpu_tuning`, i.e. by the TARGET platform) turns on the CPU forms config.cpu_forms names:
-  the CPU matmul forms, the sequence-major mlp_t recursion, the unrolled cycle with gradient."""
-  fields = dict(config.model.to_dict())
-  forms: Dict[str, Any] = {name: fast_grad and name in cpu_forms(config) for name in MODEL_FORMS}
-  bfloat16 = config.model.get("forward_dtype", "bfloat16") == "bfloat16"
-  chunked = fast_grad and "nograd_chunks" in cpu_forms(config) and bfloat16
-  forms["nograd_chunk_elements"] = CPU_NOGRAD_CHUNK_ELEMENTS if chunked else 0
-  forms["pad_contraction"] = fast_grad and "pad_contraction" in cpu_forms(config) and bfloat16
-  forms["split_gate_up"] = (forms["fast_grad"] and forms["lean_swiglu"] and bfloat16
-                           and "split_gate_up" in cpu_forms(config))
+                 kernels: str = "default") -> trm.TRMConfig:
+  """TRMConfig from the config's model fields and the dataset's metadata; `kernels` from the
+  target (`cpu_tuning.kernels(layout.cpu_tuning)`)."""
   try:
     return trm.TRMConfig(seq_len=int(metadata["seq_len"]), vocab_size=int(metadata["vocab_size"]),
                          num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]),
-                         **forms, **fields)
+                         kernels=kernels, **config.model.to_dict())
   except ValueError as e:   # TRMConfig names the field, the value and the fix
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
-
-
-def batch_slices(config: ml_collections.ConfigDict, model_config: trm.TRMConfig, per_device_batch: int,
-                 cpu_tuning: bool) -> int:
-  """How many slices of each device's batch the training step runs one after another
-  (`make_train_step`): config.batch_slices when >= 1 (any target); when 0 (automatic, the default)
-  on a CPU target (`layout.cpu_tuning`) whose config.cpu_forms includes batch_slices, the smallest
-  power of two >= 2 dividing the per-device batch whose slices hold at most CPU_SLICE_ELEMENTS
-  activations (examples x model_config.total_len x hidden_size; for a bfloat16 forward
-  CPU_TOKEN_MIX_SLICE_ELEMENTS with the token mix, CPU_BF16_ATTENTION_SLICE_ELEMENTS with
-  attention; the largest such power when none is that small), else 1 (the whole batch, as the
-  reference)."""
-  slices = int(config.batch_slices)
-  if slices >= 1:
-    return slices
-  if not (cpu_tuning and "batch_slices" in cpu_forms(config)) or per_device_batch % 2:
-    return 1
-  per_example = model_config.total_len * model_config.hidden_size
-  budget = CPU_SLICE_ELEMENTS
-  if model_config.dtype == jnp.bfloat16:
-    budget = (CPU_TOKEN_MIX_SLICE_ELEMENTS if model_config.mlp_t
-              else CPU_BF16_ATTENTION_SLICE_ELEMENTS)
-  slices = 2
-  while ((per_device_batch // slices) * per_example > budget
-         and per_device_batch % (2 * slices) == 0):
-    slices *= 2
-  return slices
-
-
-def forms_text(model_config: trm.TRMConfig, split_reduce: bool, slices: int) -> str:
-  """One line of which CPU forms a compiled step carries (the tools print it)."""
-  return ", ".join([f"{n} {getattr(model_config, n)}" for n in MODEL_FORMS]
-                   + [f"split_reduce {split_reduce}", f"batch_slices {slices}",
-                      f"nograd_chunk_elements {model_config.nograd_chunk_elements}",
-                      f"pad_contraction {model_config.pad_contraction}",
-                      f"split_gate_up {model_config.split_gate_up}"])
-
-
-def compiler_options(config: ml_collections.ConfigDict, cpu_tuning: bool) -> Dict[str, str]:
-  """XLA options of the training and evaluation steps: `parallel.CPU_DOTS_ONLY` for a CPU target
-  (`layout.cpu_tuning`) when config.cpu_forms includes split_reduce; none otherwise."""
-  return dict(parallel.CPU_DOTS_ONLY) if cpu_tuning and "split_reduce" in cpu_forms(config) else {}
 
 
 def epoch_examples(metadata: Dict[str, Any], num_train_rows: int) -> int:
@@ -606,7 +492,7 @@ class TRM(experiment.Experiment):
                                              process_count=layout.hosts)
       meta = data.metadata()
       num_train = epoch_examples(meta, data.num_examples(ds.train_split))
-    model = trm.TRMModel(model_config(config, meta, fast_grad=layout.cpu_tuning))
+    model = trm.TRMModel(model_config(config, meta, cpu_tuning.kernels(layout.cpu_tuning)))
     if num_train is None:      # a dry run of an unprepared dataset without size knobs
       total_steps, eval_every = max(int(config.total_steps), 0), 1
     else:
@@ -648,8 +534,8 @@ class TRM(experiment.Experiment):
       return {"params": state.ema if config.ema else state.params,
               "model_state": state.model_state, "puzzle_table": state.puzzle_table}
 
-    options = compiler_options(config, layout.cpu_tuning)
-    slices = batch_slices(config, model.config, b, layout.cpu_tuning)
+    options = cpu_tuning.compiler_options(layout.cpu_tuning)
+    slices = cpu_tuning.batch_slices(config.batch_slices, model.config, b, layout.cpu_tuning)
     common = dict(
         compiler_options=options, state=state, device_state=device_state,
         train_step=make_train_step(model, adam, sign, config, b, slices),

@@ -33,7 +33,8 @@ context; scaled, the argmax depends on the context, as a trained model's does).
 
 A variant is DTYPE[@ACTIVATIONS][:autodiff]: model.dtype, `@` model.activations (default "autocast";
 `bfloat16@float32`: bfloat16 matmul operands only, modules/gpt.py ACTIVATIONS), and `:autodiff` sets
-model.fast_grad=False (plain autodiff gradients instead of modules/layers.py `matmul`'s).
+config.cpu_tuning=False (GPTConfig.kernels "default": plain autodiff gradients instead of
+modules/kernels/xla_cpu.py `matmul`'s).
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def _jax_run(c, spec: str, warmup: int) -> dict:
                      f"{', '.join(gpt.ACTIVATIONS)} (e.g. bfloat16@float32)")
   c.model.dtype = dtype
   c.model.activations = activations or "autocast"
-  c.cpu_tuning = mode != "autodiff"          # the CPU matmul forms (fast_grad) on or off
+  c.cpu_tuning = mode != "autodiff"          # kernels "xla_cpu" (the CPU matmul forms) or "default"
   vocab = c.model.vocab_size if c.model.vocab_size > 0 else 65
   layout, built = trainer.build(train.NanoGPT(), c, abstract=True)   # the trainer's own step
   cfg = built.model_config

@@ -59,10 +59,8 @@ def get_config() -> ml_collections.ConfigDict:
   # podlab option: the training step's forward and backward passes run on this many slices of each
   # device's batch in turn, gradients summed: the same step in about a slice's activation memory
   # (weight gradients summed in another order). 1 = the reference's whole batch at once; 0 =
-  # automatic: on a CPU target (the CPU form batch_slices, below) the fewest of 2, 4, 8, ... slices
-  # of at most train.CPU_SLICE_ELEMENTS activations each (for a bfloat16 forward
-  # CPU_TOKEN_MIX_SLICE_ELEMENTS with the token mix, CPU_BF16_ATTENTION_SLICE_ELEMENTS with
-  # attention); 1 on a TPU.
+  # automatic: on a CPU target the count experiments/trm/cpu_tuning.py `batch_slices` picks
+  # (2, 4, 8, ... slices of a measured activation budget); 1 on a TPU or GPU.
   c.batch_slices = 0
 
   # Optimisation (docs/trm.md section 4). global_batch_size (run section) = the reference's 768.
@@ -77,15 +75,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.puzzle_emb_weight_decay = 0.1
   c.ema = False                                  # every recipe sets True
   c.ema_rate = 0.999
-  # Which CPU forms a CPU target compiles (docs/trm.md section 11): "all", "none" or a comma list of
-  # fast_grad, seq_major, unroll, head_major, lean_swiglu (model forms), split_reduce (an XLA:CPU
-  # option of the steps), batch_slices (batch_slices = 0 means train.batch_slices' automatic
-  # count), nograd_chunks (a bfloat16 forward's cycles without gradient in chunks of the batch,
-  # train.CPU_NOGRAD_CHUNK_ELEMENTS), pad_contraction (a bfloat16 token mix's products over the
-  # sequence zero-padded to a multiple of 32) and split_gate_up (a bfloat16 SwiGLU's gradient fed
-  # into the gate|up products as two halves). Only with cpu_tuning and a CPU target; a TPU program never
-  # carries any. For measuring each one (make bench, make profile); results agree to rounding.
-  c.cpu_forms = "all"
 
   # Evaluation. The reference evaluates the full test set every eval interval (epochs); eval_subset > 0
   # evaluates a fixed seeded subsample during training instead, and the full test set at the end.

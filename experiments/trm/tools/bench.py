@@ -86,6 +86,7 @@ import numpy as np
 from experiments.common import distributed
 from experiments.common import parallel
 from experiments.common import trainer
+from experiments.trm import cpu_tuning
 from experiments.trm import flops
 from experiments.trm import train
 from experiments.trm.configs import sudoku_att
@@ -118,11 +119,10 @@ def _log(msg: str) -> None:
 # Configs.
 
 def recipe_config(model: str, dtype: str, *, hidden: Optional[int] = None, remat: bool = False,
-                  per_device_batch: int = 64, cpu_tuning: Optional[bool] = None,
-                  cpu_forms: Optional[str] = None) -> ml_collections.ConfigDict:
+                  per_device_batch: int = 64,
+                  cpu_tuning: Optional[bool] = None) -> ml_collections.ConfigDict:
   """The real Sudoku recipe config ("mlp" or "att") with compute dtype, remat, optional hidden size;
-  `cpu_tuning` False turns the CPU-only forms off (None: the config's own, on); `cpu_forms` picks
-  some of them (config.cpu_forms: "all", "none" or a comma list)."""
+  `cpu_tuning` False turns the CPU-only forms off (None: the config's own, on)."""
   if model not in RECIPES:
     raise ValueError(f"unknown model {model!r}; use one of {sorted(RECIPES)}")
   c = RECIPES[model]()
@@ -135,8 +135,6 @@ def recipe_config(model: str, dtype: str, *, hidden: Optional[int] = None, remat
   c.total_steps = REFERENCE_TOTAL_STEPS
   if cpu_tuning is not None:
     c.cpu_tuning = bool(cpu_tuning)
-  if cpu_forms is not None:
-    c.cpu_forms = cpu_forms
   trainer.check_config(train.TRM(), c)
   return c
 
@@ -236,12 +234,12 @@ class StepSetup:
   compile_s: float
   memory: Dict[str, float]
   args: Tuple[Any, Any, Any, Any]          # state, carry, batch, device_index
-  split_reduce: bool = False               # compiled with parallel.CPU_DOTS_ONLY (config.cpu_forms)
-  slices: int = 1                          # train.batch_slices: the batch's slices per step
+  slices: int = 1                          # cpu_tuning.batch_slices: the batch's slices per step
+  forms: Dict[str, Any] = dataclasses.field(default_factory=dict)   # cpu_tuning.carried
 
   def forms_text(self) -> str:
     """Which CPU forms the compiled step carries, e.g. "fast_grad True, ..., batch_slices 2"."""
-    return train.forms_text(self.cfg, self.split_reduce, self.slices)
+    return cpu_tuning.forms_text(self.forms)
 
 
 def random_batch(n_local: int, per_device: int, seed: int = 0) -> Dict[str, np.ndarray]:
@@ -255,16 +253,25 @@ def random_batch(n_local: int, per_device: int, seed: int = 0) -> Dict[str, np.n
 
 def compile_step(model: str, dtype: str, per_device_batch: int, *, remat: bool = False,
                  hidden: Optional[int] = None, cpu_tuning: Optional[bool] = None,
-                 cpu_forms: Optional[str] = None) -> StepSetup:
-  """Builds state/carry/batch as `train.train_and_evaluate` does and AOT-compiles the pmapped step."""
+                 forms: str = "all") -> StepSetup:
+  """Builds state/carry/batch as `train.train_and_evaluate` does and AOT-compiles the pmapped step
+  (`forms`: the CPU forms it may carry, as `compile_config_step`)."""
   return compile_config_step(recipe_config(model, dtype, hidden=hidden, remat=remat,
                                            per_device_batch=per_device_batch,
-                                           cpu_tuning=cpu_tuning, cpu_forms=cpu_forms))
+                                           cpu_tuning=cpu_tuning), forms=forms)
 
 
-def compile_config_step(config: ml_collections.ConfigDict, compile: bool = True) -> StepSetup:  # pylint: disable=redefined-builtin
+def compile_config_step(config: ml_collections.ConfigDict, compile: bool = True,  # pylint: disable=redefined-builtin
+                        forms: str = "all") -> StepSetup:
   """`compile_step` for any TRM config (e.g. configs/cpu_demo.py's), on a random Sudoku-shaped batch;
-  `compile=False`: the state, carry and batch alone (`compiled` None, `memory` empty)."""
+  `compile=False`: the state, carry and batch alone (`compiled` None, `memory` empty). `forms`: on
+  a CPU target (config.cpu_tuning), the CPU forms the step carries: "all" (a run's), "none" or a
+  comma list of cpu_tuning.FORMS (`cpu_tuning.override`)."""
+  with cpu_tuning.override(forms):
+    return _compile_config_step(config, compile)
+
+
+def _compile_config_step(config: ml_collections.ConfigDict, compile: bool) -> StepSetup:  # pylint: disable=redefined-builtin
   per_device_batch = config.global_batch_size // jax.local_device_count()
   n_local = jax.local_device_count()
   layout, b = trainer.build(train.TRM(), config, abstract=True)  # the trainer's own step and state
@@ -273,12 +280,13 @@ def compile_config_step(config: ml_collections.ConfigDict, compile: bool = True)
   state, carry = parallel.replicate(state), parallel.shard(carry)
   batch = parallel.shard(random_batch(n_local, per_device_batch, config.seed))
   device_index = parallel.shard(parallel.device_indices())
-  slices = train.batch_slices(config, cfg, per_device_batch, layout.cpu_tuning)
+  slices = cpu_tuning.batch_slices(config.batch_slices, cfg, per_device_batch, layout.cpu_tuning)
+  forms = cpu_tuning.carried(cfg, bool(b.compiler_options), slices)
   if not compile:
     return StepSetup(cfg=cfg, per_device_batch=per_device_batch,
                      global_batch=per_device_batch * n_local, compiled=None, compile_s=0.0,
-                     memory={}, args=(state, carry, batch, device_index),
-                     split_reduce=bool(b.compiler_options), slices=slices)
+                     memory={}, args=(state, carry, batch, device_index), slices=slices,
+                     forms=forms)
   p_step = trainer.parallel_train_step(b.train_step, config.nonfinite)
   t0 = time.perf_counter()
   compiled = p_step.lower(state, carry, batch, device_index).compile(
@@ -287,7 +295,7 @@ def compile_config_step(config: ml_collections.ConfigDict, compile: bool = True)
   return StepSetup(cfg=cfg, per_device_batch=per_device_batch,
                    global_batch=per_device_batch * n_local, compiled=compiled, compile_s=compile_s,
                    memory=_memory(compiled), args=(state, carry, batch, device_index),
-                   split_reduce=bool(b.compiler_options), slices=slices)
+                   slices=slices, forms=forms)
 
 
 def percentiles_ms(times_s: Sequence[float]) -> Dict[str, float]:

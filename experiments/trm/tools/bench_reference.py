@@ -5,7 +5,7 @@ the same starting weights (podlab's init, exported to the reference's state_dict
   podlab      the trainer's real pmapped step (experiments/trm/tools/bench.py `compile_step`: AdamATan2,
               EMA, sparse SignSGD, the non-finite guard), state and carry fed back and donated; on a
               CPU target with config.cpu_tuning (the recipes' default) it carries the CPU forms
-              (config.cpu_forms).
+              (--forms: experiments/trm/cpu_tuning.py).
   reference   tests/torch_trm_reference.py `TrainStep`: the reference's model code in PyTorch eager,
               the ACT wrapper in training mode, float64 stablemax + Q-halt loss, backward, AdamATan2
               and SignSGD at the scheduled rates, EMA; parity with podlab's step is checked by
@@ -47,7 +47,7 @@ Command lines:
 
 Flags: --models=mlp,att  --dtypes=float32,bfloat16  --batches=64,256  --steps=3  --block=1  --warmup=3
   --hidden=0 (the recipe's 512)  --quick  --no_keep_heap  --no_fast_grad  --no_reference
-  --cpu_forms=all (or none, or a comma list of fast_grad,seq_major,unroll,head_major,lean_swiglu,
+  --forms=all (or none, or a comma list of fast_grad,seq_major,unroll,head_major,lean_swiglu,
     split_reduce,batch_slices,nograd_chunks,pad_contraction,split_gate_up: which CPU forms podlab
     uses)
   --json_out=PATH  --matmul_shapes=4096x512x2048 (the header's products, MxKxN, comma-separated)
@@ -75,6 +75,7 @@ from experiments.common import cpu_features  # noqa: E402
 from experiments.common import distributed  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
 from experiments.common import parallel  # noqa: E402
+from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm import reference_checkpoint  # noqa: E402
 from experiments.trm import train  # noqa: E402
 from experiments.trm.tools import bench  # noqa: E402
@@ -195,20 +196,19 @@ def reference_step(setup: bench.StepSetup, config, seed: int = 0):
 
 def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int = 1,
              hidden: Optional[int] = None, fast_grad: bool = True,
-             reference: bool = True, cpu_forms: Optional[str] = None,
+             reference: bool = True, forms: str = "all",
              warmup: int = 3) -> Dict[str, Any]:
   """Compiles podlab's step, builds the reference's, runs `warmup` untimed steps of each, then
   `steps` alternating blocks; one row.
-  `fast_grad=False`: podlab without the CPU forms (config.cpu_tuning off); `cpu_forms`: some of
-  them (config.cpu_forms); `reference=False`: podlab alone (the reference's columns NaN)."""
+  `fast_grad=False`: podlab without the CPU forms (config.cpu_tuning off); `forms`: some of
+  them (cpu_tuning.FORMS); `reference=False`: podlab alone (the reference's columns NaN)."""
   reset_ok = bench.reset_peak_rss()
   label = f"{model} {dtype} batch {batch}"
   tuning = None if fast_grad else False
   config = bench.recipe_config(model, dtype, hidden=hidden, per_device_batch=batch,
-                               cpu_tuning=tuning, cpu_forms=cpu_forms)
+                               cpu_tuning=tuning)
   _log(f"{label}: compiling podlab's pmapped step ...")
-  setup = bench.compile_step(model, dtype, batch, hidden=hidden, cpu_tuning=tuning,
-                             cpu_forms=cpu_forms)
+  setup = bench.compile_step(model, dtype, batch, hidden=hidden, cpu_tuning=tuning, forms=forms)
   _log(f"{label}: compiled in {setup.compile_s:.1f} s ({setup.forms_text()})"
        + ("; building the reference's step" if reference else ""))
   if reference:
@@ -253,8 +253,9 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
   _log(f"{label}: heap round (one untimed step each) done")
   del state, carry
   row: Dict[str, Any] = {"model": model, "dtype": dtype, "batch": setup.global_batch,
-                         **{n: getattr(setup.cfg, n) for n in train.MODEL_FORMS},
-                         "split_reduce": setup.split_reduce, "batch_slices": setup.slices}
+                         **{n: setup.forms[n] for n in ("fast_grad", "seq_major", "unroll",
+                                                         "head_major", "lean_swiglu",
+                                                         "split_reduce", "batch_slices")}}
   nan = float("nan")
   row.update({f"ref_{k}": nan for k in ("ms", "p10", "p90", "ex_s", "heap_GB")})
   for name in runs:
@@ -358,9 +359,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--no_keep_heap", action="store_true", help="glibc's default heap behaviour")
   ap.add_argument("--no_fast_grad", action="store_true",
                   help="podlab without the CPU matmul forms (config.cpu_tuning=False)")
-  ap.add_argument("--cpu_forms", default="all",
+  ap.add_argument("--forms", default="all",
                   help="which CPU forms podlab uses: all, none or a comma list of "
-                       f"{','.join(train.CPU_FORMS)} (config.cpu_forms)")
+                       f"{','.join(cpu_tuning.FORMS)}")
   ap.add_argument("--no_reference", action="store_true",
                   help="podlab alone (to compare podlab variants; the reference's columns are NaN)")
   ap.add_argument("--json_out", default="")
@@ -386,6 +387,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.error("--steps and --block must be >= 1")
   if args.warmup < 0:
     ap.error(f"--warmup={args.warmup}: use 0 or more untimed steps")
+  try:
+    cpu_tuning.parse_forms(args.forms)
+  except ValueError as e:
+    ap.error(f"--{e}")
   return args
 
 
@@ -414,13 +419,13 @@ def main(argv: Sequence[str]) -> int:
         rows.append(run_cell(model, dtype, int(b), steps=args.steps, block=args.block,
                              warmup=args.warmup,
                              hidden=args.hidden or None, fast_grad=not args.no_fast_grad,
-                             reference=not args.no_reference, cpu_forms=args.cpu_forms))
+                             reference=not args.no_reference, forms=args.forms))
   print()
   print(f"TRM training step, podlab vs the reference (PyTorch), Sudoku recipes"
         f"{f' at hidden {args.hidden}' if args.hidden else ''}; {args.steps} alternating block(s) "
         f"of {args.block} step(s) each after {args.warmup} untimed step(s) of each")
-  forms = ("podlab CPU forms (config.cpu_forms): "
-           f"{'off (cpu_tuning False)' if args.no_fast_grad else args.cpu_forms}")
+  forms = ("podlab CPU forms (--forms): "
+           f"{'off (cpu_tuning False)' if args.no_fast_grad else args.forms}")
   bench.print_table(header + [forms], rows, COLUMNS, args.json_out)
   return 0
 

@@ -1,10 +1,10 @@
 r"""podlab's TRM training step compiled with several CPU-form lists, timed in alternating rounds.
 
 Each variant is the trainer's real pmapped step (experiments/trm/tools/bench.py `compile_step` /
-`compile_config_step`: AdamATan2, EMA, sparse SignSGD, the non-finite guard) with `config.cpu_forms`
-set to one list ("all", "none" or a comma list of fast_grad, seq_major, unroll, head_major,
-lean_swiglu, split_reduce, batch_slices, nograd_chunks, pad_contraction, split_gate_up;
-docs/trm.md section 11),
+`compile_config_step`: AdamATan2, EMA, sparse SignSGD, the non-finite guard) carrying one list of
+CPU forms ("all", "none" or a comma list of fast_grad, seq_major, unroll, head_major, lean_swiglu,
+split_reduce, batch_slices, nograd_chunks, pad_contraction, split_gate_up: experiments/trm/
+cpu_tuning.py FORMS, turned off with `cpu_tuning.override`; docs/trm.md section 11),
 optionally followed by `/slices=N` for config.batch_slices (the training step on N slices of the
 batch in turn; docs/trm.md section 11). All variants are compiled in one process, then run in turn:
 first `--warmup` untimed steps of each (default 2: a run's first steps still grow the kept heap and
@@ -15,7 +15,7 @@ time and, in brackets, its timed steps' minor page faults. This is how the effec
 one form is measured here (one process per variant mixes in minutes of the machine's drift).
 
 Columns:
-  cpu_forms        the variant's config.cpu_forms.
+  forms            the variant's list of CPU forms.
   ms, p10, p90     median, 10th and 90th percentile of its timed steps (ms per optimizer step).
   vs_first         median / the first variant's median - 1 (negative: faster).
   won              rounds in which its median beat the first variant's (the first row: -).
@@ -47,21 +47,19 @@ from typing import Any, Dict, List, Sequence, Tuple
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import jax  # noqa: E402
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments.common import cpu_features  # noqa: E402
 from experiments.common import distributed  # noqa: E402
-from experiments.common import errors  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
-from experiments.trm import train  # noqa: E402
+from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
 from experiments.trm.tools import bench  # noqa: E402
 
 
 def split_variant(variant: str) -> Tuple[str, int]:
-  """"FORMS" or "FORMS/slices=N" -> (the config.cpu_forms list, config.batch_slices; 0 = automatic:
-  train.batch_slices' automatic count when FORMS includes batch_slices, else 1)."""
+  """"FORMS" or "FORMS/slices=N" -> (the forms list, config.batch_slices; 0 = automatic:
+  cpu_tuning.batch_slices' automatic count when FORMS includes batch_slices, else 1)."""
   forms, _, rest = variant.partition("/")
   if not rest:
     return forms, 0
@@ -77,12 +75,11 @@ def _setup(args: argparse.Namespace, variant: str) -> bench.StepSetup:
     config = cpu_demo.get_config()
     if args.batch:
       config.global_batch_size = args.batch
-    config.cpu_forms = forms
   else:
     config = bench.recipe_config(args.model, args.dtype, hidden=args.hidden or None,
-                                 per_device_batch=args.batch or 64, cpu_forms=forms)
+                                 per_device_batch=args.batch or 64)
   config.batch_slices = slices
-  return bench.compile_config_step(config)
+  return bench.compile_config_step(config, forms=forms)
 
 
 def compare(args: argparse.Namespace) -> List[Dict[str, Any]]:
@@ -127,18 +124,18 @@ def compare(args: argparse.Namespace) -> List[Dict[str, Any]]:
   for forms in args.forms:
     p = bench.percentiles_ms(times[forms])
     won = sum(a < b for a, b in zip(rounds[forms], rounds[first]))
-    rows.append({"cpu_forms": forms, **p, "vs_first": p["ms"] / base_ms - 1.0,
+    rows.append({"forms": forms, **p, "vs_first": p["ms"] / base_ms - 1.0,
                  "won": None if forms == first else won, "rounds": args.rounds,
                  "temp_GB": setups[forms].memory["temp"], "lm_loss": loss[forms]})
   return rows
 
 
 def format_table(rows: Sequence[Dict[str, Any]]) -> str:
-  out = ["| cpu_forms | ms | p10 | p90 | vs_first | won | temp_GB | lm_loss |",
+  out = ["| forms | ms | p10 | p90 | vs_first | won | temp_GB | lm_loss |",
          "|---|---|---|---|---|---|---|---|"]
   for r in rows:
     won = "-" if r["won"] is None else f"{r['won']}/{r['rounds']}"
-    out.append(f"| {r['cpu_forms']} | {r['ms']:,.0f} | {r['p10']:,.0f} | {r['p90']:,.0f} | "
+    out.append(f"| {r['forms']} | {r['ms']:,.0f} | {r['p10']:,.0f} | {r['p90']:,.0f} | "
                f"{100 * r['vs_first']:+.1f}% | {won} | {r['temp_GB']:.3f} | {r['lm_loss']:.6g} |")
   return "\n".join(out)
 
@@ -151,7 +148,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--batch", type=int, default=0, help="0: the config's (64 for the recipes)")
   ap.add_argument("--hidden", type=int, default=0, help="recipes: 0 = 512")
   ap.add_argument("--forms", action="append", default=None,
-                  help="a config.cpu_forms list, optionally with /slices=N (config.batch_slices) "
+                  help="a list of CPU forms ('all', 'none' or a comma list of "
+                       f"{','.join(cpu_tuning.FORMS)}), optionally with /slices=N "
+                       "(config.batch_slices) "
                        "(repeat the flag; default: all, then none)")
   ap.add_argument("--rounds", type=int, default=4)
   ap.add_argument("--per_round", type=int, default=1)
@@ -166,8 +165,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   for variant in args.forms:
     try:
       forms, _ = split_variant(variant)
-      train.cpu_forms(ml_collections.ConfigDict({"cpu_forms": forms}))
-    except (errors.ConfigError, ValueError) as e:
+      cpu_tuning.parse_forms(forms)
+    except ValueError as e:
       ap.error(f"--forms={variant!r}: {e}")
   if len(set(args.forms)) != len(args.forms):
     ap.error(f"--forms: a list is given twice ({args.forms}); give each variant once")

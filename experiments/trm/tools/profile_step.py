@@ -55,8 +55,9 @@ Command lines:
 
 Flags: --model=demo|mlp|att  --dtype=float32|bfloat16 (recipes; demo is float32)  --batch=0 (0: the
   config's, 64 for the recipes)  --steps=3  --warmup=5  --top=30  --cpu_tuning=true|false
-  --hidden=0 (recipes: 0 = 512)  --cpu_forms=all (none, or a comma list of fast_grad,seq_major,unroll,
-  head_major,lean_swiglu,split_reduce,batch_slices,nograd_chunks,pad_contraction,split_gate_up)
+  --hidden=0 (recipes: 0 = 512)  --forms=all (none, or a comma list of fast_grad,seq_major,unroll,
+  head_major,lean_swiglu,split_reduce,batch_slices,nograd_chunks,pad_contraction,split_gate_up:
+  the CPU forms the step carries, experiments/trm/cpu_tuning.py)
   --tpu=TYPE (compile for that TPU, print the HLO summary)  --trace=PATH (read a saved trace)
 
 Functions (tests call them): `parse_trace`, `hlo_index`, `profile_table`, `format_profile`;
@@ -90,6 +91,7 @@ from experiments.common import dry_run  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
 from experiments.common import tpu  # noqa: E402
 from experiments.common import trainer  # noqa: E402
+from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm import train  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
 from experiments.trm.tools import bench  # noqa: E402
@@ -619,7 +621,7 @@ def tpu_hlo_report(lowered, compiled, title: str, top: int = 12) -> str:
   return "\n".join(lines)
 
 def _setup(args: argparse.Namespace) -> bench.StepSetup:
-  return bench.compile_config_step(_config(args))
+  return bench.compile_config_step(_config(args), forms=args.forms)
 
 
 def _run(setup: bench.StepSetup, n: int) -> List[float]:
@@ -645,8 +647,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--warmup", type=int, default=5)
   ap.add_argument("--top", type=int, default=30)
   ap.add_argument("--cpu_tuning", default="true", choices=["true", "false"])
-  ap.add_argument("--cpu_forms", default="all",
-                  help=f"all, none or a comma list of {','.join(train.CPU_FORMS)} (config.cpu_forms)")
+  ap.add_argument("--forms", default="all",
+                  help=f"the CPU forms: all, none or a comma list of {','.join(cpu_tuning.FORMS)}")
   ap.add_argument("--tpu", default="",
                   help="a TPU type (e.g. v5litepod-1): compile the step for it with libtpu and print "
                        "the HLO summary instead of running it")
@@ -655,6 +657,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                        "steps instead of running the step")
   args = ap.parse_args(argv)
   args.cpu_tuning = args.cpu_tuning == "true"
+  try:
+    cpu_tuning.parse_forms(args.forms)
+  except ValueError as e:
+    ap.error(f"--{e}")
   if args.model == "demo" and args.dtype != "float32":
     ap.error(f"--dtype={args.dtype} with --model=demo: the demo config is float32; "
              "use --model=mlp or --model=att for bfloat16")
@@ -670,11 +676,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def _config(args: argparse.Namespace) -> ml_collections.ConfigDict:
   if args.model != "demo":
     return bench.recipe_config(args.model, args.dtype, hidden=args.hidden or None,
-                               per_device_batch=args.batch or 64, cpu_tuning=args.cpu_tuning,
-                               cpu_forms=args.cpu_forms)
+                               per_device_batch=args.batch or 64, cpu_tuning=args.cpu_tuning)
   config = cpu_demo.get_config(f"batch={args.batch}" if args.batch else None)
   config.cpu_tuning = args.cpu_tuning
-  config.cpu_forms = args.cpu_forms
   trainer.check_config(train.TRM(), config)
   return config
 
