@@ -442,9 +442,9 @@ def restore_params(experiment: Experiment, config: ml_collections.ConfigDict,
 
 
 def compute_dtype(model_config: Any) -> str:
-  """The model config's compute dtype name ("bfloat16", "float32"; "" when it has none): TRM's
-  `forward_dtype`, else a `dtype` field (GPT, Dream)."""
-  dtype = getattr(model_config, "forward_dtype", None) or getattr(model_config, "dtype", None)
+  """The model config's compute dtype name ("bfloat16", "float32"; "" when it has none): its `dtype`
+  (a field or property of every model config: TRM, GPT, Dream)."""
+  dtype = getattr(model_config, "dtype", None)
   try:
     return "" if dtype is None else jnp.dtype(dtype).name
   except TypeError:

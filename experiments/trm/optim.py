@@ -1,4 +1,5 @@
-"""Optimisers, learning-rate schedules and EMA shared by every experiment.
+"""TRM's optimisers, learning-rate schedule and EMA (nanoGPT and the masked-diffusion model use
+optax's AdamW).
 
 This module reproduces the optimisation of the TRM reference (docs/trm.md, section 4):
 
