@@ -173,6 +173,18 @@ def constrain_state(tree: Any) -> Any:
   return jax.lax.with_sharding_constraint(tree, fsdp_shardings(tree, _tracing_mesh))
 
 
+def gather_state(tree: Any) -> Any:
+  """Inside a step traced for "fsdp": `tree` (state-shaped values, e.g. the parameters a
+  micro-batch's forward pass reads) whole on every device, so XLA all-gathers the split weights
+  and keeps the per-device batch on its device (without it the partitioner may instead gather
+  the activations of every device's batch and compute with the split weights). Anywhere else
+  `tree` unchanged."""
+  if _tracing_mesh is None:
+    return tree
+  whole = NamedSharding(_tracing_mesh, PartitionSpec())
+  return jax.lax.with_sharding_constraint(tree, jax.tree.map(lambda _: whole, tree))
+
+
 def put_state(tree: Any) -> Any:
   """The state onto the devices in the current layout: `replicate` for "replicated"; for "fsdp"
   each leaf split by `fsdp_shardings` over the devices of all hosts (every host passes the whole
