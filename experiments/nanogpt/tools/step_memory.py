@@ -8,8 +8,8 @@ loop-aware costs) for finding what fills a step's memory on a smaller proxy of t
 Arguments (key=value): size and devices (configs/finetune_shakespeare.py's arguments; defaults
 gpt2-xl and 4), target (a gcloud accelerator type; default v4-8), sharding (default fsdp), dump (a
 file for the compiled HLO text), and any config field as dotted.name=value (model.n_layer=4).
-Prints one line: the train step's argument, temporary and output GiB per chip
-(`memory_analysis()`, the figures `--dry_run` prints as args and temp) and the compile time. Needs
+Prints one line: the train step's argument, temporary and output GiB per chip and the compiler's
+peak (`memory_analysis()`; `--dry_run` prints the same figures) and the compile time. Needs
 libtpu; nothing runs on a TPU.
 """
 
@@ -61,9 +61,11 @@ def main(argv) -> None:
                              donate_argnums=p.donate_argnums)
     compiled = lowered.compile()
   m = compiled.memory_analysis()
+  peak = getattr(m, "peak_memory_in_bytes", 0)
   print(f"train_step {' '.join(argv)} on {target.name}: args {m.argument_size_in_bytes / GIB:.2f} "
         f"GiB, temp {m.temp_size_in_bytes / GIB:.2f} GiB, output {m.output_size_in_bytes / GIB:.2f} "
-        f"GiB (aliased {m.alias_size_in_bytes / GIB:.2f}); usable "
+        f"GiB (aliased {m.alias_size_in_bytes / GIB:.2f}), compiler peak "
+        f"{peak / GIB:.2f} GiB; usable "
         f"{target.usable_hbm_bytes_per_device / GIB:.2f} GiB; compiled in {time.time() - t0:.0f} s",
         flush=True)
   if dump:
