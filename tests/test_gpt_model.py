@@ -481,7 +481,7 @@ def test_activations_config_field():
     gpt.GPTConfig(activations="bf16")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_remat_keeps_the_parameters_logits_and_gradients(dtype):
   """remat recomputes each block in the backward pass: the same parameter tree (names, init), the
   same training logits (dropout masks included) and the same gradients to float32 rounding."""
