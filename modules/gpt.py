@@ -71,9 +71,13 @@ class GPTConfig:
   Fields: block_size (max T), vocab_size, n_layer, n_head, n_embd (divisible by n_head), dropout
   (probability, 0 = off), bias (LayerNorm and Linear biases), dtype (matmul dtype: "float32" is the
   reference's CPU run; "bfloat16" is nanoGPT's GPU run under torch.autocast: bfloat16 matmul operands
-  with float32 accumulation), activations (with "bfloat16" only; see ACTIVATIONS), gelu ("exact" or GPT-2's "tanh"; see
-  GELUS), kernels ("default" | "xla_cpu": modules/kernels; the trainer picks "xla_cpu" for a CPU
-  target, `layout.cpu_tuning`).
+  with float32 accumulation), activations (with "bfloat16" only; see ACTIVATIONS), gelu ("exact" or
+  GPT-2's "tanh"; see GELUS), kernels ("default" | "xla_cpu": modules/kernels; the trainer picks
+  "xla_cpu" for a CPU target, `layout.cpu_tuning`), remat (recompute each block's activations in the
+  backward pass instead of storing them: the same numbers, about a third more compute, the
+  activations of one block instead of n_layer in memory; what lets GPT-2 XL finetuning fit a v5e-8
+  under fsdp, docs/sharding.md. Not in the reference (an implementation choice with no effect on
+  results); off by default. Training forward passes only).
   """
   block_size: int = 1024
   vocab_size: int = 50304
@@ -86,6 +90,7 @@ class GPTConfig:
   activations: str = "autocast"
   gelu: str = "exact"
   kernels: str = "default"
+  remat: bool = False
 
   def __post_init__(self):
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -329,7 +334,6 @@ class GPT(hk.Module):
     dtype = jnp.float32                                          # embeddings, residual stream, norms
     act = mm if cfg.activations == "autocast" else dtype         # Linear, attention, GELU outputs
     normal = hk.initializers.RandomNormal(INIT_STD)
-    proj = hk.initializers.RandomNormal(INIT_STD / math.sqrt(2 * cfg.n_layer))
     wte = layers.Embed(cfg.vocab_size, cfg.n_embd, w_init=normal, dtype=dtype, name="wte",
                        kernels=cfg.kernels)
     # Positions never collide: their gradient is no serialised scatter, so always a gather.
@@ -344,22 +348,14 @@ class GPT(hk.Module):
     new_cache = []
     for i in range(cfg.n_layer):
       with hk.name_scope(f"h_{i}"):
-        attn = CausalSelfAttention(
-            num_heads=cfg.n_head, head_dim=cfg.head_dim, with_bias=cfg.bias,
-            dropout_rate=cfg.dropout, dtype=act, qkv_w_init=normal, out_w_init=proj, name="attn",
-            kernels=cfg.kernels, matmul_dtype=mm)
-        h = LayerNorm(with_bias=cfg.bias, name="ln_1")(x)
         if kv_cache is None:
-          a = attn(h, is_training=is_training)
+          block = lambda x: _block(cfg, x, is_training=is_training)   # noqa: E731
+          # remat: the block's activations are recomputed in the backward pass (the same
+          # numbers); its parameters keep their names (h_<i>/...).
+          x = (hk.remat(block) if cfg.remat and is_training else block)(x)
         else:
-          a, layer_cache = attn(h, kv_cache=kv_cache[i], cache_index=start)
+          x, layer_cache = _block(cfg, x, kv_cache=kv_cache[i], cache_index=start)
           new_cache.append(layer_cache)
-        x = x + a                                                # [B, T, C] float32
-        h = LayerNorm(with_bias=cfg.bias, name="ln_2")(x)
-        x = x + GeluMLP(with_bias=cfg.bias, dropout_rate=cfg.dropout, dtype=act,
-                               w_init=normal, out_w_init=proj, name="mlp",
-                               kernels=cfg.kernels, matmul_dtype=mm,
-                               approximate=cfg.gelu == "tanh")(h, is_training=is_training)
     x = LayerNorm(with_bias=cfg.bias, name="ln_f")(x)
     if last_only:
       x = x[:, -1:]                                              # [B, 1, C]
@@ -369,6 +365,34 @@ class GPT(hk.Module):
       # where it may drop the float32 -> bfloat16 -> float32 round trip into the loss's float32.
       logits = layers.to_precision(logits, act).astype(act)
     return logits if kv_cache is None else (logits, new_cache)
+
+
+def _block(cfg: GPTConfig, x: jax.Array, *, is_training: bool = False,
+           kv_cache: Optional[Tuple[jax.Array, jax.Array]] = None,
+           cache_index: Optional[jax.Array] = None):
+  """One block, x [B, T, C] float32 -> x + attn(ln_1(x)) + mlp(ln_2(...)) (with `kv_cache`:
+  (x, the layer's new cache)). A function, not a module method: its modules are named within the
+  caller's h_<i> scope, as before the block had a function of its own."""
+  mm = jnp.dtype(cfg.dtype)
+  act = mm if cfg.activations == "autocast" else jnp.float32
+  normal = hk.initializers.RandomNormal(INIT_STD)
+  proj = hk.initializers.RandomNormal(INIT_STD / math.sqrt(2 * cfg.n_layer))
+  attn = CausalSelfAttention(
+      num_heads=cfg.n_head, head_dim=cfg.head_dim, with_bias=cfg.bias,
+      dropout_rate=cfg.dropout, dtype=act, qkv_w_init=normal, out_w_init=proj, name="attn",
+      kernels=cfg.kernels, matmul_dtype=mm)
+  h = LayerNorm(with_bias=cfg.bias, name="ln_1")(x)
+  layer_cache = None
+  if kv_cache is None:
+    a = attn(h, is_training=is_training)
+  else:
+    a, layer_cache = attn(h, kv_cache=kv_cache, cache_index=cache_index)
+  x = x + a                                                    # [B, T, C] float32
+  h = LayerNorm(with_bias=cfg.bias, name="ln_2")(x)
+  x = x + GeluMLP(with_bias=cfg.bias, dropout_rate=cfg.dropout, dtype=act, w_init=normal,
+                  out_w_init=proj, name="mlp", kernels=cfg.kernels, matmul_dtype=mm,
+                  approximate=cfg.gelu == "tanh")(h, is_training=is_training)
+  return x if kv_cache is None else (x, layer_cache)
 
 
 class GPTModel:

@@ -8,6 +8,7 @@ devices (conftest.py); a subprocess with 2 devices restores a 4-device checkpoin
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -259,3 +260,94 @@ def test_masked_diffusion_trains_alike_in_both_layouts(tmp_path, monkeypatch):
     return c
   p = _text_runs(tmp_path, config, mdm_train.train_and_evaluate, mdm_train.MaskedDiffusion(), 10)
   assert _relative(p["replicated"], p["fsdp"]) < 2e-6, _relative(p["replicated"], p["fsdp"])
+
+
+@pytest.mark.slow
+def test_gpt_remat_under_fsdp_equals_the_plain_replicated_step(monkeypatch):
+  """A small GPT trained 4 AdamW updates (2 micro-batches each, dropout on) on 4 fake devices: the
+  fsdp step with remat gives the replicated step's parameters without remat to float32 rounding,
+  and keeps the parameter tree (names, shapes)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from modules import gpt  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
+  cfg = gpt.GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.1)
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
+  params0 = jax.device_get(gpt.GPTModel(cfg).init(jax.random.key(0)))
+  n, accum = jax.local_device_count(), 2
+  tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (n, accum, 2, cfg.block_size + 1))
+
+  def make_step(model):
+    def loss_fn(p, batch, key):
+      logits = model.apply(p, batch[:, :-1], key, is_training=True)
+      return gpt.cross_entropy(logits, batch[:, 1:]), {}
+
+    def step(state, batch, device_index):
+      p, opt = state
+      u = trainer.accumulated_update(loss_fn, tx, p, opt, batch, accum,
+                                     jax.random.fold_in(jax.random.key(2), device_index))
+      return (u.params, u.opt_state), u.loss
+    return step
+
+  results = {}
+  for layout, remat in (("replicated", False), ("fsdp", False), ("fsdp", True)):
+    model = gpt.GPTModel(dataclasses.replace(cfg, remat=remat))
+    with parallel.use_sharding(layout):
+      p_step = parallel.pmap_step(make_step(model), replicated_in=(0,), out_axes=(None, 0))
+      state = parallel.put_state((params0, tx.init(params0)))
+      batch, device_index = parallel.shard(tokens), parallel.shard(parallel.device_indices())
+      for _ in range(4):
+        state, loss = p_step(state, batch, device_index)
+      results[layout, remat] = parallel.unreplicate(state[0]), _split(state)
+  base, _ = results["replicated", False]
+  assert jax.tree.structure(base) == jax.tree.structure(results["fsdp", True][0])
+  assert results["fsdp", True][1] > 0                                # the state is split
+  plain, remat = results["fsdp", False][0], results["fsdp", True][0]
+  errs = (_relative(plain, remat), _relative(base, plain), _relative(base, remat))
+  print("relative differences (fsdp remat/plain, replicated/fsdp, replicated/fsdp remat):", errs)
+  # remat recomputes the same sums: equal to float32 rounding. The layouts add each gradient's
+  # device sums in another order, which AdamW's normalisation makes visible at small gradients:
+  # the same bound as the nanoGPT runs' (test_nanogpt_trains_alike_in_both_layouts).
+  assert errs[0] < 1e-6, errs
+  assert max(errs[1:]) < 5e-6, errs
+  assert _relative(params0, base) > 1e-3                             # it trained
+
+
+def _gpt_fsdp_step_hlo(monkeypatch, gather: bool):
+  """The compiled (4 fake CPU devices) fsdp train step of a small GPT, 2 micro-batches of one
+  8-token sequence per device (activations far smaller than a weight, as GPT-2 XL's 1 x 1024
+  tokens per chip against its 1600 x 6400 weights): (its HLO text, the parameters' shapes)."""
+  from modules import gpt  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
+  if not gather:
+    monkeypatch.setattr(parallel, "gather_state", lambda tree: tree)
+  cfg = gpt.GPTConfig(block_size=8, vocab_size=64, n_layer=2, n_head=2, n_embd=128)
+  model = gpt.GPTModel(cfg)
+  tx = optax.adamw(1e-3)
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  n = jax.device_count()
+
+  def loss_fn(p, batch, key):
+    del key
+    return gpt.cross_entropy(model.apply(p, batch[:, :-1]), batch[:, 1:]), {}
+
+  def step(state, batch):
+    u = trainer.accumulated_update(loss_fn, tx, state[0], state[1], batch, 2, jax.random.key(0))
+    return (u.params, u.opt_state), u.loss
+  with parallel.use_sharding("fsdp"):
+    p_step = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0))
+    state = (params, jax.eval_shape(tx.init, params))
+    batch = jax.ShapeDtypeStruct((n, 2, 1, cfg.block_size + 1), jnp.int32)
+    text = p_step.lower(state, batch).compile().as_text()
+  return text, {tuple(x.shape) for x in jax.tree.leaves(params)}
+
+
+def test_fsdp_gathers_the_weights_not_the_activations(monkeypatch):
+  """Under fsdp each micro-batch reads the parameters whole (parallel.gather_state): every
+  all-gather of the compiled step is of a split parameter, none of the devices' activations (the
+  SPMD partitioner's own choice at small per-device batches, which also all-reduces the logits)."""
+  text, shapes = _gpt_fsdp_step_hlo(monkeypatch, gather=True)
+  gathered = [tuple(int(d) for d in dims.split(",")) for dims in
+              re.findall(r"= \w+\[([0-9,]+)\]\{[^}]*\} all-gather\(", text)]
+  assert gathered, "no all-gather: the state is not split"
+  assert all(s in shapes for s in gathered), (gathered, shapes)
+  assert {(128, 384), (64, 128)} <= set(gathered)        # qkv_proj/w, wte (vocab 64 x C 128)

@@ -4,6 +4,7 @@ Expected values are float64 NumPy computations of docs/nanogpt.md's formulas
 (pre-LN blocks, LayerNorm eps 1e-5, exact GELU, causal softmax attention with scale 1/sqrt(Dh),
 tied head), never a second call of the code under test. Small sizes keep it fast.
 """
+import dataclasses
 import math
 import re
 
@@ -486,3 +487,34 @@ def test_activations_config_field():
     assert len(f32) == want_f32
   with pytest.raises(ValueError, match="model.activations='bf16'.*autocast"):
     gpt.GPTConfig(activations="bf16")
+
+
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
+def test_remat_keeps_the_parameters_logits_and_gradients(dtype):
+  """remat recomputes each block in the backward pass: the same parameter tree (names, init), the
+  same training logits (dropout masks included) and the same gradients to float32 rounding."""
+  cfg = gpt.GPTConfig(bias=True, dropout=0.1, dtype=dtype, **SMALL)
+  plain, remat = gpt.GPTModel(cfg), gpt.GPTModel(dataclasses.replace(cfg, remat=True))
+  params = plain.init(jax.random.key(0))
+  jax.tree.map(np.testing.assert_array_equal, params, remat.init(jax.random.key(0)))
+  params = randomize(params, seed=11, scale=0.2)
+  idx = np.random.default_rng(12).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
+  rng = jax.random.key(13)
+
+  def loss(model, p):
+    return gpt.cross_entropy(model.apply(p, idx, rng, is_training=True), idx)
+  np.testing.assert_array_equal(
+      f64(plain.apply(params, idx, rng, is_training=True)),
+      f64(remat.apply(params, idx, rng, is_training=True)))
+  g_plain = jax.jit(jax.grad(lambda p: loss(plain, p)))(params)
+  g_remat = jax.jit(jax.grad(lambda p: loss(remat, p)))(params)
+  assert jax.tree.structure(g_plain) == jax.tree.structure(g_remat)
+  scale = max(float(np.abs(f64(g)).max()) for g in jax.tree.leaves(g_plain))
+  worst = max(float(np.abs(f64(a) - f64(b)).max())
+              for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat)))
+  assert worst <= 1e-6 * scale, (worst, scale)
+  assert scale > 1e-3                                         # a real gradient
+  # The backward pass recomputes the blocks: more dots in the remat program.
+  dots = lambda m: len(re.findall(r"\bdot_general\b", str(jax.make_jaxpr(  # noqa: E731
+      jax.grad(lambda p: loss(m, p)))(params))))
+  assert dots(remat) > dots(plain)

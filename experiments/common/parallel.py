@@ -43,9 +43,10 @@ trainer from `config.sharding`), never by experiment code:
   steps: parameters, optimizer moments, EMA. The step is `jit(vmap(fn, axis_name=AXIS))` with the
   state's `NamedSharding`s as in/out shardings and the per-device arguments split over `AXIS`:
   the named-axis collectives of `fn` (pmean/psum/pmin) reduce over the vmapped device axis, and
-  XLA's SPMD partitioner gathers each weight where a layer uses it and reduces each gradient onto
-  its owner's shard (all-gathers forward and backward, reduce-scatters or all-reduces of the
-  gradients). Per-device arguments and outputs keep pmap's host-local `[local devices, ...]` form.
+  XLA's SPMD partitioner reduces each gradient onto its owner's shard (reduce-scatters, or
+  all-reduces and a slice). Where the step reads the state whole (`gather_state`, which
+  `trainer.accumulated_update` applies to the parameters) XLA all-gathers the split leaves;
+  elsewhere the partitioner chooses, and may gather the devices' activations instead. Per-device arguments and outputs keep pmap's host-local `[local devices, ...]` form.
 
   with parallel.use_sharding("fsdp"):
     p_step = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0))
@@ -171,6 +172,18 @@ def constrain_state(tree: Any) -> Any:
   if _tracing_mesh is None:
     return tree
   return jax.lax.with_sharding_constraint(tree, fsdp_shardings(tree, _tracing_mesh))
+
+
+def gather_state(tree: Any) -> Any:
+  """Inside a step traced for "fsdp": `tree` (state-shaped values, e.g. the parameters a
+  micro-batch's forward pass reads) whole on every device, so XLA all-gathers the split weights
+  and keeps the per-device batch on its device (without it the partitioner may instead gather
+  the activations of every device's batch and compute with the split weights). Anywhere else
+  `tree` unchanged."""
+  if _tracing_mesh is None:
+    return tree
+  whole = NamedSharding(_tracing_mesh, PartitionSpec())
+  return jax.lax.with_sharding_constraint(tree, jax.tree.map(lambda _: whole, tree))
 
 
 def put_state(tree: Any) -> Any:

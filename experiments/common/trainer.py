@@ -153,18 +153,21 @@ def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransforma
   per-device sums ({} for none). `micro_batches`: a pytree whose leaves are [A, ...] (A = accum);
   micro-batch i gets fold_in(key, i). Gradients and loss are averaged over the micro-batches (each
   added as g / A, in order) and then over every device (pmean; under "fsdp" each micro-batch's
-  before it is added, the same to float32 rounding); sums are added, then psum'd. With A == 1 no
-  loop is built.
+  before it is added, the same to float32 rounding, and the split weights gathered whole for each
+  micro-batch's passes); sums are added, then psum'd. With A == 1 no loop is built.
   """
-  # Under "fsdp" each micro-batch's gradient is averaged over the devices at once and kept split
-  # like the parameters (parallel.constrain_state: a reduce-scatter), so the accumulator holds a
-  # device's block, not a whole gradient; "replicated" averages once, after the loop.
+  # Under "fsdp" each micro-batch's forward pass reads the parameters whole (parallel.gather_state:
+  # XLA all-gathers the split weights and keeps each device's batch on its device), and each
+  # micro-batch's gradient is averaged over the devices at once and kept split like the parameters
+  # (parallel.constrain_state: a reduce-scatter), so the accumulator holds a device's block, not a
+  # whole gradient; "replicated" averages once, after the loop.
   reduce_each = parallel.sharding() == "fsdp"
 
   def micro(carry, inputs):
     grads, loss, sums = carry
     batch, i = inputs
-    (l, s), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, jax.random.fold_in(key, i))
+    p = parallel.gather_state(params) if reduce_each else params
+    (l, s), g = jax.value_and_grad(loss_fn, has_aux=True)(p, batch, jax.random.fold_in(key, i))
     if reduce_each:
       g = parallel.constrain_state(jax.lax.pmean(g, parallel.AXIS))
       l = jax.lax.pmean(l, parallel.AXIS)

@@ -102,7 +102,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int,
                          vocab_size=m.vocab_size if m.vocab_size > 0 else vocab_size,
                          n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
                          bias=m.bias, dtype=m.dtype, activations=m.activations,
-                         kernels=kernels, gelu="exact" if m.gelu == "auto" else m.gelu)
+                         kernels=kernels, gelu="exact" if m.gelu == "auto" else m.gelu,
+                         remat=bool(m.remat))
   except ValueError as e:
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 

@@ -6,7 +6,8 @@ r"""`make tpu-check`: every pod config compiled for its TPU target by the TPU co
 
 Rows: TRM's v4_64 pod config for each of the five recipes (v4-64), nanoGPT's v4_32 (GPT-2 124M on a
 v4-32, grad_accum 5 as the recipe, and 1: the same micro-step without the accumulation loop, whose
-bound per token checks the loop count), GPT-2 XL finetuning (configs/finetune_shakespeare.py:gpt2-xl) on a v4-8 and a v5e-8, and
+bound per token checks the loop count), GPT-2 XL finetuning (configs/finetune_shakespeare.py:gpt2-xl) on a v4-8 and a v5e-8
+(the recipe's replicated state, and `fsdp` with `model.remat`: docs/sharding.md), and
 DiffuCoder / Dream 7.6B sampling (experiments/diffucoder/tpu_plan.py: one sampler step at canvas 512)
 on a v2-8, v3-8, v5e-8 and v4-8 at batch 1, 8 and 32, with greedy decoding and with the instruct
 configs' sampler (temperature 0.4, top_p 0.95), each at the smallest model-parallel degree that fits
@@ -48,6 +49,7 @@ from absl import flags  # noqa: E402
 
 from experiments.common import distributed  # noqa: E402
 from experiments.common import dry_run  # noqa: E402
+from experiments.common import parallel  # noqa: E402
 from experiments.common import tpu  # noqa: E402
 from experiments.diffucoder import tpu_plan  # noqa: E402
 from experiments.tools import gpu_measured  # noqa: E402
@@ -90,6 +92,11 @@ def missing_arc_reason(arc_dir: str) -> Optional[str]:
           "rows")
 
 
+def _fsdp_remat(c) -> None:
+  c.sharding = "fsdp"
+  c.model.remat = True
+
+
 CHECKS = [
     *[Check(f"trm v4_64 {r}", trm_train.TRM, "experiments.trm.configs.v4_64", f"recipe={r}",
             overrides=_arc if r.startswith("arc") else (lambda c: None),
@@ -106,6 +113,12 @@ CHECKS = [
           "experiments.nanogpt.configs.finetune_shakespeare", "gpt2-xl,devices=4", "v4-8"),
     Check("nanogpt finetune gpt2-xl", nanogpt_train.NanoGPT,
           "experiments.nanogpt.configs.finetune_shakespeare", "gpt2-xl,devices=8", "v5litepod-8"),
+    # The same recipe with the state split over the chips and each block recomputed in the
+    # backward pass (docs/sharding.md): what makes it fit both slices.
+    *[Check("nanogpt finetune gpt2-xl fsdp remat", nanogpt_train.NanoGPT,
+            "experiments.nanogpt.configs.finetune_shakespeare", arg, target,
+            overrides=_fsdp_remat)
+      for arg, target in (("gpt2-xl,devices=4", "v4-8"), ("gpt2-xl,devices=8", "v5litepod-8"))],
 ]
 
 
@@ -149,8 +162,9 @@ def run_checks(checks: Sequence[Check], log=print, loop_aware: bool = True) -> L
     check.overrides(config)
     target = tpu.parse_target(check.target or config.target)
     t0 = time.perf_counter()
-    rows, steps = dry_run.compile_for_tpu(check.experiment(), config, target,
-                                          loop_aware=loop_aware)
+    with parallel.use_sharding(config.sharding):      # the config's state layout
+      rows, steps = dry_run.compile_for_tpu(check.experiment(), config, target,
+                                            loop_aware=loop_aware)
     for r in rows:
       r.name = f"{check.label}: {r.name}"
     reports.extend(rows)

@@ -66,6 +66,11 @@ def get_config() -> ml_collections.ConfigDict:
   # folders too (its from_pretrained); "tanh". The run's model line says which.
   c.model.gelu = "auto"
   # (modules.gpt.ACTIVATIONS; "float32": only the matmul operands in bfloat16, a podlab option)
+  # remat: recompute each block's activations in the backward pass instead of storing them (the
+  # same numbers, about a third more compute, one block's activations in memory instead of
+  # n_layer's). A podlab option, not nanoGPT's (which stores them); off by default. GPT-2 XL
+  # finetuning needs it to fit a v5e-8 (docs/sharding.md).
+  c.model.remat = False
   # (config.cpu_tuning, run section: on a CPU target the weight gradients run as row-major matmuls,
   # XLA CPU's fast path; float32 results are the same sums in another order. modules/layers.py.)
 
