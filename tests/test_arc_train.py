@@ -17,6 +17,7 @@ from input_pipeline import datasets
 from input_pipeline.datasets import arc_agi
 
 
+@pytest.mark.slow    # ~90-120 s on 2 cores: the evaluation of 838 sequences of 902 tokens
 def test_tiny_arc_run_evaluates_and_writes_a_valid_submission(tmp_path, arc_manual_dir):
   c = arc1_att.get_config("num_aug=1")
   c.dataset.data_dir = str(tmp_path / "tfds")

@@ -46,12 +46,24 @@ def _trm(batch: int = 16):
   return c
 
 
+_COMPILED = {}
+
+
+def _compiled(target: str, name: str):
+  """(reports, steps) of the tiny GPT or TRM config's programs compiled for `target`, loop-aware;
+  compiled once per test process (two tests read the v4-8 ones)."""
+  if (target, name) not in _COMPILED:
+    experiment, config = {"gpt": (gpt_train.NanoGPT(), _gpt()),
+                          "trm": (trm_train.TRM(), _trm())}[name]
+    _COMPILED[target, name] = dry_run.compile_for_tpu(experiment, config, tpu.parse_target(target))
+  return _COMPILED[target, name]
+
+
 @pytest.mark.parametrize("target", ["v4-8", pytest.param("v5litepod-4", marks=pytest.mark.slow)])
 def test_tiny_trm_and_gpt_compile_for_a_slice(target):
   t = tpu.parse_target(target)
-  for name, experiment, config in (("gpt", gpt_train.NanoGPT(), _gpt()),
-                                   ("trm", trm_train.TRM(), _trm())):
-    reports, steps = dry_run.compile_for_tpu(experiment, config, t)
+  for name in ("gpt", "trm"):
+    reports, steps = _compiled(target, name)
     assert [r.name for r in reports] == ["train_step", "eval_step"], name
     assert steps == (21 if name == "gpt" else 6)
     for r in reports:
@@ -106,12 +118,12 @@ def test_compiler_flops_against_the_analytic_count_with_every_loop_trip():
   FLOPs per token (within 3%); bytes per token no higher (the update's optimizer bytes are shared by
   5 micro-batches; measured 0.67x), where the one-trip count said 0.2x."""
   t = tpu.parse_target("v4-8")
-  (gpt,), _ = dry_run.compile_for_tpu(gpt_train.NanoGPT(), _gpt(), t, only=("train_step",))
+  gpt = _compiled("v4-8", "gpt")[0][0]
   assert gpt.while_loops == 0 and gpt.loops == () and gpt.loop_aware
   assert abs(gpt.compiler_flops / gpt.analytic_flops - 1) < 0.10
   assert (gpt.total_flops, gpt.bytes_accessed) == (gpt.compiler_flops,
                                                    gpt.compiler_bytes_accessed)
-  (trm,), _ = dry_run.compile_for_tpu(trm_train.TRM(), _trm(), t, only=("train_step",))
+  trm = _compiled("v4-8", "trm")[0][0]
   assert trm.while_loops > 0 and trm.compiler_flops < trm.analytic_flops
   assert trm.loop_aware and trm.loop_note is None and len(trm.loops) >= 2
   assert 1.0 <= trm.total_flops / trm.analytic_flops < 1.10

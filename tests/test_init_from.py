@@ -36,6 +36,7 @@ def _trm_config(tmp_path):
   return c
 
 
+@pytest.mark.slow    # ~45-55 s: two TRM runs (the export itself: test_reference_checkpoint)
 def test_trm_exported_as_a_reference_pt_evaluates_to_the_same_metrics(tmp_path):
   pytest.importorskip("torch", reason="writing a .pt needs torch (pip install '.[torch]')")
   config = _trm_config(tmp_path)

@@ -222,6 +222,7 @@ def test_pod_trains_on_every_worker_then_local_pod_resumes(reference, tmp_path):
 # --------------------------------------------------------------------------------------------------
 # A run that outlives its launcher (issue 16, items 1 and 2), with the real trainer.
 
+@pytest.mark.slow    # ~50-90 s, two trainer processes; the stand-in gcloud tests stay in make test
 def test_a_run_survives_a_gcloud_retry_and_its_launcher_dying(reference, tmp_path):
   """gcloud re-runs `worker.sh run` after a dropped connection (exit 255): it attaches to the live
   run (one process per worker, the log intact). Then the laptop dies (pod.sh's whole process group

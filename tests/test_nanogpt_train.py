@@ -186,6 +186,7 @@ def test_nanogpt_checkpoint_import_matches_torch(tmp_path):
     nanogpt_checkpoint.load(str(bad))
 
 
+@pytest.mark.slow    # ~55 s: a podlab run and nanoGPT in torch (one step: make test)
 def test_torch_rng_run_is_nanogpt_run_in_torch(tmp_path):
   """config.rng="torch": our trainer's eval curve == nanoGPT's train.py loop re-enacted in torch.
 

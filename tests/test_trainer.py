@@ -202,7 +202,7 @@ def _doc_program(root: pathlib.Path, commands: str) -> subprocess.CompletedProce
 
 
 def test_the_docs_files_make_a_program_whose_config_resolves(tmp_path):
-  """adding-an-experiment.md's four files, written as the doc says, make `python -m
+  """docs/adding-an-experiment.md's four files, written as the doc says, make `python -m
   experiments.mlp.main`: `--config=configs/base.py` resolves inside the experiment's folder."""
   out = _doc_program(tmp_path, "--check_only")
   assert out.returncode == 0, out.stderr[-2000:]
