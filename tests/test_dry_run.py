@@ -170,6 +170,7 @@ def test_bad_targets_and_layouts_are_one_line_errors():
     dry_run.run(gpt_train.NanoGPT(), c, target="v4-8")
 
 
+@pytest.mark.slow    # ~30 s; the same dry run in-process: test_trm_train (the pod config)
 def test_the_entry_point_compiles_for_a_tpu_target():
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)

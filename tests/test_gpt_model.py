@@ -410,7 +410,7 @@ def _torch_nanogpt(torch, params, idx, targets, cfg):
   return logits, loss, {k: p.grad.numpy() for k, p in P.items()}
 
 
-@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("bias", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_bfloat16_autocast_activations_follow_torch_autocast(bias):
   """model.dtype="bfloat16" with activations="autocast" (the default) computes what nanoGPT computes
   under torch.autocast(bfloat16): bfloat16 Linear outputs, attention and GELU, bfloat16 logits, a

@@ -147,6 +147,7 @@ def reference(tmp_path_factory):
   return out
 
 
+@pytest.mark.slow    # ~2-3 min: a reference run, then 2 trainer processes and a resume
 def test_pod_trains_on_every_worker_then_local_pod_resumes(reference, tmp_path):
   root, proc = reference["root"], reference["proc"]
   assert proc.returncode == 0, _explain(proc)

@@ -702,7 +702,8 @@ def test_nograd_chunk_rule_and_its_field_check():
     trm.TRMConfig(seq_len=81, vocab_size=11, kernels="tpu")
 
 
-@pytest.mark.parametrize("mlp_t", [False, True], ids=["att", "mlp"])
+@pytest.mark.parametrize("mlp_t", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["att", "mlp"])
 def test_nograd_chunks_equal_the_whole_batch(mlp_t):
   """nograd_chunk_elements (the cycles without gradient on chunks of the batch, one after another:
   a CPU form, for bfloat16) treats every example on its own, as the whole batch does: with the
