@@ -37,6 +37,7 @@ def test_the_table_has_every_column_and_a_row_per_cell(rows):
     assert math.isnan(r["ref_ms"]) and math.isnan(r["speed"])     # no compiled side asked for
 
 
+@pytest.mark.slow
 def test_both_sides_compute_the_same_first_loss(rows):
   trm, gpt = rows
   # TRM: lm_loss summed over the 4 examples (stablemax cross-entropy), bf16 forward on both sides.

@@ -36,7 +36,7 @@ def _model(dtype="float32", seed=0):
   return generate.model_forward(cfg), params
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=pytest.mark.slow), "bfloat16"])
 def test_left_padded_row_decodes_like_the_row_alone(dtype):
   forward, params = _model(dtype)
   short, long = [10, 20, 30], [1, 2, 3, 4, 5, 6, 7]

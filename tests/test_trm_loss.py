@@ -106,8 +106,8 @@ def test_stablemax_ce_gradient_matches_float64():
   x[0, 0, :4] = 0.0  # The kink of s at 0.
   labels = rng.integers(0, V, (3, 5)).astype(np.int32)
   labels[2, 1] = IGNORE
-  got = jax.grad(lambda z: losses.stablemax_cross_entropy(z, jnp.asarray(labels)).sum())(
-      jnp.asarray(x))
+  got = jax.jit(jax.grad(lambda z: losses.stablemax_cross_entropy(z, jnp.asarray(labels)).sum()))(
+      jnp.asarray(x))                               # one compile (op by op: many tiny ones)
   # d/dx_j [log S - log s_l] = s'(x_j) / S - [j == l] s'(x_l) / s_l, with s'(x) = 1/(1-x)^2 (x<0), 1.
   xd = x.astype(np.float64)
   s = np.where(xd < 0, 1.0 / (1.0 - np.minimum(xd, 0.0)), xd + 1.0)
@@ -168,7 +168,8 @@ def test_act_loss_row_without_valid_tokens_targets_exact():
   logits = jnp.zeros((1, 4, V))
   labels = jnp.full((1, 4), IGNORE)
   q = jnp.array([0.7])
-  _, m = losses.act_loss_and_metrics(logits, labels, q, q, jnp.array([True]), jnp.array([3]), 1)
+  _, m = jax.jit(losses.act_loss_and_metrics, static_argnums=6)(     # one compile, not op by op
+      logits, labels, q, q, jnp.array([True]), jnp.array([3]), 1)
   np.testing.assert_allclose(float(m["q_halt_loss"]), np.log1p(np.exp(-0.7)), rtol=1e-6)
   assert float(m["lm_loss"]) == 0.0 and float(m["count"]) == 0.0 and float(m["steps"]) == 0.0
 

@@ -530,7 +530,8 @@ def _value_and_grads(cfg, params, state, table, batch, dtype, forms=None):
   return value, logits, grads
 
 
-@pytest.mark.parametrize("mlp_t", [False, True], ids=["att", "mlp"])
+@pytest.mark.parametrize("mlp_t", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["att", "mlp"])
 def test_fast_grad_equals_autodiff_in_float32_and_keeps_bfloat16_tolerances(mlp_t):
   """fast_grad reorders the weight-gradient sums (row-major transposes) and, in bfloat16, keeps
   the backward operands bfloat16: float32 values and gradients equal plain autodiff's to rounding;
@@ -655,7 +656,8 @@ def test_head_major_equals_the_reference_layout():
   assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.99
 
 
-@pytest.mark.parametrize("mlp_t", [False, True], ids=["att", "mlp"])
+@pytest.mark.parametrize("mlp_t", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["att", "mlp"])
 def test_lean_swiglu_equals_the_reference_gradients(mlp_t):
   """lean_swiglu (every SwiGLU's backward pass recomputes sigmoid and silu from gate|up: a CPU form)
   is the same computation: float32 value and logits equal the default's to rounding and every
@@ -762,7 +764,8 @@ def _assert_bfloat16_equal(got, ref):
     assert np.linalg.norm(a - b) <= 2 ** -7 * np.linalg.norm(b), jax.tree_util.keystr(path)
 
 
-@pytest.mark.parametrize("mlp_t", [False, True], ids=["att", "mlp"])
+@pytest.mark.parametrize("mlp_t", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["att", "mlp"])
 def test_split_gate_up_equals_lean_swiglu(mlp_t):
   """split_gate_up (every SwiGLU's gate|up gradient fed into its products as two halves: a CPU
   form, for bfloat16) is lean_swiglu's computation: with the other CPU forms on, the bfloat16
@@ -777,6 +780,7 @@ def test_split_gate_up_equals_lean_swiglu(mlp_t):
     _assert_bfloat16_equal(got, ref)
 
 
+@pytest.mark.slow    # make test: the padded contraction against float64 numpy in tests/test_layers.py
 def test_pad_contraction_equals_the_unpadded_token_mix():
   """pad_contraction (seq_major's token mix with S zero-padded to a multiple of 32 in its two
   products over S: a CPU form, for bfloat16) is the same computation: with the other CPU forms on

@@ -275,6 +275,7 @@ def test_main_runs_the_used_by_command_and_names_the_device_mismatch(tmp_path):
   assert "--config.num_devices=4" in proc.stderr
 
 
+@pytest.mark.slow        # the entry's dry run: tests/test_dry_run.py (tiny configs, v4-8) in make test
 def test_dry_run_compiles_the_pod_config_on_this_machine():
   """`--dry_run --target=cpu` compiles one v4-64 host's steps with 4 fake devices and reports the
   pod layout."""
@@ -352,7 +353,7 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
   assert e0 == e1
 
 
-@pytest.mark.parametrize("kernels", ["xla_cpu", "default"])
+@pytest.mark.parametrize("kernels", ["xla_cpu", pytest.param("default", marks=pytest.mark.slow)])
 def test_batch_slices_give_the_whole_batch_step(tmp_path, kernels):
   """config.batch_slices = 2: each device's batch of 4 runs as two slices of 2, forward and backward,
   gradients summed. The recursion, the halting, the metrics and the puzzle-row updates are the whole
