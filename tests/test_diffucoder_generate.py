@@ -14,14 +14,14 @@ import pytest
 
 from experiments.common import config_utils
 from experiments.common import errors
-from experiments.common import tpu
 from experiments.diffucoder import benchmark
 from experiments.diffucoder import convert
 from experiments.diffucoder import generate
 from experiments.diffucoder import sampling
 from experiments.diffucoder import tokenizer as tokenizer_lib
-from experiments.diffucoder import tpu_plan
 from experiments.diffucoder.configs import tiny
+from experiments.diffucoder.tools import tpu_plan
+from experiments.tools import tpu
 from modules import dream
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

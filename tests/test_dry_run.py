@@ -1,5 +1,5 @@
 """`--dry_run --target=<TPU type>`: podlab's real programs compiled by the TPU compiler (libtpu) for a
-whole slice on this CPU machine (experiments/common/dry_run.py, experiments/common/tpu.py).
+whole slice on this CPU machine (experiments/tools/dry_run.py, experiments/tools/tpu.py).
 
 Skipped with one line where libtpu cannot be loaded. Compile times are printed by the tool, never
 asserted here; memory and FLOPs are checked for consistency (positive, within the chip, the
@@ -15,14 +15,14 @@ import jax
 import pytest
 
 from experiments.common import cpu_features
-from experiments.common import dry_run
 from experiments.common import errors
 from experiments.common import layout as layout_lib
 from experiments.common import parallel
-from experiments.common import tpu
-from experiments.diffucoder import tpu_plan
+from experiments.diffucoder.tools import tpu_plan
 from experiments.nanogpt import train as gpt_train
 from experiments.nanogpt.configs import shakespeare_char_cpu
+from experiments.tools import dry_run
+from experiments.tools import tpu
 from experiments.trm import train as trm_train
 from experiments.trm.configs import cpu_demo
 from modules import dream

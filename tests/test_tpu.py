@@ -1,4 +1,4 @@
-"""experiments.common.tpu: TPU slices by accelerator type, and programs compiled by libtpu's TPU
+"""experiments.tools.tpu: TPU slices by accelerator type, and programs compiled by libtpu's TPU
 compiler on this CPU machine (memory, FLOPs, the does-not-fit path, the searches, the layout check).
 
 The compile tests skip with one line when libtpu (the optional extra `tpu`) is not installed.
@@ -16,11 +16,11 @@ import jax.numpy as jnp
 import pytest
 
 from experiments.common import chips
-from experiments.common import dry_run
 from experiments.common import errors
 from experiments.common import mfu
 from experiments.common import parallel
-from experiments.common import tpu
+from experiments.tools import dry_run
+from experiments.tools import tpu
 from experiments.trm.configs import v4_64
 from modules import layers
 

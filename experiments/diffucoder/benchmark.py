@@ -86,13 +86,13 @@ import numpy as np  # noqa: E402
 from experiments.common import entry  # noqa: E402
 from experiments.common import errors  # noqa: E402
 from experiments.common import parallel  # noqa: E402
-from experiments.common import tpu  # noqa: E402
 from experiments.common import trainer  # noqa: E402
 from experiments.common import workdir as workdir_lib  # noqa: E402
 from experiments.diffucoder import convert  # noqa: E402
 from experiments.diffucoder import sampling  # noqa: E402
-from experiments.diffucoder import tpu_plan  # noqa: E402
 from experiments.diffucoder import train  # noqa: E402
+from experiments.diffucoder.tools import tpu_plan  # noqa: E402
+from experiments.tools import tpu  # noqa: E402
 from modules import dream  # noqa: E402
 
 

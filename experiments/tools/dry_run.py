@@ -11,7 +11,7 @@ guard, donation, replicated state) and the experiment's evaluation steps.
 Targets:
   cpu      this machine with the pod host's device count (config.devices_per_host) as fake CPU
            devices: one host's program, XLA:CPU's memory estimate (a TPU's differs).
-  v4-64 ...  a gcloud accelerator type (experiments/common/tpu.py: v2-8 ... v6e-256): the programs
+  v4-64 ...  a gcloud accelerator type (experiments/tools/tpu.py: v2-8 ... v6e-256): the programs
            compiled by the TPU compiler (libtpu, the `tpu` extra) for the whole slice, every host's
            devices, on this CPU machine. One table (tpu.format_report): per-device HBM (the
            compiler's peak and the margin to the chip's usable HBM), compile time, the compiler's
@@ -46,8 +46,8 @@ from experiments.common import errors
 from experiments.common import experiment as experiment_lib
 from experiments.common import layout as layout_lib
 from experiments.common import parallel
-from experiments.common import tpu
 from experiments.common import trainer
+from experiments.tools import tpu
 
 GIB = 2.0 ** 30
 
