@@ -48,7 +48,6 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from experiments.common import distributed  # noqa: E402
-from experiments.common import parallel  # noqa: E402
 from experiments.diffucoder.tools import tpu_plan  # noqa: E402
 from experiments.nanogpt import train as nanogpt_train  # noqa: E402
 from experiments.tools import dry_run  # noqa: E402
@@ -162,9 +161,8 @@ def run_checks(checks: Sequence[Check], log=print, loop_aware: bool = True) -> L
     check.overrides(config)
     target = tpu.parse_target(check.target or config.target)
     t0 = time.perf_counter()
-    with parallel.use_sharding(config.sharding):      # the config's state layout
-      rows, steps = dry_run.compile_for_tpu(check.experiment(), config, target,
-                                            loop_aware=loop_aware)
+    rows, steps = dry_run.compile_for_tpu(check.experiment(), config, target,   # its sharding
+                                          loop_aware=loop_aware)
     for r in rows:
       r.name = f"{check.label}: {r.name}"
     reports.extend(rows)
