@@ -20,6 +20,9 @@ Synopsis:
   w, s = p_step(w, x)                              # w: replicated [3]; s: [local_devices]
   parallel.unreplicate(w)                          # host numpy copy of the replicated value
 
+Model parallelism (a model's weights split over a second mesh axis) serves Dream / DiffuCoder only:
+experiments/diffucoder/model_sharding.py.
+
 State sharding (`SHARDINGS`): `pmap_step` runs the same per-device program in one of two layouts of
 the state that its `replicated_in` arguments carry, chosen per run (`use_sharding`, set by the
 trainer from `config.sharding`), never by experiment code:
