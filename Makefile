@@ -105,10 +105,10 @@ diffucoder-train: $(STAMP)
 # run; MDM_WORKDIR=DIR points at another): forwards per token, tokens/s, agreement with the plain
 # sampler and the completions' likelihood under the plain model, for plain, blocks, prefix / dual
 # cache, threshold 0.9 and Fast-dLLM's exact loop (a few minutes). The random-model tables and the
-# 7.6B dry run: python -m experiments.diffucoder.benchmark [--compare | --dry_run] (its docstring).
+# 7.6B dry run: python -m experiments.diffucoder.tools.benchmark [--compare | --dry_run] (its docstring).
 diffucoder-bench: $(STAMP)
 	@test -f $(MDM_WORKDIR)/final_eval.json || $(MDM_TRAIN)
-	$(PY) -m experiments.diffucoder.benchmark --trained=$(MDM_WORKDIR) $(DIFFUCODER_BENCH_ARGS)
+	$(PY) -m experiments.diffucoder.tools.benchmark --trained=$(MDM_WORKDIR) $(DIFFUCODER_BENCH_ARGS)
 
 .PHONY: gpt-run gpt-bench
 GPT_WORKDIR ?= workdirs/shakespeare_char_cpu

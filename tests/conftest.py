@@ -88,7 +88,7 @@ def stand_in_concept_tasks() -> dict:
 def libtpu():
   """libtpu loaded, for the tests that compile for a TPU target on this CPU machine; they skip with
   one line where it cannot be loaded."""
-  from experiments.common import tpu  # pylint: disable=g-import-not-at-top  (JAX loads after the flags above)
+  from experiments.tools import tpu  # pylint: disable=g-import-not-at-top  (JAX loads after the flags above)
   try:
     return tpu.load_libtpu()
   except tpu.LibtpuMissingError as e:

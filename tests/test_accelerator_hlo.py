@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments.common import tpu
+from experiments.tools import tpu
 from experiments.trm.tools import bench
 from experiments.trm.tools import profile_step
 

@@ -14,14 +14,14 @@ import pytest
 
 from experiments.common import config_utils
 from experiments.common import errors
-from experiments.common import tpu
-from experiments.diffucoder import benchmark
+from experiments.diffucoder.tools import benchmark
 from experiments.diffucoder import convert
 from experiments.diffucoder import generate
 from experiments.diffucoder import sampling
 from experiments.diffucoder import tokenizer as tokenizer_lib
-from experiments.diffucoder import tpu_plan
 from experiments.diffucoder.configs import tiny
+from experiments.diffucoder.tools import tpu_plan
+from experiments.tools import tpu
 from modules import dream
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -298,7 +298,7 @@ def test_benchmark_cli_is_an_entry_program_with_one_line_errors():
       (["--dry_run", "--target=v2-8", "--global_batch=3"],
        "error: --global_batch=3 does not split over the 8 data groups of v2-8 at "
        "--model_parallel=1. Fix: use a multiple of 8")]:
-    proc = subprocess.run([sys.executable, "-m", "experiments.diffucoder.benchmark", *args],
+    proc = subprocess.run([sys.executable, "-m", "experiments.diffucoder.tools.benchmark", *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == line

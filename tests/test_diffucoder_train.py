@@ -1,5 +1,5 @@
 """Tests of the masked-diffusion experiment (experiments/diffucoder/train.py) and of the benchmark's
-table on a trained model (experiments/diffucoder/benchmark.py mode 4).
+table on a trained model (experiments/diffucoder/tools/benchmark.py mode 4).
 
 The objective and the evaluation are checked against float64 NumPy written from their definitions
 (docs/diffucoder.md section 12); training runs end to end on the smoke config through the shared
@@ -18,7 +18,7 @@ import pytest
 
 from experiments.common import errors
 from experiments.common import trainer
-from experiments.diffucoder import benchmark
+from experiments.diffucoder.tools import benchmark
 from experiments.diffucoder import convert
 from experiments.diffucoder import train
 from experiments.diffucoder.configs import shakespeare_mdm

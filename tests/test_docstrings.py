@@ -10,7 +10,7 @@ RUNNABLE = ["modules.layers", "modules.trm", "experiments.common.parallel",
             "input_pipeline.puzzles.arc", "input_pipeline.puzzles.puzzle_csv", "experiments.trm.sharded_table",
             "experiments.trm.losses", "modules.gpt", "modules.dream",
             "input_pipeline.text", "experiments.nanogpt.sampling", "experiments.nanogpt.torch_rng",
-            "experiments.diffucoder.sampling",
+            "experiments.diffucoder.sampling", "experiments.diffucoder.model_sharding",
             "experiments.common.safetensors_io", "experiments.diffucoder.convert",
             "experiments.common.lazy_import", "experiments.common.chips",
             "experiments.tools.gpu_measured"]

@@ -25,11 +25,12 @@ import pytest
 from experiments.common import checkpointing
 from experiments.common import config_utils
 from experiments.common import parallel
-from experiments.common import tpu
 from experiments.diffucoder import convert
+from experiments.diffucoder import model_sharding
 from experiments.diffucoder import sampling
-from experiments.diffucoder import tpu_plan
 from experiments.diffucoder.configs import common
+from experiments.diffucoder.tools import tpu_plan
+from experiments.tools import tpu
 from modules import dream
 
 CFG = dream.tiny_config(num_heads=16, num_kv_heads=8, dtype="float32", param_dtype="float32")
@@ -51,9 +52,9 @@ def host_params(name="tiny"):
 
 def sharded_params(mesh, name="tiny"):
   """host_params in the model-parallel layout, each tensor put straight into its device blocks."""
-  cfg, m = CONFIGS[name], mesh.shape[parallel.MODEL_AXIS]
-  specs = dream.param_partition_specs(cfg, parallel.MODEL_AXIS)
-  return {mod: {n: parallel.put_sharded(dream.model_parallel_layout(mod, n, v, cfg, m), mesh,
+  cfg, m = CONFIGS[name], mesh.shape[model_sharding.MODEL_AXIS]
+  specs = dream.param_partition_specs(cfg, model_sharding.MODEL_AXIS)
+  return {mod: {n: model_sharding.put_sharded(dream.model_parallel_layout(mod, n, v, cfg, m), mesh,
                                         specs[mod][n])
                 for n, v in p.items()} for mod, p in host_params(name).items()}, specs
 
@@ -76,7 +77,7 @@ def batch(seed=0, B=8, L=9, vocab_size=CFG.vocab_size):
 def sharded_logits(data, model, name="tiny"):
   """Unsharded and sharded (logits, kv of the prefix, logits of a block with the prefix as context)."""
   cfg = CONFIGS[name]
-  mesh = parallel.mesh_2d(data, model)
+  mesh = model_sharding.mesh_2d(data, model)
   tokens, valid = batch(vocab_size=cfg.vocab_size)
   full = dream.dream_forward(cfg)
   params = jax.tree.map(jnp.asarray, host_params(name))
@@ -84,16 +85,16 @@ def sharded_logits(data, model, name="tiny"):
   ref_ctx = full.apply(params, tokens[:, 6:], valid[:, 6:],
                        context=([(k[:, :6], v[:, :6]) for k, v in ref_kv], valid[:, :6]))
   sparams, specs = sharded_params(mesh, name)
-  sm = dream.dream_forward(cfg, parallel.MODEL_AXIS, model)
-  rows, kv_spec = P(parallel.AXIS), P(parallel.AXIS, None, parallel.MODEL_AXIS, None)
-  logits_spec = P(parallel.AXIS, None, parallel.MODEL_AXIS)
+  sm = dream.dream_forward(cfg, model_sharding.MODEL_AXIS, model)
+  rows, kv_spec = P(parallel.AXIS), P(parallel.AXIS, None, model_sharding.MODEL_AXIS, None)
+  logits_spec = P(parallel.AXIS, None, model_sharding.MODEL_AXIS)
 
   def both(p, t, v):
     logits, kv = sm.apply(p, t, v, return_kv=True)
     ctx = ([(k[:, :6], vv[:, :6]) for k, vv in kv], v[:, :6])
     return logits, kv, sm.apply(p, t[:, 6:], v[:, 6:], context=ctx)
 
-  f = parallel.shard_map_step(both, mesh, in_specs=(specs, rows, rows),
+  f = model_sharding.shard_map_step(both, mesh, in_specs=(specs, rows, rows),
                               out_specs=(logits_spec, kv_spec, logits_spec))
   logits, kv, ctx_logits = f(sparams, tokens, valid)
   return (np.asarray(ref_logits), np.asarray(ref_kv[1][1]), np.asarray(ref_ctx),
@@ -147,7 +148,7 @@ def test_bad_model_degree_and_mesh_size_name_the_numbers():
   with pytest.raises(ValueError, match=r"degree 3 does not divide num_heads=28, num_kv_heads=4"):
     dream.check_model_degree(dream.DREAM_7B, 3)
   with pytest.raises(ValueError, match=r"3 x 2 \(data x model\) mesh needs 6 devices and there are 4"):
-    parallel.mesh_2d(3, 2)
+    model_sharding.mesh_2d(3, 2)
   config = common.base_config(model=dream.DREAM_7B, tokens={}, max_new_tokens=8, steps=8,
                               temperature=0.0, top_p=1.0, alg="entropy", chat_template=False)
   config.model_parallel = 8
@@ -171,7 +172,7 @@ def generate(opts, mesh=None, name="tiny"):
                             jax.random.key(0), opts, max_new_tokens=NEW, mask_id=MASK_ID)
   else:
     params, specs = sharded_params(mesh, name)
-    model = dream.dream_forward(cfg, parallel.MODEL_AXIS, mesh.shape[parallel.MODEL_AXIS])
+    model = dream.dream_forward(cfg, model_sharding.MODEL_AXIS, mesh.shape[model_sharding.MODEL_AXIS])
     out = sampling.generate(forward_of(model), params, prompt, valid, jax.random.key(0), opts,
                             max_new_tokens=NEW, mask_id=MASK_ID, mesh=mesh, param_specs=specs)
   assert not np.any(out.tokens[:, -NEW:] == MASK_ID)
@@ -192,7 +193,7 @@ GREEDY = {
                                              ("dual_threshold", 2, 2), ("prefix_fast_dllm", 1, 4)])
 def test_greedy_tokens_equal_unsharded(name, data, model):
   ref = generate(GREEDY[name])
-  out = generate(GREEDY[name], parallel.mesh_2d(data, model))
+  out = generate(GREEDY[name], model_sharding.mesh_2d(data, model))
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   assert out.forwards == ref.forwards
   assert len(np.unique(ref.tokens[:, -NEW:])) > 4          # a real completion, not one repeated id
@@ -206,7 +207,7 @@ def test_mid_7_to_1_greedy_tokens_equal_unsharded(name, data, model):
   """The 7:1 grouping (28 query / 4 KV heads): each algorithm at degree 2 or 4 (1 in the logits
   test), the same tokens and forward counts as the unsharded sampler."""
   ref = generate(GREEDY[name], name="mid")
-  out = generate(GREEDY[name], parallel.mesh_2d(data, model), name="mid")
+  out = generate(GREEDY[name], model_sharding.mesh_2d(data, model), name="mid")
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   assert out.forwards == ref.forwards
   assert len(np.unique(ref.tokens[:, -NEW:])) > 4
@@ -216,8 +217,8 @@ def test_random_choices_do_not_depend_on_the_model_degree():
   """Keys are folded per data group, so a 2 x 2 mesh draws what a 2 x 1 mesh draws: origin's random
   unmasking and temperature + top-p sampling (the gathered-row path)."""
   opts = sampling.SamplerOptions(steps=8, alg="origin", temperature=0.7, top_p=0.9)
-  a = generate(opts, parallel.mesh_2d(2, 1))
-  b = generate(opts, parallel.mesh_2d(2, 2))
+  a = generate(opts, model_sharding.mesh_2d(2, 1))
+  b = generate(opts, model_sharding.mesh_2d(2, 2))
   np.testing.assert_array_equal(a.tokens, b.tokens)
 
 
@@ -286,8 +287,8 @@ def test_load_checkpoint_onto_a_mesh_from_safetensors_and_orbax(tmp_path, monkey
   convert.write_random_checkpoint(hf, cfg, num_shards=2)
   host = convert.load_params(hf, cfg, place=np.asarray)
   convert.save_params(host, str(tmp_path / "orbax"), cfg)
-  mesh = parallel.mesh_2d(2, 2)
-  specs = dream.param_partition_specs(cfg, parallel.MODEL_AXIS)
+  mesh = model_sharding.mesh_2d(2, 2)
+  specs = dream.param_partition_specs(cfg, model_sharding.MODEL_AXIS)
   targets = []
   read_tree = checkpointing.read_tree
   monkeypatch.setattr(checkpointing, "read_tree",
@@ -323,13 +324,13 @@ def test_orbax_restore_onto_a_mesh_casts_the_saved_dtype(tmp_path):
   convert.write_random_checkpoint(hf, cfg32, num_shards=1)
   host = convert.load_params(hf, cfg32, place=np.asarray)
   convert.save_params(host, str(tmp_path / "orbax"), cfg32)
-  mesh = parallel.mesh_2d(2, 2)
+  mesh = model_sharding.mesh_2d(2, 2)
   lines = []
   params = convert.load_checkpoint(str(tmp_path / "orbax"), cfg16, mesh=mesh, log=lines.append)
   assert lines and "float32 -> bfloat16" in lines[0]
   name = ("dream/layer_0/mlp/gate_up_proj", "w")
   got = params[name[0]][name[1]]
   assert got.dtype == jnp.bfloat16
-  assert got.sharding.spec == dream.param_partition_spec(*name, parallel.MODEL_AXIS)
+  assert got.sharding.spec == dream.param_partition_spec(*name, model_sharding.MODEL_AXIS)
   want = dream.model_parallel_layout(*name, host[name[0]][name[1]], cfg32, 2).astype(jnp.bfloat16)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

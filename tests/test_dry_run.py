@@ -1,5 +1,5 @@
 """`--dry_run --target=<TPU type>`: podlab's real programs compiled by the TPU compiler (libtpu) for a
-whole slice on this CPU machine (experiments/common/dry_run.py, experiments/common/tpu.py).
+whole slice on this CPU machine (experiments/tools/dry_run.py, experiments/tools/tpu.py).
 
 Skipped with one line where libtpu cannot be loaded. Compile times are printed by the tool, never
 asserted here; memory and FLOPs are checked for consistency (positive, within the chip, the
@@ -15,14 +15,14 @@ import jax
 import pytest
 
 from experiments.common import cpu_features
-from experiments.common import dry_run
 from experiments.common import errors
 from experiments.common import layout as layout_lib
 from experiments.common import parallel
-from experiments.common import tpu
-from experiments.diffucoder import tpu_plan
+from experiments.diffucoder.tools import tpu_plan
 from experiments.nanogpt import train as gpt_train
 from experiments.nanogpt.configs import shakespeare_char_cpu
+from experiments.tools import dry_run
+from experiments.tools import tpu
 from experiments.trm import train as trm_train
 from experiments.trm.configs import cpu_demo
 from modules import dream
@@ -140,20 +140,26 @@ def test_compiler_flops_against_the_analytic_count_with_every_loop_trip():
   assert per_token(gpt5, gpt5.compiler_bytes_accessed) / per_token(gpt, gpt.bytes_accessed) < 0.3
 
 
-# ~40 s (several TPU compiles)
+# three TPU compiles (~40 s on an idle 2-core machine)
 @pytest.mark.slow
 def test_a_program_too_big_for_a_v5e_chip_names_the_need_and_the_fix_that_fits(capsys):
   """Attention scores of 256 sequences of 1024 tokens per chip need ~25 GiB: more than a v5e
-  chip's 16 GiB. The tool exits naming the chip and the need, and finds that half the batch fits."""
+  chip's 16 GiB. The tool tries the fixes in order (remat and bfloat16 are on already: fsdp, then
+  half the batch) and exits naming the chip, the need and the first fix that fits: splitting the
+  state does not shrink the activations, half the batch does."""
   config = _gpt(4 * 256)
   config.model.block_size = 1024
+  config.model.remat, config.model.dtype = True, "bfloat16"
   with pytest.raises(errors.BadInput) as e:
     dry_run.run(gpt_train.NanoGPT(), config, target="v5litepod-4", name="big")
   message = str(e.value)
-  assert "does not fit on v5litepod-4" in message and "16 GiB" in message
-  assert "--config.global_batch_size=512" in message, message
-  printed = capsys.readouterr().out
-  assert "half the per-device batch" in printed and "fits" in printed
+  assert "does not fit on v5litepod-4" in message and "16 GiB" in message and "\n" not in message
+  assert message.endswith("Fix: half the per-device batch (128; a deviation from the recipe): "
+                          "--config.global_batch_size=512"), message
+  tried = capsys.readouterr().out.split("Tried to make train_step fit:\n")[1].splitlines()
+  assert len(tried) == 2, tried
+  assert tried[0].startswith("  fsdp (") and tried[0].endswith("does not fit: --config.sharding=fsdp")
+  assert tried[1].startswith("  half the per-device batch") and ", fits: " in tried[1]
 
 
 def test_bad_targets_and_layouts_are_one_line_errors():

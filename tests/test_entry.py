@@ -132,3 +132,25 @@ def test_a_programming_error_keeps_its_traceback(tmp_path):
   bad.write_text("def get_config():\n  return 1 + 'a'\n")
   proc = _run(["experiments.trm.main", f"--config={bad}"], tmp_path)
   assert proc.returncode != 0 and "Traceback" in proc.stderr and "TypeError" in proc.stderr
+
+
+def test_a_run_imports_no_tools_module():
+  """The entry point, the trainer, every experiment's train module and the generator load nothing
+  of a tools wing (experiments/tools/, experiments/<name>/tools/); `--dry_run` loads the dry run
+  on first use (entry.dry_run, a lazy module)."""
+  script = ("import sys\n"
+            "from experiments.common import entry, trainer\n"
+            "from experiments.trm import train as t1\n"
+            "from experiments.nanogpt import train as t2\n"
+            "from experiments.diffucoder import train as t3, generate\n"
+            "tools = lambda: sorted(m for m in sys.modules if m.startswith('experiments.') "
+            "and 'tools' in m.split('.'))\n"
+            "print(tools())\n"
+            "entry.dry_run.resolve_target\n"
+            "print(tools())\n")
+  proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                        timeout=180, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  before, after = proc.stdout.strip().splitlines()[-2:]
+  assert before == "[]"
+  assert after == "['experiments.tools', 'experiments.tools.dry_run', 'experiments.tools.tpu']"

@@ -1,9 +1,10 @@
-"""experiments.common.tpu: TPU slices by accelerator type, and programs compiled by libtpu's TPU
+"""experiments.tools.tpu: TPU slices by accelerator type, and programs compiled by libtpu's TPU
 compiler on this CPU machine (memory, FLOPs, the does-not-fit path, the searches, the layout check).
 
 The compile tests skip with one line when libtpu (the optional extra `tpu`) is not installed.
 """
 
+import copy
 import dataclasses
 import math
 import os
@@ -11,16 +12,21 @@ import pathlib
 import subprocess
 import sys
 
+from absl import flags
 import jax
 import jax.numpy as jnp
+from ml_collections import config_flags
 import pytest
 
 from experiments.common import chips
-from experiments.common import dry_run
 from experiments.common import errors
 from experiments.common import mfu
 from experiments.common import parallel
-from experiments.common import tpu
+from experiments.diffucoder import train as diffusion_train
+from experiments.nanogpt import train as nanogpt_train
+from experiments.tools import dry_run
+from experiments.tools import tpu
+from experiments.trm import train as trm_train
 from experiments.trm.configs import v4_64
 from modules import layers
 
@@ -445,6 +451,88 @@ def test_layout_constraints_detected(libtpu):
              for line in tpu.format_report([r]).splitlines())
   with pytest.raises(TypeError, match="Lowered"):
     tpu.hlo_has_layout_constraints(plain.compile())
+
+
+# --------------------------------------------------------------------------------------------------
+# The fixes the dry run tries when the training step does not fit (dry_run.fit_variants): their
+# order, and their flags parsed as a user's command line gives the config the variant applies.
+
+REMAT, BF16, FSDP = "--config.model.remat=True", "--config.model.dtype=bfloat16", "--config.sharding=fsdp"
+
+
+def _load(path: str, argv=()):
+  """The config file (REPO-relative path[:arg]) with `argv` overrides, parsed by ml_collections'
+  config flags as `--config=... --config.FIELD=VALUE` on a podlab command line."""
+  args = ["main", f"--config={REPO / path}", *argv]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, flag_values=fv, lock_config=True, sys_argv=args)
+  fv(args)
+  return fv.config
+
+
+@pytest.mark.parametrize("experiment, path, overrides, expect", [
+    # nanoGPT at the reference's float32: remat and bfloat16 alone, fsdp alone and with each.
+    (nanogpt_train.NanoGPT, "experiments/nanogpt/configs/shakespeare_char_cpu.py:smoke", (),
+     [REMAT, BF16, FSDP, f"{FSDP} {REMAT}", f"{FSDP} {BF16}"]),
+    # GPT-2 XL finetuning (bfloat16, replicated, issue 45): remat, fsdp, fsdp + remat.
+    (nanogpt_train.NanoGPT, "experiments/nanogpt/configs/finetune_shakespeare.py:gpt2-xl,devices=4",
+     (), [REMAT, FSDP, f"{FSDP} {REMAT}"]),
+    (nanogpt_train.NanoGPT, "experiments/nanogpt/configs/finetune_shakespeare.py:gpt2-xl,devices=4",
+     (FSDP, REMAT), []),                                   # nothing left to try but the batch
+    (trm_train.TRM, "experiments/trm/configs/cpu_demo.py:smoke", (),
+     [REMAT, FSDP, f"{FSDP} {REMAT}"]),
+    (trm_train.TRM, "experiments/trm/configs/cpu_demo.py:smoke", (FSDP,), [REMAT]),
+    (diffusion_train.MaskedDiffusion, "experiments/diffucoder/configs/shakespeare_mdm.py", (),
+     [FSDP]),
+])
+def test_the_fixes_in_order_and_their_flags_as_typed(experiment, path, overrides, expect):
+  config = _load(path, overrides)
+  before = config.to_dict()
+  variants = dry_run.fit_variants(experiment(), config)
+  assert [v[1] for v in variants] == expect
+  for label, flag_text, apply in variants:
+    assert label and "\n" not in label
+    if flag_text.startswith(FSDP):
+      assert label.startswith("fsdp")
+    applied = copy.deepcopy(config)
+    with applied.unlocked():
+      apply(applied)
+    typed = _load(path, (*overrides, *flag_text.split()))      # the flags as the user types them
+    assert typed.to_dict() == applied.to_dict() != before, flag_text
+  assert config.to_dict() == before                             # the config itself untouched
+
+
+def test_the_fix_line_names_the_first_variant_that_fits(monkeypatch, capsys):
+  """GPT-2 XL finetuning on a v4-8 (issue 45), the compiles stood in for: only fsdp + remat fits.
+  The dry run prints every tried variant in order and exits with one line naming the first fix
+  that fits and its flags."""
+  config = _load("experiments/nanogpt/configs/finetune_shakespeare.py:gpt2-xl,devices=4")
+  tried = []
+
+  def fake_compile(experiment, c, target, *, only=None, loop_aware=True):
+    del experiment, only, loop_aware
+    tried.append((c.sharding, bool(c.model.remat)))
+    fits = c.sharding == "fsdp" and c.model.remat
+    need = (20 if fits else 36) * GIB
+    r = (_report(target=target, peak_bytes=need) if fits else
+         _report(target=target, compiled=False, oom_need_bytes=need))
+    return [r], 1000
+
+  monkeypatch.setattr(tpu, "load_libtpu", lambda: "test")
+  monkeypatch.setattr(dry_run, "compile_for_tpu", fake_compile)
+  with pytest.raises(errors.BadInput) as e:
+    dry_run.run(nanogpt_train.NanoGPT(), config, target="v4-8", name="gpt2-xl")
+  assert tried == [("replicated", False),                          # as configured
+                   ("replicated", True), ("fsdp", False), ("fsdp", True)]
+  message = str(e.value)
+  assert "\n" not in message and message.startswith("train does not fit on v4-8: it needs 36.00 GiB")
+  assert message.endswith(f". Fix: fsdp + remat (recompute each block's activations in the "
+                          f"backward pass; the same numbers): {FSDP} {REMAT}")
+  printed = capsys.readouterr().out.split("Tried to make train_step fit:\n")[1].splitlines()
+  assert [line.split(":")[0].strip().split(" (")[0] for line in printed] == [
+      "remat", "fsdp", "fsdp + remat"]
+  assert printed[0].endswith(f"does not fit: {REMAT}") and printed[2].endswith(
+      f"20.00 GiB of 30.75 GiB per chip, fits: {FSDP} {REMAT}")
 
 
 # --------------------------------------------------------------------------------------------------

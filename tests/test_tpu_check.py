@@ -5,7 +5,7 @@ measurements shown beside rows."""
 import os
 import re
 
-from experiments.diffucoder import tpu_plan
+from experiments.diffucoder.tools import tpu_plan
 from experiments.tools import gpu_measured
 from experiments.tools import tpu_check
 

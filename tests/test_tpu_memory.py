@@ -12,7 +12,7 @@ import pathlib
 
 import pytest
 
-from experiments.common import tpu
+from experiments.tools import tpu
 from experiments.tools import tpu_check
 from experiments.tools import tpu_docs
 

@@ -1,6 +1,6 @@
 """The one table of accelerator figures: every TPU generation podlab targets, and the GPUs it meets.
 
-Read by the TPU compile (`experiments/common/tpu.py`: HBM, usable HBM, peak and bandwidth of a
+Read by the TPU compile (`experiments/tools/tpu.py`: HBM, usable HBM, peak and bandwidth of a
 slice's devices), the dry run and `make tpu-check` (through tpu.py), and the trainer's live MFU
 (`experiments/common/mfu.py`: the peak of the device it runs on).
 

@@ -52,10 +52,13 @@ from ml_collections import config_flags  # noqa: E402
 
 from experiments.common import config_utils  # noqa: E402
 from experiments.common import distributed  # noqa: E402
-from experiments.common import dry_run  # noqa: E402
 from experiments.common import errors  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
+from experiments.common import lazy_import  # noqa: E402
 from experiments.common import trainer  # noqa: E402
+
+# The TPU planning tools (experiments/tools/), loaded only by --dry_run: a run does not import them.
+dry_run = lazy_import.module("experiments.tools.dry_run")
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (path[:arg]).",
                                           lock_config=True)

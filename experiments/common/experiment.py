@@ -171,8 +171,10 @@ class Experiment:
   def fit_variants(self, config: ml_collections.ConfigDict
                    ) -> Sequence[Tuple[str, str, Callable[[ml_collections.ConfigDict], None]]]:
     """Ways to make the training step fit a TPU's HBM, tried by `--dry_run` in order when the
-    config does not fit: (label, the flags a user copies, a function applying them to a config).
-    The dry run adds halving the per-device batch after these."""
+    config does not fit: (label, the flags a user copies, a function applying them to a config),
+    those that keep the numbers first. The dry run tries these alone, then fsdp alone and with each
+    of them (a replicated state), then half the per-device batch (experiments/tools/dry_run.py
+    `fit_variants`)."""
     del config
     return ()
 

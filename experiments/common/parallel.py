@@ -20,19 +20,8 @@ Synopsis:
   w, s = p_step(w, x)                              # w: replicated [3]; s: [local_devices]
   parallel.unreplicate(w)                          # host numpy copy of the replicated value
 
-  # Model parallelism: a (data, model) mesh, weights split over MODEL_AXIS, one shard_map step.
-  from jax.sharding import PartitionSpec as P
-  mesh = parallel.mesh_2d(1, jax.local_device_count())   # every device on the model axis
-  def matvec(w, x):                                  # w: this device's rows, x: its columns
-    return jax.lax.psum(x @ w, parallel.MODEL_AXIS)
-  f = parallel.shard_map_step(matvec, mesh, in_specs=(P(parallel.MODEL_AXIS, None),
-                              P(parallel.AXIS, parallel.MODEL_AXIS)), out_specs=P(parallel.AXIS))
-  n = jax.local_device_count()
-  y = f(jnp.ones((2 * n, 3)), jnp.ones((2, 2 * n)))  # [2, 3], every entry 2n
-
-`mesh_2d(data, model)` and `shard_map_step(fn, mesh, in_specs, out_specs)` are the model-parallel
-counterparts of `local_mesh` and `pmap_step`: the same per-device-program style, with
-`PartitionSpec`s saying which mesh axes split each argument (`MODEL_AXIS` for weights).
+Model parallelism (a model's weights split over a second mesh axis) serves Dream / DiffuCoder only:
+experiments/diffucoder/model_sharding.py.
 
 State sharding (`SHARDINGS`): `pmap_step` runs the same per-device program in one of two layouts of
 the state that its `replicated_in` arguments carry, chosen per run (`use_sharding`, set by the
@@ -69,11 +58,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 AXIS = "data"
 """The one mesh axis of podlab's data parallelism: pmapped steps' collectives, `global_mesh()`,
 `local_mesh()` and the checkpoints' per-device arrays all use it."""
-
-MODEL_AXIS = "model"
-"""The mesh axis that model-parallel weights are split over (`mesh_2d`); collectives of a sharded
-layer (`lax.psum` of row-split matmuls) run over it."""
-
 
 SHARDINGS = ("replicated", "fsdp")
 """The layouts of a step's state (`use_sharding`; `config.sharding` in experiments/common/config_utils.py)."""
@@ -320,7 +304,7 @@ class _FsdpStep:
 
   def lower(self, *args) -> Any:
     """Lowers for global-shaped `args` (per-device leaves `[len(devices), ...]`), e.g. a TPU
-    topology's abstract devices (experiments/common/tpu.py)."""
+    topology's abstract devices (experiments/tools/tpu.py)."""
     return self._jitted(args).lower(*args)
 
   def __call__(self, *args):
@@ -356,7 +340,7 @@ def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_
       replicated, with no device axis), 0 for per-device outputs; a tuple for a tuple of outputs.
     donate_argnums: arguments whose buffers may be reused for outputs (state updated in place).
     devices: the devices to map over, in order (default: this process's devices, as `jax.pmap`;
-      under "fsdp" every process's); `experiments.common.tpu` passes a TPU topology's devices to
+      under "fsdp" every process's); `experiments.tools.tpu` passes a TPU topology's devices to
       compile for a whole slice.
     compiler_options: XLA options for this step's compiles (`cpu_features.CPU_DOTS_ONLY`; callers
       pass them only for a CPU target). The step is then compiled ahead of time on its first call per
@@ -382,39 +366,3 @@ def device_indices() -> np.ndarray:
   """
   n = jax.local_device_count()
   return (jax.process_index() * n + np.arange(n)).astype(np.int32)
-
-
-def mesh_2d(data: int, model: int, devices: Optional[Sequence[Any]] = None) -> Mesh:
-  """A (data, model) mesh of `data * model` devices: rows of the batch split over `AXIS`, weights
-  over `MODEL_AXIS`. Device d * model + j is at [d, j], so a model group is `model` consecutive
-  devices (neighbours on the chip grid / the same host). `devices`: default this process's devices;
-  the first data * model of them are used. A mesh larger than the devices is a ValueError naming
-  both sizes."""
-  devices = list(jax.local_devices() if devices is None else devices)
-  for name, n in (("data", data), ("model", model)):
-    if not isinstance(n, (int, np.integer)) or n < 1:
-      raise ValueError(f"mesh_2d: {name}={n!r} must be a positive integer")
-  if data * model > len(devices):
-    raise ValueError(f"mesh_2d: a {data} x {model} (data x model) mesh needs {data * model} devices "
-                     f"and there are {len(devices)}; use data * model <= {len(devices)}")
-  return Mesh(np.array(devices[:data * model]).reshape(data, model), (AXIS, MODEL_AXIS))
-
-
-def shard_map_step(fn: Callable[..., Any], mesh: Mesh, *, in_specs: Any, out_specs: Any,
-                   donate_argnums: Sequence[int] = ()) -> Callable[..., Any]:
-  """`jit(shard_map(fn))` over `mesh`: `fn` is the per-device program; `in_specs` / `out_specs`
-  (PartitionSpec pytrees, a prefix of the arguments / outputs) say which mesh axes split each array
-  (`P()` = the same on every device). The model-parallel counterpart of `pmap_step` (which is
-  `jit(shard_map)` over the 1-D `AXIS` mesh). Collectives inside name `AXIS` / `MODEL_AXIS`.
-  `check_vma` is off: values made equal over an axis by a collective (psum, pmax) are returned
-  unsplit over it without the replication checker's proof (inference programs; no autodiff)."""
-  mapped = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
-  return jax.jit(mapped, donate_argnums=tuple(donate_argnums))
-
-
-def put_sharded(x: Any, mesh: Mesh, spec: PartitionSpec) -> jax.Array:
-  """One host array onto `mesh`, split by `spec`: each device gets only its block (built by slicing
-  the host array per device, so no device ever holds the whole array)."""
-  sharding = NamedSharding(mesh, spec)
-  x = np.asarray(x) if not isinstance(x, jax.Array) else x
-  return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])

@@ -78,8 +78,8 @@ import numpy as np
 from experiments.common import config_utils
 from experiments.common import distributed
 from experiments.common import errors
-from experiments.common import parallel
 from experiments.common import safetensors_io as st
+from experiments.diffucoder import model_sharding
 from modules import dream
 
 CONFIG_JSON = "config.json"
@@ -143,16 +143,16 @@ def param_sources(config: dream.DreamConfig) -> List[Tuple[str, str, Tuple[str, 
 
 def model_parallel_placer(config: dream.DreamConfig, mesh: jax.sharding.Mesh
                           ) -> Callable[[str, str, np.ndarray], jax.Array]:
-  """place_param(module, name, value) for a (data, model) mesh (`parallel.mesh_2d`): the value in
+  """place_param(module, name, value) for a (data, model) mesh (`model_sharding.mesh_2d`): the value in
   `dream.model_parallel_layout` column order, put straight into its device blocks by
   `dream.param_partition_spec` (each device gets only its block; replicated over the data axis)."""
-  m = mesh.shape[parallel.MODEL_AXIS]
+  m = mesh.shape[model_sharding.MODEL_AXIS]
   dream.check_model_degree(config, m)
 
   def place_param(module: str, name: str, value: np.ndarray) -> jax.Array:
     value = dream.model_parallel_layout(module, name, value, config, m)
-    return parallel.put_sharded(value, mesh,
-                                dream.param_partition_spec(module, name, parallel.MODEL_AXIS))
+    return model_sharding.put_sharded(value, mesh,
+                                dream.param_partition_spec(module, name, model_sharding.MODEL_AXIS))
   return place_param
 
 
@@ -345,7 +345,7 @@ def load_params(hf_dir: str, config: dream.DreamConfig, *, allow_cast: bool = Fa
 
   Checks config.json (if present), the shard headers and every tensor's name, shape and dtype
   before reading any weights. `place` puts each parameter somewhere (default jax.device_put; pass
-  e.g. `lambda x: jax.device_put(x, sharding)`); with `mesh` (a `parallel.mesh_2d`) each tensor
+  e.g. `lambda x: jax.device_put(x, sharding)`); with `mesh` (a `model_sharding.mesh_2d`) each tensor
   goes straight into its model-parallel device blocks (`model_parallel_placer`), so the host holds
   about one tensor at a time and no device ever holds the whole model. With `allow_cast`, tensors not in
   config.param_dtype are cast, and `log` (default: absl logging.warning) gets one line
@@ -433,9 +433,9 @@ def restore_sharded(path: str, config: dream.DreamConfig, mesh: jax.sharding.Mes
   block; no host holds the whole model), then the fused qkv_proj / gate_up_proj columns are put in
   `dream.model_parallel_layout` order on the devices, one tensor at a time (a gather between the
   model devices: that tensor is held twice while it runs)."""
-  m = mesh.shape[parallel.MODEL_AXIS]
+  m = mesh.shape[model_sharding.MODEL_AXIS]
   dream.check_model_degree(config, m)
-  specs = dream.param_partition_specs(config, parallel.MODEL_AXIS)
+  specs = dream.param_partition_specs(config, model_sharding.MODEL_AXIS)
   shardings = jax.tree.map(lambda s, spec: NamedSharding(mesh, spec), dream.param_shapes(config),
                            specs)
   params = restore_params(path, config, shardings=shardings, log=log)

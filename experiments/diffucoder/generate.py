@@ -24,7 +24,7 @@ completion (decoded up to the first <|endoftext|> / <|dlm_pad|> / <|im_end|>), c
 the batch's seconds and tokens/s.
 
 Model parallelism (`--config.model_parallel=m`, 1 by default): the local devices form a
-(devices / m) x m (data x model) mesh (`parallel.mesh_2d`); each tensor of the checkpoint is streamed
+(devices / m) x m (data x model) mesh (`model_sharding.mesh_2d`); each tensor of the checkpoint is streamed
 into its device blocks (heads, SwiGLU columns, vocabulary rows: modules/dream.py), each data group
 of m devices decodes `generate.batch_size` prompts. m must divide the KV heads (1, 2, 4 for the
 7.6B) and the devices; one host only. docs/diffucoder.md lists the degree each TPU needs.
@@ -59,13 +59,17 @@ from tqdm import tqdm
 from experiments.common import config_utils
 from experiments.common import entry
 from experiments.common import errors
+from experiments.common import lazy_import
 from experiments.common import parallel
 from experiments.diffucoder import convert
+from experiments.diffucoder import model_sharding
 from experiments.diffucoder import sampling
 from experiments.diffucoder import tokenizer as tokenizer_lib
-from experiments.diffucoder import tpu_plan
 from experiments.diffucoder.configs import common
 from modules import dream
+
+# The TPU planning tool, loaded only by --dry_run (generating imports no tool).
+tpu_plan = lazy_import.module("experiments.diffucoder.tools.tpu_plan")
 
 EXPERIMENT_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -96,9 +100,9 @@ def sampler_options(config: ml_collections.ConfigDict):
 def model_forward(model_config, model_parallel: int = 1):
   """The sampler's forward(params, tokens, valid, positions, context=None, return_kv=False) for a
   modules.dream.DreamConfig; with model_parallel > 1 the per-device program of the model sharded
-  over `parallel.MODEL_AXIS` (run inside the Runner's shard_map)."""
+  over `model_sharding.MODEL_AXIS` (run inside the Runner's shard_map)."""
   if model_parallel > 1:
-    model = dream.dream_forward(model_config, parallel.MODEL_AXIS, model_parallel)
+    model = dream.dream_forward(model_config, model_sharding.MODEL_AXIS, model_parallel)
   else:
     model = dream.dream_forward(model_config)
 
@@ -181,7 +185,7 @@ def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, par
           "model_parallel", model_parallel,
           f"model parallelism runs on one host and there are {jax.process_count()} processes",
           "use one host (v2-8, v3-8, v4-8 and v5e-8 are one host each) or model_parallel=1")
-    mesh = parallel.mesh_2d(n_local // model_parallel, model_parallel)
+    mesh = model_sharding.mesh_2d(n_local // model_parallel, model_parallel)
   if params is None:
     if not config.checkpoint:
       raise config_utils.ConfigError("checkpoint", config.checkpoint, "no checkpoint",
@@ -217,7 +221,7 @@ def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, par
     runner = sampling.Runner(model_forward(model_config, model_parallel), opts,
                              mask_id=config.tokens.mask_id, mesh=mesh,
                              param_specs=dream.param_partition_specs(model_config,
-                                                                     parallel.MODEL_AXIS))
+                                                                     model_sharding.MODEL_AXIS))
   else:
     runner = sampling.Runner(model_forward(model_config), opts, mask_id=config.tokens.mask_id,
                              data_parallel=data_parallel)

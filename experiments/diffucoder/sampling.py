@@ -75,6 +75,7 @@ from jax.sharding import PartitionSpec as P
 from experiments.common import config_utils
 from experiments.common import errors
 from experiments.common import parallel
+from experiments.diffucoder import model_sharding
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 CACHES = ("none", "prefix", "dual")
@@ -697,10 +698,10 @@ class Runner:
 
   `data_parallel=True` pmaps over this host's devices (`experiments/common/parallel.py`): params
   replicated, rows split over devices (B must be a multiple of the local device count), the batch
-  average M taken over every device of every host. `mesh` (a `parallel.mesh_2d(data, model)`):
-  model parallelism, one `parallel.shard_map_step` over the mesh: `forward` is the per-device
-  program of a model split over `parallel.MODEL_AXIS` (e.g. `dream.dream_forward(config,
-  parallel.MODEL_AXIS, model)`; its logits are the device's vocabulary block), `param_specs` the
+  average M taken over every device of every host. `mesh` (a `model_sharding.mesh_2d(data, model)`):
+  model parallelism, one `model_sharding.shard_map_step` over the mesh: `forward` is the per-device
+  program of a model split over `model_sharding.MODEL_AXIS` (e.g. `dream.dream_forward(config,
+  model_sharding.MODEL_AXIS, model)`; its logits are the device's vocabulary block), `param_specs` the
   PartitionSpec tree of the params (already placed that way), rows split over `parallel.AXIS`
   (B a multiple of the data size), the sampler's softmax and argmax sharded over the vocabulary
   (`vocab_sharded_sample_tokens`); the random keys are folded per data row group, so the
@@ -727,7 +728,7 @@ class Runner:
     """make(axis_name, vocab_axis) -> the step; compiled once per key."""
     if key not in self._fns:
       if self.mesh is not None:
-        self._fns[key] = self._mesh_step(make(parallel.AXIS, parallel.MODEL_AXIS),
+        self._fns[key] = self._mesh_step(make(parallel.AXIS, model_sharding.MODEL_AXIS),
                                          blocks=key[0] == "block")
       elif self.data_parallel:
         fn = make(parallel.AXIS, None)
@@ -748,7 +749,7 @@ class Runner:
       out = fn(params, tokens, valid, positions, keys[0], *args)     # keys: [1] (this data group's)
       return (out[0], out[1][None]) if blocks else out
 
-    return parallel.shard_map_step(
+    return model_sharding.shard_map_step(
         per_device, self.mesh, in_specs=(self.param_specs, rows, rows, rows, rows) + (P(),) * rest,
         out_specs=(rows, rows) if blocks else rows)
 

@@ -8,12 +8,12 @@ Rows: TRM's v4_64 pod config for each of the five recipes (v4-64), nanoGPT's v4_
 v4-32, grad_accum 5 as the recipe, and 1: the same micro-step without the accumulation loop, whose
 bound per token checks the loop count), GPT-2 XL finetuning (configs/finetune_shakespeare.py:gpt2-xl) on a v4-8 and a v5e-8
 (the recipe's replicated state, and `fsdp` with `model.remat`: docs/sharding.md), and
-DiffuCoder / Dream 7.6B sampling (experiments/diffucoder/tpu_plan.py: one sampler step at canvas 512)
+DiffuCoder / Dream 7.6B sampling (experiments/diffucoder/tools/tpu_plan.py: one sampler step at canvas 512)
 on a v2-8, v3-8, v5e-8 and v4-8 at batch 1, 8 and 32, with greedy decoding and with the instruct
 configs' sampler (temperature 0.4, top_p 0.95), each at the smallest model-parallel degree that fits
 (the rows of the degrees tried before it say by how much they do not). Each config is built
 abstractly (no data, no weights) and its training and evaluation steps are compiled as the pod runs
-them (experiments/common/dry_run.py), each loop body once more to count its trips
+them (experiments/tools/dry_run.py), each loop body once more to count its trips
 (tpu.loop_aware_cost). Every figure is a COMPILER ESTIMATE, not a measurement: per row the compiler's
 peak HBM and the margin, the compute and memory bounds and the larger ("bound (compiler
 estimate)"), speed and MFU at the bound (upper bounds), and where a real GPU measured the same
@@ -48,13 +48,12 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from experiments.common import distributed  # noqa: E402
-from experiments.common import dry_run  # noqa: E402
-from experiments.common import parallel  # noqa: E402
-from experiments.common import tpu  # noqa: E402
-from experiments.diffucoder import tpu_plan  # noqa: E402
-from experiments.tools import gpu_measured  # noqa: E402
-from experiments.tools import tpu_docs  # noqa: E402
+from experiments.diffucoder.tools import tpu_plan  # noqa: E402
 from experiments.nanogpt import train as nanogpt_train  # noqa: E402
+from experiments.tools import dry_run  # noqa: E402
+from experiments.tools import gpu_measured  # noqa: E402
+from experiments.tools import tpu  # noqa: E402
+from experiments.tools import tpu_docs  # noqa: E402
 from experiments.trm import train as trm_train  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -162,9 +161,8 @@ def run_checks(checks: Sequence[Check], log=print, loop_aware: bool = True) -> L
     check.overrides(config)
     target = tpu.parse_target(check.target or config.target)
     t0 = time.perf_counter()
-    with parallel.use_sharding(config.sharding):      # the config's state layout
-      rows, steps = dry_run.compile_for_tpu(check.experiment(), config, target,
-                                            loop_aware=loop_aware)
+    rows, steps = dry_run.compile_for_tpu(check.experiment(), config, target,   # its sharding
+                                          loop_aware=loop_aware)
     for r in rows:
       r.name = f"{check.label}: {r.name}"
     reports.extend(rows)

@@ -35,8 +35,8 @@ import numpy as np
 from experiments.common import checkpointing  # noqa: F401  (orbax and TF loaded before the baseline)
 from experiments.common import console
 from experiments.common import distributed
-from experiments.common import parallel
 from experiments.diffucoder import convert
+from experiments.diffucoder import model_sharding
 from modules import dream
 
 _DIR = flags.DEFINE_string("dir", "/tmp/dream_load_memory", "Where the random checkpoint is written.")
@@ -64,7 +64,7 @@ def child(mesh_text: str) -> Dict[str, Any]:
   """Loads --dir onto a data x model mesh; returns the memory figures (bytes)."""
   data, model = (int(x) for x in mesh_text.split("x"))
   config = dream.DreamConfig(**CONFIG)
-  mesh = parallel.mesh_2d(data, model)
+  mesh = model_sharding.mesh_2d(data, model)
   jax.block_until_ready(jax.device_put(np.zeros(4), jax.devices()[0]))   # runtime up before we measure
   with open("/proc/self/clear_refs", "w") as f:
     f.write("5")                                                     # reset VmHWM to VmRSS

@@ -22,11 +22,11 @@ from experiments.common import console
 
 console.quiet_native_logs()
 
-from experiments.common import dry_run  # noqa: E402
 from experiments.common import parallel  # noqa: E402
-from experiments.common import tpu  # noqa: E402
 from experiments.nanogpt import train  # noqa: E402
 from experiments.nanogpt.configs import finetune_shakespeare  # noqa: E402
+from experiments.tools import dry_run  # noqa: E402
+from experiments.tools import tpu  # noqa: E402
 
 GIB = 2 ** 30
 

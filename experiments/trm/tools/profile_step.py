@@ -87,10 +87,10 @@ import jax  # noqa: E402
 import ml_collections  # noqa: E402
 
 from experiments.common import distributed  # noqa: E402
-from experiments.common import dry_run  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
-from experiments.common import tpu  # noqa: E402
 from experiments.common import trainer  # noqa: E402
+from experiments.tools import dry_run  # noqa: E402
+from experiments.tools import tpu  # noqa: E402
 from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm import train  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
@@ -591,7 +591,7 @@ def format_hlo_summary(summary: HloSummary, *, title: str, cost: Optional[Dict[s
 
 def tpu_train_step(config: ml_collections.ConfigDict, target_name: str):
   """(lowered, compiled) of the trainer's training step of a TRM `config` for a TPU slice, compiled
-  by libtpu on this machine as `--dry_run --target=...` does (experiments/common/dry_run.py)."""
+  by libtpu on this machine as `--dry_run --target=...` does (experiments/tools/dry_run.py)."""
   target = tpu.parse_target(target_name)
   layout = dry_run.tpu_layout(config, target)
   trainer.check_config(train.TRM(), config)

@@ -25,7 +25,8 @@ Shape glossary: N = the target's number of devices (the global leading axis of p
 Synopsis (on a CPU, with libtpu installed):
 
   import jax, jax.numpy as jnp
-  from experiments.common import parallel, tpu
+  from experiments.common import parallel
+  from experiments.tools import tpu
 
   target = tpu.parse_target("v5litepod-4")            # 4 TPU v5e chips on 1 host
   B, D = 256, 1024

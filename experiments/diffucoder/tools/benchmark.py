@@ -4,18 +4,18 @@ a trained model), and a dry run of the real 7.6B model's step for a device count
 Four modes:
 
   # 1. tokens/s and ms per diffusion step for batch 1..32 and canvas 256/512 on a small random Dream
-  python -m experiments.diffucoder.benchmark --batches=1,2,4,8,16,32 --canvases=256,512
+  python -m experiments.diffucoder.tools.benchmark --batches=1,2,4,8,16,32 --canvases=256,512
   # 2. whole generations: plain (reference) vs block-wise decoding, prefix / dual KV cache and
   #    confidence-threshold parallel decoding, podlab's variant and Fast-dLLM's exact loop:
   #    forwards, seconds, tokens/s, speed-up, agreement
-  python -m experiments.diffucoder.benchmark --compare [--checkpoint=DIR]
+  python -m experiments.diffucoder.tools.benchmark --compare [--checkpoint=DIR]
   # 3. the 7.6B config's compiled step for a TPU slice (libtpu, as generate.py --dry_run) or, with
   #    --target=cpu, on N fake CPU devices (XLA:CPU): memory per device and FLOPs per step
-  python -m experiments.diffucoder.benchmark --dry_run --target=v5e-8 --global_batch=8 --canvas=512
-  python -m experiments.diffucoder.benchmark --dry_run --target=cpu --devices=1,4,8 --global_batch=8
+  python -m experiments.diffucoder.tools.benchmark --dry_run --target=v5e-8 --global_batch=8 --canvas=512
+  python -m experiments.diffucoder.tools.benchmark --dry_run --target=cpu --devices=1,4,8 --global_batch=8
   # 4. mode 2 on a TRAINED masked-diffusion model (a workdir of experiments.diffucoder.main; what
   #    `make diffucoder-bench` runs), with the completions' likelihood under the plain model
-  python -m experiments.diffucoder.benchmark --trained=workdirs/shakespeare_mdm
+  python -m experiments.diffucoder.tools.benchmark --trained=workdirs/shakespeare_mdm
 
 Mode 1, per (batch, canvas): the canvas is a prompt of canvas / 4 tokens plus 3 canvas / 4 masks,
 decoded with steps = new tokens (the reference's setting, one token per step on average) and the
@@ -86,13 +86,13 @@ import numpy as np  # noqa: E402
 from experiments.common import entry  # noqa: E402
 from experiments.common import errors  # noqa: E402
 from experiments.common import parallel  # noqa: E402
-from experiments.common import tpu  # noqa: E402
 from experiments.common import trainer  # noqa: E402
 from experiments.common import workdir as workdir_lib  # noqa: E402
 from experiments.diffucoder import convert  # noqa: E402
 from experiments.diffucoder import sampling  # noqa: E402
-from experiments.diffucoder import tpu_plan  # noqa: E402
 from experiments.diffucoder import train  # noqa: E402
+from experiments.diffucoder.tools import tpu_plan  # noqa: E402
+from experiments.tools import tpu  # noqa: E402
 from modules import dream  # noqa: E402
 
 
@@ -144,7 +144,7 @@ def _define_flags() -> None:
   _CHILD = flags.DEFINE_integer("dry_run_child", 0, "(internal) compile for this many devices.")
 
 GB = 1e9
-EXPERIMENT_DIR = os.path.dirname(os.path.abspath(__file__))
+EXPERIMENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # experiments/diffucoder
 
 
 def small_config(hidden=128, layers=2, heads=4, kv_heads=2, vocab=1024, dtype="bfloat16"):
@@ -547,13 +547,12 @@ def run_dry(counts: Sequence[int]) -> List[Dict[str, Any]]:
         [f for f in env.get("XLA_FLAGS", "").split()
          if not f.startswith("--xla_force_host_platform_device_count")]
         + [f"--xla_force_host_platform_device_count={n}"])
-    args = [sys.executable, "-m", "experiments.diffucoder.benchmark", f"--dry_run_child={n}",
+    args = [sys.executable, "-m", "experiments.diffucoder.tools.benchmark", f"--dry_run_child={n}",
             f"--global_batch={_GLOBAL_BATCH.value}", f"--canvas={_CANVAS.value}",
             f"--alg={_ALG.value}", f"--temperature={_TEMPERATURE.value}", f"--top_p={_TOP_P.value}",
             f"--prompt_fraction={_PROMPT_FRACTION.value}"]
     proc = subprocess.run(args, env=env, capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(
-                              os.path.abspath(__file__)))))
+                          cwd=os.path.dirname(os.path.dirname(EXPERIMENT_DIR)))   # the repo
     if proc.returncode == errors.EXIT_BAD_INPUT:       # the child's one-line error, as ours
       raise errors.BadInput(proc.stderr.strip().splitlines()[-1].removeprefix("error: "))
     if proc.returncode:

@@ -11,7 +11,7 @@ guard, donation, replicated state) and the experiment's evaluation steps.
 Targets:
   cpu      this machine with the pod host's device count (config.devices_per_host) as fake CPU
            devices: one host's program, XLA:CPU's memory estimate (a TPU's differs).
-  v4-64 ...  a gcloud accelerator type (experiments/common/tpu.py: v2-8 ... v6e-256): the programs
+  v4-64 ...  a gcloud accelerator type (experiments/tools/tpu.py: v2-8 ... v6e-256): the programs
            compiled by the TPU compiler (libtpu, the `tpu` extra) for the whole slice, every host's
            devices, on this CPU machine. One table (tpu.format_report): per-device HBM (the
            compiler's peak and the margin to the chip's usable HBM), compile time, the compiler's
@@ -20,9 +20,10 @@ Targets:
            (upper bounds), and the chip-hours of the run's updates at the bound (a lower bound).
            COMPILER ESTIMATES, not measurements.
 
-A training step that does not fit exits with one line naming the chip, its HBM and the need, after
-trying the experiment's fixes (`Experiment.fit_variants`: remat, bfloat16, ...) and half the
-per-device batch, listing the ones that fit with the flags to copy. `--search_batch` finds the
+A training step that does not fit exits with one line naming the chip, its HBM and the need, and
+the first fix that fits with the flags to copy, after trying, in order (`fit_variants`): the
+experiment's own (`Experiment.fit_variants`: remat, bfloat16), fsdp (a replicated state split over
+the chips) alone and with each of those, then half the per-device batch. `--search_batch` finds the
 largest per-device batch that fits and its speed bound (a deviation from the recipe's batch).
 
 The programs are built for the TARGET platform: CPU-only code paths (layout.cpu_tuning) are off
@@ -34,6 +35,7 @@ Errors (a batch that does not divide, an unknown target) are one line naming the
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -46,8 +48,8 @@ from experiments.common import errors
 from experiments.common import experiment as experiment_lib
 from experiments.common import layout as layout_lib
 from experiments.common import parallel
-from experiments.common import tpu
 from experiments.common import trainer
+from experiments.tools import tpu
 
 GIB = 2.0 ** 30
 
@@ -155,24 +157,26 @@ def _per_device(p: experiment_lib.Program) -> tuple:
 def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict,
                     target: tpu.Target, *, only: Optional[Sequence[str]] = None,
                     loop_aware: bool = True) -> Tuple[List[tpu.Report], int]:
-  """(the reports of the config's programs (or `only` those) compiled for `target`, the run's
-  updates). `loop_aware`: count loops trip by trip (tpu.loop_aware_cost: each loop body compiled
-  too); the fit searches, which need only the memory, turn it off."""
+  """(the reports of the config's programs (or `only` those) compiled for `target` in the config's
+  state layout (`config.sharding`), the run's updates). `loop_aware`: count loops trip by trip
+  (tpu.loop_aware_cost: each loop body compiled too); the fit searches, which need only the memory,
+  turn it off."""
   trainer.check_config(experiment, config)
   layout = tpu_layout(config, target)
-  b = experiment.build(config, layout, abstract=True)
   reports = []
-  for pname, p in programs(b, config, layout).items():
-    if only is not None and pname not in only:
-      continue
-    args = _per_device(p)
-    lowered = tpu.lower_pmap(p.fn, target, args, replicated_in=p.replicated_in,
-                             out_axes=p.out_axes, donate_argnums=p.donate_argnums)
-    reports.append(tpu.compile_report(
-        lowered, target=target, name=pname,
-        analytic_flops_per_device=p.flops / target.num_devices if p.flops else None,
-        items_per_step=p.items or None, item_name=b.item_name,
-        jaxpr=tpu.per_device_jaxpr(p.fn, target, args) if loop_aware else None))
+  with parallel.use_sharding(config.sharding):     # the config's state layout (a fix may change it)
+    b = experiment.build(config, layout, abstract=True)
+    for pname, p in programs(b, config, layout).items():
+      if only is not None and pname not in only:
+        continue
+      args = _per_device(p)
+      lowered = tpu.lower_pmap(p.fn, target, args, replicated_in=p.replicated_in,
+                               out_axes=p.out_axes, donate_argnums=p.donate_argnums)
+      reports.append(tpu.compile_report(
+          lowered, target=target, name=pname,
+          analytic_flops_per_device=p.flops / target.num_devices if p.flops else None,
+          items_per_step=p.items or None, item_name=b.item_name,
+          jaxpr=tpu.per_device_jaxpr(p.fn, target, args) if loop_aware else None))
   return reports, int(b.total_steps)
 
 
@@ -183,10 +187,41 @@ def _with(config: ml_collections.ConfigDict, apply) -> ml_collections.ConfigDict
   return c
 
 
+FSDP_LABEL = ("fsdp (parameters, gradients and optimizer state split over the chips; the same "
+              "numbers to float32 rounding, more communication)")
+FSDP_FLAGS = "--config.sharding=fsdp"
+
+
+def fit_variants(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict
+                 ) -> List[Tuple[str, str, Any]]:
+  """(label, flags a user types, apply(config)) of the fixes tried, in order, when the training step
+  does not fit the chip; ordered by what each adds to the run:
+  1. the experiment's own variants (`Experiment.fit_variants`: remat, then bfloat16 for nanoGPT),
+     each alone: more compute or another precision, no new communication;
+  2. for a replicated state: fsdp alone, then fsdp with each of those variants: communication (the
+     weights all-gathered once per update, each micro-batch's gradient reduce-scattered:
+     ~P/2 + grad_accum x P bytes per chip against replicated's ~2P all-reduce), state / N per chip;
+  3. half the per-device batch (global_batch_size halved): a deviation from the recipe, last."""
+  own = list(experiment.fit_variants(config))
+  out = list(own)
+  if config.sharding == "replicated":
+
+    def fsdp(c, also=None):
+      c.sharding = "fsdp"
+      if also is not None:
+        also(c)
+
+    out.append((FSDP_LABEL, FSDP_FLAGS, fsdp))
+    out += [(f"fsdp + {label}", f"{FSDP_FLAGS} {flags}", functools.partial(fsdp, also=apply))
+            for label, flags, apply in own]
+  return out
+
+
 def _fixes(experiment, config, target: tpu.Target):
-  """(label, flags, compile_fn) variants tried when the training step does not fit."""
+  """(label, flags, compile_fn) variants tried when the training step does not fit: `fit_variants`,
+  then half the per-device batch."""
   out = []
-  for label, flags, apply in experiment.fit_variants(config):
+  for label, flags, apply in fit_variants(experiment, config):
     c = _with(config, apply)
     out.append((label, flags, lambda c=c: compile_for_tpu(experiment, c, target,
                                                           only=("train_step",),

@@ -3,26 +3,26 @@ r"""Dream 7.6B sampling compiled for TPU slices by the TPU compiler: which model
 The program is one step of the reference sampler (`sampling.plain_step_fn`: a full forward over the
 canvas and one unmask step) at canvas 512 = 128 prompt + 384 new tokens, built exactly as
 `sampling.Runner` runs it: `pmap` over every device when model_parallel is 1 (today's data-parallel
-program), else one `shard_map` over a (data, model) mesh of the slice's devices (`parallel.mesh_2d`)
+program), else one `shard_map` over a (data, model) mesh of the slice's devices (`model_sharding.mesh_2d`)
 with the weights split Megatron style (modules/dream.py). Parameters are `jax.ShapeDtypeStruct`s: no
 weight is allocated. A global batch smaller than the data groups uses `batch` of them (the other
 devices idle); otherwise the rows split evenly (batch a multiple of devices / model_parallel).
 
 Every figure is a COMPILER ESTIMATE (libtpu's memory assignment and cost model; see
-experiments/common/tpu.py), not a measurement. Tokens/s: with steps = max_new_tokens (the reference
+experiments/tools/tpu.py), not a measurement. Tokens/s: with steps = max_new_tokens (the reference
 setting) each step fixes one token per row, so tokens/s = batch / step time.
 
-  python -m experiments.diffucoder.tpu_plan --target=v5e-8 --batch=8            # smallest degree
-  python -m experiments.diffucoder.tpu_plan --target=v2-8 --batch=1 --model_parallel=4
+  python -m experiments.diffucoder.tools.tpu_plan --target=v5e-8 --batch=8            # smallest degree
+  python -m experiments.diffucoder.tools.tpu_plan --target=v2-8 --batch=1 --model_parallel=4
   # the instruct configs' sampler (temperature 0.4, top_p 0.95) instead of greedy decoding
-  python -m experiments.diffucoder.tpu_plan --target=v2-8 --batch=8 --sampler=top_p
+  python -m experiments.diffucoder.tools.tpu_plan --target=v2-8 --batch=8 --sampler=top_p
   # a whole block of Fast-dLLM's loop (dual KV cache, threshold 0.9, blocks of 32): memory only
-  python -m experiments.diffucoder.tpu_plan --target=v5e-8 --batch=8 --model_parallel=2 --block
+  python -m experiments.diffucoder.tools.tpu_plan --target=v5e-8 --batch=8 --model_parallel=2 --block
 
 Synopsis (needs libtpu; one compile takes about a minute on 2 CPU cores):
 
-  from experiments.common import tpu
-  from experiments.diffucoder import tpu_plan
+  from experiments.tools import tpu
+  from experiments.diffucoder.tools import tpu_plan
   tpu.load_libtpu()
   report = tpu_plan.compile_step(tpu.parse_target("v4-8"), batch=1, model_parallel=1)
   report.fits, report.need_bytes / tpu.GIB, report.items_per_s       # per-device HBM, tokens/s
@@ -44,8 +44,9 @@ from experiments.common import console
 from experiments.common import distributed
 from experiments.common import errors
 from experiments.common import parallel
-from experiments.common import tpu
+from experiments.diffucoder import model_sharding
 from experiments.diffucoder import sampling
+from experiments.tools import tpu
 from modules import dream
 
 PROMPT = 128
@@ -114,12 +115,12 @@ def lower_step(target: tpu.Target, batch: int, model_parallel: int,
     args = (shapes, jax.ShapeDtypeStruct((rows, CANVAS), i32), jax.ShapeDtypeStruct((rows, CANVAS), b),
             jax.ShapeDtypeStruct((rows, CANVAS), i32), key, jax.ShapeDtypeStruct((), jnp.float32))
     return tpu.lower_pmap(step, target, args, replicated_in=(0, 5))
-  mesh = parallel.mesh_2d(groups, model_parallel, devices=devices)
-  specs = dream.param_partition_specs(config, parallel.MODEL_AXIS)
-  model = (dream.dream_forward(config, parallel.MODEL_AXIS, model_parallel) if model_parallel > 1
+  mesh = model_sharding.mesh_2d(groups, model_parallel, devices=devices)
+  specs = dream.param_partition_specs(config, model_sharding.MODEL_AXIS)
+  model = (dream.dream_forward(config, model_sharding.MODEL_AXIS, model_parallel) if model_parallel > 1
            else dream.dream_forward(config))
   runner = sampling.Runner(_forward(model), opts, mask_id=MASK_ID, mesh=mesh, param_specs=specs)
-  vocab_axis = parallel.MODEL_AXIS if model_parallel > 1 else None
+  vocab_axis = model_sharding.MODEL_AXIS if model_parallel > 1 else None
   step = runner._mesh_step(sampling.plain_step_fn(  # pylint: disable=protected-access
       runner.forward, opts, mask_id=MASK_ID, start=PROMPT, axis_name=parallel.AXIS,
       vocab_axis=vocab_axis), blocks=False)
@@ -152,15 +153,15 @@ def lower_block(target: tpu.Target, batch: int, model_parallel: int,
   opts.validate(NEW)
   dream.check_model_degree(config, model_parallel)
   groups = data_groups(target, batch, model_parallel)
-  mesh = parallel.mesh_2d(groups, model_parallel, devices=tpu.target_devices(target))
-  specs = dream.param_partition_specs(config, parallel.MODEL_AXIS)
-  model = (dream.dream_forward(config, parallel.MODEL_AXIS, model_parallel) if model_parallel > 1
+  mesh = model_sharding.mesh_2d(groups, model_parallel, devices=tpu.target_devices(target))
+  specs = dream.param_partition_specs(config, model_sharding.MODEL_AXIS)
+  model = (dream.dream_forward(config, model_sharding.MODEL_AXIS, model_parallel) if model_parallel > 1
            else dream.dream_forward(config))
   runner = sampling.Runner(_forward(model), opts, mask_id=MASK_ID, mesh=mesh, param_specs=specs)
   make = sampling.fast_dllm_block_fn if opts.block_algorithm == "fast_dllm" else sampling.block_fn
   block = runner._mesh_step(make(  # pylint: disable=protected-access
       runner.forward, opts, mask_id=MASK_ID, start=PROMPT, axis_name=parallel.AXIS,
-      vocab_axis=parallel.MODEL_AXIS if model_parallel > 1 else None), blocks=True)
+      vocab_axis=model_sharding.MODEL_AXIS if model_parallel > 1 else None), blocks=True)
   put = lambda shape, dt, spec: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, spec))
   params = jax.tree.map(lambda s, spec: put(s.shape, s.dtype, spec), dream.param_shapes(config),
                         specs)
