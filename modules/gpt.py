@@ -61,7 +61,7 @@ ACTIVATIONS = ("autocast", "float32")
     bfloat16; the embeddings, LayerNorm, the residual stream and the loss in float32.
   "float32" (a podlab option, before 2e39947 the only form): only the matmul operands are
     bfloat16; every activation, the attention's operands and the logits are float32. Closer to a
-    float32 run, further from nanoGPT's bfloat16 run (docs/nanogpt.md section 8, row "bfloat16")."""
+    float32 run, further from nanoGPT's bfloat16 run (docs/nanogpt.md section 8, row "model.activations")."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ layout of OpenAI's own files (no prefix, no lm_head, float32) with GPT-2's confi
 GELU: GPT-2's config.json says "gelu_new" (the tanh approximation); nanoGPT's from_pretrained runs
 the same weights with its exact erf GELU. podlab follows the folder by default (`gelu="auto"`:
 "gelu" -> exact, "gelu_new" and its other tanh spellings -> GPTConfig.gelu "tanh"); `gelu="exact"`
-is nanoGPT's choice. docs/gpt2.md gives the logit difference this makes.
+is nanoGPT's choice. docs/nanogpt.md section 11.1 gives the difference this makes.
 
 Shape glossary: V vocab_size   P n_positions (block_size)   C n_embd   L n_layer
 

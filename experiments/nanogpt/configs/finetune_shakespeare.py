@@ -2,7 +2,7 @@
 Shakespeare in GPT-2 BPE.
 
 The weights and the tokenizer come from `--config.init_from=FOLDER`, a Hugging Face GPT-2 folder
-(config.json, model.safetensors, vocab.json, merges.txt; docs/gpt2.md), read offline; the data is
+(config.json, model.safetensors, vocab.json, merges.txt; docs/nanogpt.md section 11), read offline; the data is
 the repository's Tiny Shakespeare (input_pipeline/data/tinyshakespeare/input.txt) encoded with the folder's BPE (text_corpus level "bpe":
 301,966 train / 36,059 val ids with GPT-2's vocabulary), prepared on first use. As nanoGPT: lr 3e-5
 constant (decay_lr False), 20 iterations (21 updates), batch 1 x 32 accumulation steps of 1024
