@@ -79,7 +79,7 @@ def test_learning_rate_is_nanogpts_get_lr():
 
 
 def test_first_evaluation_is_the_published_curves_first_point(shakespeare):
-  """Seed 1337, the CPU recipe's model: val at iteration 0 is 4.1649 (docs/nanogpt.md section 4),
+  """Seed 1337, the CPU recipe's model: val at iteration 0 is 4.1649 (docs/nanogpt.md section 6),
   and 3 updates lower the loss."""
   train_ids, val_ids, chars = shakespeare
   lines = []
