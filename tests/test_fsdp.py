@@ -108,19 +108,19 @@ def test_fsdp_step_equals_the_pmapped_step_after_ten_adamw_updates(monkeypatch, 
   assert not np.allclose(rep[0]["w1"], state0[0]["w1"])         # it trained
 
 
-def _trm_config(data_dir, layout, steps=6):
+def _trm_config(data_dir, layout, steps=10):
   c = cpu_demo.get_config("smoke")
   c.dataset.data_dir = str(data_dir)
   c.sharding = layout
   c.async_checkpoints = False
   c.total_steps = steps
-  c.checkpoint_every_steps = 3
+  c.checkpoint_every_steps = 5
   return c
 
 
 @pytest.fixture(scope="module")
 def trm_runs(tmp_path_factory):
-  """TRM's smoke config, 6 updates, in each layout; and the replicated run resumed from its step-3
+  """TRM's smoke config, 10 updates, in each layout; and the replicated run resumed from its step-5
   checkpoint under fsdp (a resume in the other layout). {name: (config, workdir, results)}."""
   root = tmp_path_factory.mktemp("trm_fsdp")
   runs = {}
@@ -130,10 +130,10 @@ def trm_runs(tmp_path_factory):
       c = _trm_config(root / "tfds", layout)
       workdir = str(root / layout)
       runs[layout] = (c, workdir, trm_train.train_and_evaluate(c, workdir))
-      if layout == "replicated":         # a copy that forgets step 6, to resume from step 3
+      if layout == "replicated":         # a copy that forgets step 10, to resume from step 5
         resumed = str(root / "replicated-then-fsdp")
         shutil.copytree(workdir, resumed)
-        shutil.rmtree(os.path.join(resumed, "checkpoints", "6"))
+        shutil.rmtree(os.path.join(resumed, "checkpoints", "10"))
     c = _trm_config(root / "tfds", "fsdp")
     runs["replicated-then-fsdp"] = (c, resumed, trm_train.train_and_evaluate(c, resumed))
   return runs
@@ -143,7 +143,7 @@ def _params(run, layout):
   c, workdir, _ = run
   with parallel.use_sharding(layout):
     step, p = trainer.restore_params(trm_train.TRM(), c, workdir)
-  assert step == 6
+  assert step == 10
   return p
 
 
@@ -209,7 +209,7 @@ def test_a_four_device_fsdp_checkpoint_restores_onto_two_devices(trm_runs, monke
   proc = subprocess.run([sys.executable, "-c", _RESTORE_ON_TWO, workdir, out, c.dataset.data_dir],
                         cwd=REPO, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "restored 6" in proc.stdout
+  assert "restored 10" in proc.stdout
   got = np.load(out)
   assert len(got.files) == len(want)
   for i, w in enumerate(want):
