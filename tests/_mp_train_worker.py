@@ -50,6 +50,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments.common import distributed  # noqa: E402
+from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.common import metrics as metrics_lib  # noqa: E402
 from experiments.common import parallel  # noqa: E402
 from experiments.common import trainer
@@ -149,7 +150,9 @@ def main() -> None:
 
   c = config(data_dir=f"{out_path}.tfds{info.process_index}")
   n_local = info.local_device_count
-  per_device = pipeline.per_device_batch_size(GLOBAL_BATCH, num_processes, n_local)   # 8 / devices
+  layout = layout_lib.batch_layout(c)
+  assert (layout.process_index, layout.hosts) == (info.process_index, num_processes)
+  per_device = layout.per_device_batch                                                # 8 / devices
   model = trm.TRMModel(train.model_config(c, METADATA))
   assert model.config.prefix_len == 16 and model.config.emb_ndim == c.model.hidden_size
   adam, sign = train.make_optimizers(c, total_steps=NUM_STEPS)
@@ -170,9 +173,7 @@ def main() -> None:
 
   # Evaluation as in train.train_and_evaluate's final run_eval (full test split).
   source = pipeline.DataSource.from_config(c.dataset, seed=c.seed)
-  assert (source.process_index, source.process_count) == (info.process_index, num_processes)
-  eval_iter = source.eval_batches(c.dataset.test_split, global_batch_size=c.global_batch_size,
-                                  local_device_count=n_local, subset_size=0)
+  eval_iter = source.eval_batches(c.dataset.test_split, layout=layout, subset_size=0)
   p_eval_step = parallel.pmap_step(train.make_eval_step(model, per_device, sharded=True),
                                    replicated_in=(0, 1), out_axes=0)
   assert c.ema                                # "eval" uses the EMA weights, as "direct" does

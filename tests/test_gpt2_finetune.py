@@ -14,6 +14,7 @@ import pytest
 from experiments.common import config_utils
 from experiments.common import errors
 from experiments.common import trainer
+from experiments.common import layout as layout_lib
 from experiments.common import safetensors_io as st
 from experiments.nanogpt import hf_gpt2
 from experiments.nanogpt import torch_rng
@@ -85,9 +86,10 @@ def test_iteration0_eval_is_the_imported_models_loss_on_nanogpts_windows(tiny_ru
   _, draws = torch_rng.init_params(folder_config, c.seed)    # nanoGPT's GPT(config) init, replayed
   data = train.TextData(c)
   stream = torch_rng.BatchStream(data.tokens["train"], data.tokens["val"], block_size=64,
-                                 batch_size=c.global_batch_size, grad_accum=c.grad_accum,
+                                 layout=layout_lib.batch_layout(c, devices=4, devices_per_host=4,
+                                                                check_num_devices=False),
                                  eval_interval=c.eval_interval, eval_iters=c.eval_iters,
-                                 init_draws=draws, seed=c.seed, local_device_count=4)
+                                 init_draws=draws, seed=c.seed)
   losses = {}
   for split in ("train", "val"):
     per_batch = []

@@ -167,7 +167,8 @@ def test_reference_recipe_fields():
   assert (c.weight_decay, c.puzzle_emb_weight_decay, c.global_batch_size, c.ema) == (
       1.0, 1.0, 768, True)
   # docs/trm.md section 4.5: 65,104 steps at batch 768 on 1000 training puzzles x 50000 epochs.
-  assert train.num_train_steps(c, 1000) == 65104
+  assert train.num_train_steps(c, layout.batch_layout(c, devices=8, devices_per_host=8,
+                                                     check_num_devices=False), 1000) == 65104
   a = sudoku_att.get_config()
   assert (a.model.mlp_t, a.model.pos_encodings) == (False, "rope")
 

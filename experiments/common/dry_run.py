@@ -193,10 +193,9 @@ def _fixes(experiment, config, target: tpu.Target):
                                                           loop_aware=False)[0][0]))
   per_device = tpu_layout(config, target).per_device_batch
   if per_device > 1:
-    half = per_device // 2 * target.num_devices
-    c = _with(config, lambda c: setattr(c, "global_batch_size", half))
+    c, flag = layout_lib.with_per_device_batch(config, per_device // 2, target.num_devices)
     out.append((f"half the per-device batch ({per_device // 2}; a deviation from the recipe)",
-                f"--config.global_batch_size={half}",
+                flag,
                 lambda c=c: compile_for_tpu(experiment, c, target, only=("train_step",),
                                             loop_aware=False)[0][0]))
   return out
@@ -224,13 +223,13 @@ def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -
     per_device = tpu_layout(config, target).per_device_batch
 
     def compile_at(b: int) -> tpu.Report:
-      c = _with(config, lambda c: setattr(c, "global_batch_size", b * target.num_devices))
+      c, _ = layout_lib.with_per_device_batch(config, b, target.num_devices)
       return compile_for_tpu(experiment, c, target, only=("train_step",), loop_aware=False)[0][0]
     found = tpu.search_batch(compile_at, 1, max(per_device * 64, 64))
     if found.batch is None:
       text.append("--search_batch: not even a per-device batch of 1 fits.")
     else:
-      c = _with(config, lambda c: setattr(c, "global_batch_size", found.batch * target.num_devices))
+      c, flag = layout_lib.with_per_device_batch(config, found.batch, target.num_devices)
       r = compile_for_tpu(experiment, c, target, only=("train_step",))[0][0]   # loops counted
       speed = (f", <= {r.items_per_s:,.0f} {r.item_name}/s" if r.items_per_s else "")
       mfu = f", MFU <= {100 * r.mfu:.0f}%" if r.mfu else ""
@@ -239,8 +238,7 @@ def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -
                     f"{per_device})" if base.items_per_s else "")
       text.append(
           f"--search_batch: the largest per-device batch that fits {target.name} is {found.batch} "
-          f"({tpu.margin_text(r)}){speed}{mfu}{base_speed}: --config.global_batch_size="
-          f"{found.batch * target.num_devices}. A batch other than the recipe's is a deviation: "
+          f"({tpu.margin_text(r)}){speed}{mfu}{base_speed}: {flag}. A batch other than the recipe's is a deviation: "
           "its published results were measured at the recipe's batch. "
           f"({len(found.tried) + 1} compiles)")
   train = reports[0]

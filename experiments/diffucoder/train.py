@@ -139,10 +139,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             "use e.g. 100")
   if config.min_lr > config.lr:
     raise E("min_lr", config.min_lr, f"is above lr={config.lr}", "use e.g. lr / 10")
-  if config.eval_windows <= 0 or config.eval_windows % config.global_batch_size:
-    raise E("eval_windows", config.eval_windows, "must be a positive multiple of global_batch_size="
-            f"{config.global_batch_size} (evaluated in batches of it)",
-            f"use {max(1, -(-config.eval_windows // config.global_batch_size)) * config.global_batch_size}")
+  layout_lib.check_batch_multiple(config, "eval_windows", "evaluated in batches of it")
   if config.eval_every_steps < 0:
     raise E("eval_every_steps", config.eval_every_steps, "must be >= 0", "use 0 (at the end only)")
 
@@ -185,14 +182,13 @@ class TextWindows:
       raise errors.ConfigError("seq_len", config.seq_len, f"the {ds.val_split} split has only "
                                f"{len(self.val)} tokens", f"use seq_len < {len(self.val)}")
 
-  def train_batches(self, config: ml_collections.ConfigDict, n_local: int, start_step: int):
-    """{"tokens": [local devices, grad_accum, per-device batch, L] int32} per update (random windows,
+  def train_batches(self, config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout,
+                    start_step: int):
+    """{"tokens": [local devices, accum, per-device batch, L] int32} per update (random windows,
     a pure function of (seed, host, step): resuming at start_step continues the same stream)."""
     for batch in text.window_iterator(
-        self.train, block_size=config.seq_len, global_batch_size=config.global_batch_size,
-        local_device_count=n_local, accum_steps=config.grad_accum, seed=config.seed,
-        process_index=jax.process_index(), process_count=jax.process_count(), stream="train",
-        start_step=start_step):
+        self.train, block_size=config.seq_len, layout=layout, accum=layout.accum, seed=config.seed,
+        stream="train", start_step=start_step):
       yield {"tokens": batch["x"]}
 
 
@@ -230,11 +226,11 @@ def model_forward(model: dream.DreamConfig) -> Callable[[Any, jax.Array], jax.Ar
 
 
 def make_train_step(model: dream.DreamConfig, tx: optax.GradientTransformation,
-                    config: ml_collections.ConfigDict):
+                    config: ml_collections.ConfigDict, accum: int):
   """(state, None, {"tokens": [A, b, L]}, device_index) -> (state, None, sums, finite): the
   per-device step of experiments/common/experiment.py. The masks of micro-step i of update k on
   device d come from fold_in(fold_in(fold_in(key(seed), k), d), i)."""
-  accum, eps, mask_id = config.grad_accum, float(config.eps), int(config.mask_id)
+  eps, mask_id = float(config.eps), int(config.mask_id)
   logits_fn = model_forward(model)
 
   def loss_fn(params, tokens, key):
@@ -280,7 +276,7 @@ def masked_token_eval(model: dream.DreamConfig, config: ml_collections.ConfigDic
                             out_axes=None)
   E, L = evalset["tokens"].shape
   g, per_host = layout.global_batch, layout.per_host_batch
-  lo = layout.process_index * per_host
+  lo = layout.host_rows[0]
   masked = evalset["masked"]
   uni_nll = -unigram[evalset["tokens"]]                                       # [E, L] float64
   uni_sum = float(np.sum(uni_nll * masked))
@@ -374,15 +370,15 @@ class MaskedDiffusion(experiment.Experiment):
       params = init()
       state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
     n_params = dream.count_params(model)
-    tokens = layout.global_batch * config.grad_accum * L
+    tokens = layout.examples_per_update * L
     example_batch = {"tokens": jax.ShapeDtypeStruct(
-        (n_local, config.grad_accum, layout.per_device_batch, L), jnp.int32)}
+        (n_local, layout.accum, layout.per_device_batch, L), jnp.int32)}
     summary = (f"{n_params:,} parameters (Dream: {model.num_layers} layers x {model.hidden_size}, "
                f"{model.num_heads}/{model.num_kv_heads} heads, SwiGLU {model.intermediate_size}, "
                f"vocab {model.vocab_size}, mask id {config.mask_id}, {model.dtype.name}); windows of "
                f"{L}; {config.total_steps:,} updates of {tokens:,} tokens")
     common = dict(
-        state=state, train_step=make_train_step(model, tx, config),
+        state=state, train_step=make_train_step(model, tx, config, layout.accum),
         total_steps=int(config.total_steps), example_batch=example_batch,
         train_scalars=functools.partial(train_scalars, config), progress=PROGRESS,
         parameters=f"number of parameters: {n_params:,}; {model}", summary=summary,
@@ -409,7 +405,7 @@ class MaskedDiffusion(experiment.Experiment):
           "dataset": config.dataset.name})
 
     return experiment.Build(
-        batches=lambda start: data.train_batches(config, n_local, start), evaluators=[evaluation],
+        batches=lambda start: data.train_batches(config, layout, start), evaluators=[evaluation],
         on_start=on_start, **common)
 
   def load_init(self, path: str, build: experiment.Build,

@@ -2,7 +2,7 @@
 
 The recipe of docs/nanogpt.md: AdamW (decay 0.1 on tensors with >= 2 dims only), global-norm
 clipping, linear warm-up + cosine to min_lr (`lr_at`, 0-based iteration), gradient accumulation over
-`grad_accum` micro-batches (a scan inside the step; loss / grad_accum), random windows of the token
+the layout's `accum` micro-batches (a scan inside the step; loss / accum), random windows of the token
 stream, evaluation of the mean train/val loss over `eval_iters` random batches every `eval_interval`
 iterations (iteration 0 included; dropout off), MFU against the device's peak (the trainer).
 `max_iters = N` performs N + 1 updates. `config.rng = "torch"` (default) starts from nanoGPT's
@@ -212,30 +212,24 @@ class TextData:
     The batch figures come from the run's layout."""
     return torch_rng.BatchStream(
         self.tokens[self.train_split], self.tokens[self.val_split],
-        block_size=config.model.block_size, batch_size=layout.global_batch,
-        grad_accum=layout.accum, eval_interval=config.eval_interval,
-        eval_iters=config.eval_iters, init_draws=init_draws, seed=config.seed,
-        local_device_count=layout.devices_per_host, process_index=layout.process_index,
-        process_count=layout.hosts)
+        block_size=config.model.block_size, layout=layout, eval_interval=config.eval_interval,
+        eval_iters=config.eval_iters, init_draws=init_draws, seed=config.seed)
 
   def stream(self, split: str, stream: str, *, config, layout: layout_lib.BatchLayout, accum: int,
              start_step: int):
     """Random-window batches of `split` for this host; the batch figures come from the layout."""
     return text.window_iterator(
-        self.tokens[split], block_size=config.model.block_size,
-        global_batch_size=layout.global_batch, local_device_count=layout.devices_per_host,
-        accum_steps=accum, seed=config.seed, process_index=layout.process_index,
-        process_count=layout.hosts, stream=stream, start_step=start_step)
+        self.tokens[split], block_size=config.model.block_size, layout=layout, accum=accum,
+        seed=config.seed, stream=stream, start_step=start_step)
 
 
 # --------------------------------------------------------------------------------------------------
 # Steps.
 
 def make_train_step(model: gpt.GPTModel, tx: optax.GradientTransformation,
-                    config: ml_collections.ConfigDict):
+                    config: ml_collections.ConfigDict, accum: int):
   """(state, device_state (None), batch [A, b, T] x/y, device_index) -> (state, None, sums, finite);
-  the per-device step of experiments/common/experiment.py."""
-  accum = config.grad_accum
+  the per-device step of experiments/common/experiment.py (A = `accum`, the layout's)."""
   dropout = model.config.dropout > 0
 
   def loss_fn(params, batch, rng):
@@ -352,7 +346,7 @@ class NanoGPT(experiment.Experiment):
     T = model.block_size
     shape = (n_local, layout.accum, layout.per_device_batch, T)
     example_batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32) for k in "xy"}
-    tokens = layout.global_batch * config.grad_accum * T
+    tokens = layout.examples_per_update * T
     flops = gpt.flops_per_token(model, n_params) * tokens
     eval_batch = {k: jax.ShapeDtypeStruct((n_local, 1, layout.per_device_batch, T), jnp.int32)
                   for k in "xy"}
@@ -361,7 +355,7 @@ class NanoGPT(experiment.Experiment):
         items=layout.global_batch * T,
         flops=gpt.flops_per_token(model, n_params) / 3 * layout.global_batch * T)} if abstract else {}
     common = dict(
-        state=state, train_step=make_train_step(gpt_model, tx, config),
+        state=state, train_step=make_train_step(gpt_model, tx, config, layout.accum),
         total_steps=config.max_iters + 1, example_batch=example_batch,
         train_scalars=functools.partial(train_scalars, config), progress=PROGRESS,
         parameters=f"number of parameters: {n_params / 1e6:.2f}M ({n_params:,}); {model}",

@@ -88,9 +88,8 @@ class DeviceState(NamedTuple):
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """TRM's value checks (field names are checked by the trainer against configs/base.py)."""
   E = errors.ConfigError
-  if config.grad_accum != 1:
-    raise E("grad_accum", config.grad_accum, "TRM has no gradient accumulation (one optimizer step "
-            "is one ACT step of every slot)", "use 1")
+  layout_lib.check_no_accum(config, "TRM has no gradient accumulation (one optimizer step is one "
+                            "ACT step of every slot)")
   if config.eval_every_steps <= 0 and config.eval_interval_epochs <= 0:
     raise E("eval_every_steps", config.eval_every_steps,
             "no evaluation interval: eval_interval_epochs is also <= 0",
@@ -126,17 +125,19 @@ def epoch_examples(metadata: Dict[str, Any], num_train_rows: int) -> int:
   return num_train_rows
 
 
-def num_train_steps(config: ml_collections.ConfigDict, num_train_examples: int) -> int:
-  """docs/trm.md section 4.5: int(epochs * total_groups * mean_puzzle_examples / global_batch_size)."""
+def num_train_steps(config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout,
+                    num_train_examples: int) -> int:
+  """docs/trm.md section 4.5: int(epochs * total_groups * mean_puzzle_examples / global batch)."""
   if config.total_steps > 0:
     return int(config.total_steps)
-  return int(config.epochs * num_train_examples / config.global_batch_size)
+  return layout.updates_for(config.epochs * num_train_examples)
 
 
-def eval_every_steps(config: ml_collections.ConfigDict, num_train_examples: int) -> int:
+def eval_every_steps(config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout,
+                     num_train_examples: int) -> int:
   if config.eval_every_steps > 0:
     return int(config.eval_every_steps)
-  return max(1, int(config.eval_interval_epochs * num_train_examples / config.global_batch_size))
+  return max(1, layout.updates_for(config.eval_interval_epochs * num_train_examples))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -355,13 +356,13 @@ def evaluate(p_eval_step, state: TrainState, eval_batches, use_ema: bool, *,
 
 
 
-def train_scalars(config: ml_collections.ConfigDict, total_steps: int, sums: Dict[str, float],
-                  n: int, step: int) -> Dict[str, float]:
+def train_scalars(config: ml_collections.ConfigDict, global_batch: int, total_steps: int,
+                  sums: Dict[str, float], n: int, step: int) -> Dict[str, float]:
   """The log window's train/ scalars: ratios per example, losses per example, mean grad norm, lr."""
   sums = dict(sums)
   grad_norm = sums.pop("grad_norm", 0.0) / max(n, 1)
   scalars = metrics_lib.ratios(sums, count_key="count", ratio_keys=RATIO_METRICS,
-                               divisors={k: config.global_batch_size * n for k in LOSS_METRICS},
+                               divisors={k: global_batch * n for k in LOSS_METRICS},
                                prefix="train/")
   scalars["train/grad_norm"] = grad_norm
   scalars["train/lr"] = float(optim.warmup_cosine_lr(step, config.lr, config.lr_warmup_steps,
@@ -487,17 +488,15 @@ class TRM(experiment.Experiment):
       data, meta = None, _abstract_metadata(config)
       num_train = _abstract_num_train(config, meta)
     else:
-      data = pipeline.DataSource.from_config(ds, seed=config.seed,
-                                             process_index=layout.process_index,
-                                             process_count=layout.hosts)
+      data = pipeline.DataSource.from_config(ds, seed=config.seed)
       meta = data.metadata()
       num_train = epoch_examples(meta, data.num_examples(ds.train_split))
     model = trm.TRMModel(model_config(config, meta, cpu_tuning.kernels(layout.cpu_tuning)))
     if num_train is None:      # a dry run of an unprepared dataset without size knobs
       total_steps, eval_every = max(int(config.total_steps), 0), 1
     else:
-      total_steps = num_train_steps(config, num_train)
-      eval_every = eval_every_steps(config, num_train)
+      total_steps = num_train_steps(config, layout, num_train)
+      eval_every = eval_every_steps(config, layout, num_train)
     adam, sign = make_optimizers(config, max(total_steps, 1))
     shard = bool(config.shard_puzzle_table)
     has_table = model.config.prefix_len > 0
@@ -540,7 +539,7 @@ class TRM(experiment.Experiment):
         compiler_options=options, state=state, device_state=device_state,
         train_step=make_train_step(model, adam, sign, config, b, slices),
         total_steps=total_steps, example_batch=example_batch,
-        train_scalars=functools.partial(train_scalars, config, total_steps), progress=PROGRESS,
+        train_scalars=functools.partial(train_scalars, config, layout.global_batch, total_steps), progress=PROGRESS,
         items_per_step=layout.global_batch, flops_per_step=flops.total * layout.global_batch,
         model_config=model.config, get_params=get_params,
         set_params=set_params, nonfinite_order=NONFINITE_ORDER,
@@ -557,8 +556,7 @@ class TRM(experiment.Experiment):
     logging_text = parameter_table(state, model, layout.devices)
 
     def batches(start_step: int):
-      it = data.train_iterator(global_batch_size=layout.global_batch,
-                               local_device_count=n_local, start_step=start_step)
+      it = data.train_iterator(layout=layout, start_step=start_step)
       return ({k: batch[k] for k in ("inputs", "labels", "puzzle_identifiers")} for batch in it)
 
     scorers = evaluators_lib.make_scorers(
@@ -572,8 +570,7 @@ class TRM(experiment.Experiment):
 
     def run_test(ctx: experiment.EvalContext) -> Dict[str, float]:
       full = ctx.final or config.eval_subset == 0
-      batches_ = data.eval_batches(ds.test_split, global_batch_size=layout.global_batch,
-                                   local_device_count=n_local,
+      batches_ = data.eval_batches(ds.test_split, layout=layout,
                                    subset_size=0 if full else config.eval_subset)
       parts = []
       collect = None

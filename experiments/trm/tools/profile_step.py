@@ -89,6 +89,7 @@ import ml_collections  # noqa: E402
 from experiments.common import distributed  # noqa: E402
 from experiments.common import dry_run  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
+from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.common import tpu  # noqa: E402
 from experiments.common import trainer  # noqa: E402
 from experiments.trm import cpu_tuning  # noqa: E402
@@ -705,7 +706,8 @@ def main(argv: Sequence[str]) -> int:
     t0 = time.perf_counter()
     lowered, compiled = tpu_train_step(config, args.tpu)
     print(f"model {args.model}, {config.model.forward_dtype}, global batch "
-          f"{config.global_batch_size}, compiled for {args.tpu} in {time.perf_counter() - t0:.1f} s")
+          f"{layout_lib.configured_batch(config)}, compiled for {args.tpu} in "
+          f"{time.perf_counter() - t0:.1f} s")
     print(tpu_hlo_report(lowered, compiled, f"training step ({args.tpu})", top=args.top))
     return 0
   if args.cpu_tuning and jax.default_backend() == "cpu":
