@@ -162,7 +162,8 @@ def main() -> None:
                                                         info.device_count, shard_table=True))
   device_index = parallel.shard(parallel.device_indices())
   p_step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, c, per_device),
-                                      c.nonfinite)
+                                      c.nonfinite, seed=c.seed,
+                                      rng_step_offset=train.TRM.rng_step_offset)
 
   batches = global_batches()
   metrics = []

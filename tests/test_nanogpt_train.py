@@ -87,7 +87,7 @@ def test_gradient_accumulation_equals_the_big_batch():
   for accum, batch in ((4, x), (1, x.reshape(n, 1, 8, 9))):
     c.grad_accum = accum
     step = trainer.parallel_train_step(train.make_train_step(model, tx, c, accum), c.nonfinite,
-                                       donate=False)
+                                       seed=c.seed, donate=False)
     state = parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
     b = parallel.shard({"x": batch[..., :-1], "y": batch[..., 1:]})
     new, _, sums = step(state, None, b, parallel.shard(parallel.device_indices()))
@@ -124,7 +124,7 @@ def test_train_steps_match_a_torch_nanogpt_step():
                           lr=c.lr, betas=(c.beta1, c.beta2), eps=1e-8)
   n = jax.local_device_count()
   step = trainer.parallel_train_step(train.make_train_step(model, tx, c, c.grad_accum), c.nonfinite,
-                                     donate=False)
+                                     seed=c.seed, donate=False)
   state = parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
   rng = np.random.default_rng(0)
   for it in range(5):

@@ -114,7 +114,8 @@ def test_training_on_a_fixed_batch_lowers_the_loss():
   state = parallel.replicate(train.init_state(model, adam, sign, seed=0))
   carry = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count()))
   step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, config, per_device),
-                                      config.nonfinite)
+                                      config.nonfinite, seed=config.seed,
+                                      rng_step_offset=train.TRM.rng_step_offset)
   batch, dev = parallel.shard(batch), parallel.shard(parallel.device_indices())
   losses = []
   for _ in range(30):
@@ -322,7 +323,8 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
     dstate = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count(),
                                                     shard_table=shard))
     step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, config, per_device),
-                                      config.nonfinite)
+                                      config.nonfinite, seed=config.seed,
+                                      rng_step_offset=train.TRM.rng_step_offset)
     rng = np.random.default_rng(0)
     for _ in range(4):         # ids 0..9 over 4 devices of R = 3 rows: every shard gets updates
       ids = rng.integers(0, num_ids, (n, per_device)).astype(np.int32)
@@ -380,7 +382,8 @@ def test_batch_slices_give_the_whole_batch_step(tmp_path, kernels):
     state = parallel.replicate(train.init_state(model, adam, sign, seed=0))
     dstate = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count()))
     step = trainer.parallel_train_step(
-        train.make_train_step(model, adam, sign, config, per_device, slices), config.nonfinite)
+        train.make_train_step(model, adam, sign, config, per_device, slices), config.nonfinite,
+        seed=config.seed, rng_step_offset=train.TRM.rng_step_offset)
     history = []
     for _ in range(3):
       state, dstate, sums = step(state, dstate, batch, dev)

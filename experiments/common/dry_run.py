@@ -75,11 +75,13 @@ def widen(tree: Any, n: int) -> Any:
   return jax.tree.map(lambda s: jax.ShapeDtypeStruct((n,) + tuple(s.shape[1:]), s.dtype), tree)
 
 
-def programs(b: experiment_lib.Build, config: ml_collections.ConfigDict,
+def programs(experiment: experiment_lib.Experiment, b: experiment_lib.Build,
+             config: ml_collections.ConfigDict,
              layout: layout_lib.BatchLayout) -> Dict[str, experiment_lib.Program]:
   """The run's programs: the trainer's training step and the experiment's evaluation steps."""
   out = {"train_step": experiment_lib.Program(
-      trainer.guarded_step(b.train_step, config.nonfinite),
+      trainer.guarded_step(b.train_step, config.nonfinite, seed=config.seed,
+                           rng_step_offset=experiment.rng_step_offset),
       (b.state, b.device_state, b.example_batch,
        jax.ShapeDtypeStruct((layout.devices_per_host,), jnp.int32)),
       replicated_in=(0,), out_axes=(None, 0, 0), donate_argnums=(0, 1),
@@ -117,7 +119,7 @@ def _cpu_report(experiment: experiment_lib.Experiment, config: ml_collections.Co
   ]
   if b.summary:
     rows += [("model", line) for line in b.summary.splitlines()]
-  for pname, p in programs(b, config, layout).items():
+  for pname, p in programs(experiment, b, config, layout).items():
     compiled, seconds = compile_program(p, compiler_options=dict(b.compiler_options))
     mem = compiled.memory_analysis()
     text = f"compile {seconds:.1f} s"
@@ -162,7 +164,7 @@ def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collection
   layout = tpu_layout(config, target)
   b = experiment.build(config, layout, abstract=True)
   reports = []
-  for pname, p in programs(b, config, layout).items():
+  for pname, p in programs(experiment, b, config, layout).items():
     if only is not None and pname not in only:
       continue
     args = _per_device(p)

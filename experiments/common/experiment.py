@@ -157,6 +157,9 @@ class Experiment:
   """Base class of an experiment; see the module doc. Override `base_config` and `build`."""
 
   name = "experiment"
+  # The step number the trainer folds into the first update's rng (trainer.step_rng): 0 counts
+  # updates from 0 (nanoGPT's iteration), 1 from 1 (TRM's reference).
+  rng_step_offset = 0
 
   def base_config(self) -> ml_collections.ConfigDict:
     raise NotImplementedError(f"{type(self).__name__} must define base_config()")

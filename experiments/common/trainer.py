@@ -104,9 +104,20 @@ def _floating_leaves_finite(tree: Any) -> jax.Array:
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
-def guarded_step(train_step: Callable[..., Any], nonfinite: str) -> Callable[..., Any]:
-  """The experiment's per-device step with the non-finite guard: (state, device_state, batch,
-  device_index) -> (state, device_state, metrics + {"nonfinite_steps", "nonfinite_state"}).
+def step_rng(seed: int, step: jax.Array, device_index: jax.Array) -> jax.Array:
+  """The rng of one device's update: fold_in(fold_in(key(seed), step), device_index). The one place
+  a step's rng is derived (jaxline: the trainer passes it in); `step` is the update's number as the
+  experiment counts it (`Experiment.rng_step_offset`)."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step), device_index)
+
+
+def guarded_step(train_step: Callable[..., Any], nonfinite: str, *, seed: int,
+                 rng_step_offset: int = 0) -> Callable[..., Any]:
+  """The experiment's per-device step with its rng and the non-finite guard: (state, device_state,
+  batch, device_index) -> (state, device_state, metrics + {"nonfinite_steps", "nonfinite_state"}).
+
+  The experiment's `train_step(state, device_state, batch, rng)` gets `step_rng(seed, state.step +
+  rng_step_offset, device_index)`; the device index itself is `parallel.device_index()` inside it.
 
   A step is finite when the experiment says so (loss and gradients) and every floating leaf of the
   new state is finite (an update can overflow with finite gradients); the per-device state is checked
@@ -115,8 +126,10 @@ def guarded_step(train_step: Callable[..., Any], nonfinite: str) -> Callable[...
   the step, so the next update sees new data).
   """
   def step(state, device_state, batch, device_index):
-    new_state, new_device_state, metrics, finite = train_step(state, device_state, batch,
-                                                              device_index)
+    count = state.step + rng_step_offset if rng_step_offset else state.step
+    with parallel.step_device_index(device_index):
+      new_state, new_device_state, metrics, finite = train_step(
+          state, device_state, batch, step_rng(seed, count, device_index))
     state_finite = _floating_leaves_finite(new_state)
     if jax.tree.leaves(new_device_state):
       local = _floating_leaves_finite(new_device_state).astype(jnp.int32)
@@ -193,15 +206,19 @@ def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransforma
                 jnp.isfinite(loss) & jnp.isfinite(grad_norm))
 
 
-def parallel_train_step(train_step: Callable[..., Any], nonfinite: str, *,
+def parallel_train_step(train_step: Callable[..., Any], nonfinite: str, *, seed: int,
+                        rng_step_offset: int = 0,
                         devices: Optional[Sequence[Any]] = None,
                         donate: bool = True,
                         compiler_options: Optional[Mapping[str, str]] = None
                         ) -> Callable[..., Any]:
-  """`guarded_step` pmapped: state replicated (in and out), per-device state and batch sharded,
+  """`guarded_step` pmapped: (state, device_state, batch, parallel.device_indices() sharded) ->
+  (state, device_state, metrics); state replicated (in and out), per-device state and batch sharded,
   state and per-device state donated (`donate=False` keeps the inputs, e.g. for tests that reuse
-  them); `compiler_options`: the Build's XLA options (`parallel.pmap_step`)."""
-  return parallel.pmap_step(guarded_step(train_step, nonfinite), replicated_in=(0,),
+  them); `seed`, `rng_step_offset`: the step rng (`guarded_step`); `compiler_options`: the Build's
+  XLA options (`parallel.pmap_step`)."""
+  return parallel.pmap_step(guarded_step(train_step, nonfinite, seed=seed,
+                                         rng_step_offset=rng_step_offset), replicated_in=(0,),
                             out_axes=(None, 0, 0), donate_argnums=(0, 1) if donate else (),
                             devices=devices, compiler_options=dict(compiler_options or {}))
 
@@ -470,7 +487,8 @@ class _Run:
       notice = cpu_features.bf16_notice(compute_dtype(self.b.model_config))
       if notice:
         logging.warning("%s", notice)
-    self.p_step = parallel_train_step(self.b.train_step, config.nonfinite,
+    self.p_step = parallel_train_step(self.b.train_step, config.nonfinite, seed=config.seed,
+                                      rng_step_offset=experiment.rng_step_offset,
                                       compiler_options=self.b.compiler_options)
     self.device_index = parallel.shard(parallel.device_indices())
     self.ckpt = checkpointing.CheckpointManager(

@@ -227,9 +227,9 @@ def model_forward(model: dream.DreamConfig) -> Callable[[Any, jax.Array], jax.Ar
 
 def make_train_step(model: dream.DreamConfig, tx: optax.GradientTransformation,
                     config: ml_collections.ConfigDict, accum: int):
-  """(state, None, {"tokens": [A, b, L]}, device_index) -> (state, None, sums, finite): the
-  per-device step of experiments/common/experiment.py. The masks of micro-step i of update k on
-  device d come from fold_in(fold_in(fold_in(key(seed), k), d), i)."""
+  """(state, None, {"tokens": [A, b, L]}, rng) -> (state, None, sums, finite): the per-device step
+  of experiments/common/experiment.py. The masks of micro-step i come from fold_in(rng, i) (the
+  trainer's rng of update k on device d: fold_in(fold_in(key(seed), k), d))."""
   eps, mask_id = float(config.eps), int(config.mask_id)
   logits_fn = model_forward(model)
 
@@ -237,11 +237,9 @@ def make_train_step(model: dream.DreamConfig, tx: optax.GradientTransformation,
     noisy, masked, t = noise(key, tokens, eps, mask_id)
     return masked_diffusion_loss(logits_fn(params, noisy), tokens, masked, t)
 
-  def train_step(state: TrainState, device_state, batch, device_index):
-    base = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), state.step),
-                              device_index)
+  def train_step(state: TrainState, device_state, batch, rng):
     u = trainer.accumulated_update(loss_fn, tx, state.params, state.opt_state, batch["tokens"],
-                                   accum, base)
+                                   accum, rng)
     metrics = {"loss": u.loss, "grad_norm": u.grad_norm,
                "masked_ce": u.sums["masked_nll"] / jnp.maximum(u.sums["masked"], 1.0)}
     return TrainState(state.step + 1, u.params, u.opt_state), device_state, metrics, u.finite

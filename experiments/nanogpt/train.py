@@ -228,19 +228,18 @@ class TextData:
 
 def make_train_step(model: gpt.GPTModel, tx: optax.GradientTransformation,
                     config: ml_collections.ConfigDict, accum: int):
-  """(state, device_state (None), batch [A, b, T] x/y, device_index) -> (state, None, sums, finite);
-  the per-device step of experiments/common/experiment.py (A = `accum`, the layout's)."""
+  """(state, device_state (None), batch [A, b, T] x/y, rng) -> (state, None, sums, finite); the
+  per-device step of experiments/common/experiment.py (A = `accum`, the layout's; micro-step i
+  draws its dropout from fold_in(rng, i))."""
   dropout = model.config.dropout > 0
 
   def loss_fn(params, batch, rng):
     logits = model.apply(params, batch["x"], rng if dropout else None, is_training=dropout)
     return gpt.cross_entropy(logits, batch["y"]), {}
 
-  def train_step(state: TrainState, device_state, batch, device_index):
-    base = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), state.step),
-                              device_index)
+  def train_step(state: TrainState, device_state, batch, rng):
     u = trainer.accumulated_update(loss_fn, tx, state.params, state.opt_state,
-                                   {"x": batch["x"], "y": batch["y"]}, accum, base)
+                                   {"x": batch["x"], "y": batch["y"]}, accum, rng)
     new = TrainState(step=state.step + 1, params=u.params, opt_state=u.opt_state)
     sums = {"loss": u.loss, "grad_norm": u.grad_norm, "steps": jnp.ones(())}
     return new, device_state, sums, u.finite   # the trainer adds the skip policy

@@ -196,9 +196,10 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
                     per_device_batch: int, slices: int = 1):
   """The per-device training step (pmapped by the caller).
 
-  (state, device_state, batch, device_index) -> (state, device_state, metric sums psummed over all
-  devices, finite) as experiments/common/experiment.py describes. `device_index`: this device's
-  global index (parallel.device_indices()). `slices` > 1 (config.batch_slices): the forward and
+  (state, device_state, batch, rng) -> (state, device_state, metric sums psummed over all devices,
+  finite) as experiments/common/experiment.py describes; `rng` folds in the 1-based step
+  (`TRM.rng_step_offset`), as the reference's; the sharded table reads this device's global index
+  (parallel.device_index()). `slices` > 1 (config.batch_slices): the forward and
   backward passes run on that many equal slices of the device's batch, one slice after another, and
   the parameter gradients are summed over them. Every example's recursion is independent of the
   others', so the recursion's values, the halting, the loss and the metrics are the whole batch's;
@@ -220,10 +221,10 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
                                           loss_divisor=per_device_batch)
     return loss, (z_H, z_L, logits, q_halt, q_cont)
 
-  def train_step(state: TrainState, device_state: DeviceState, batch, device_index):
+  def train_step(state: TrainState, device_state: DeviceState, batch, rng):
     carry, shard = device_state
     step = state.step + 1                                        # 1-based optimizer step
-    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), step), device_index)
+    device_index = parallel.device_index() if shard is not None else None
     carry = trm.act_reset(carry, batch, *model.latents(state.model_state))
     data = carry.current_data
     if shard is not None and cfg.prefix_len:                     # [B, E] from the sharded table
@@ -471,6 +472,7 @@ class TRM(experiment.Experiment):
   """Tiny Recursive Models (docs/trm.md) on the shared trainer."""
 
   name = "trm"
+  rng_step_offset = 1        # the reference folds the 1-based step into the halting exploration
 
   def base_config(self) -> ml_collections.ConfigDict:
     reference = base_config.get_config()

@@ -178,7 +178,7 @@ def _jax_run(c, spec: str, warmup: int) -> dict:
   state, _ = built.init()
   n_params = gpt.num_params(state.params)
   n = layout.devices_per_host
-  step = trainer.parallel_train_step(built.train_step, c.nonfinite)
+  step = trainer.parallel_train_step(built.train_step, c.nonfinite, seed=c.seed)
   box = {"state": parallel.replicate(state)}
   rng = np.random.default_rng(0)
   T, b = cfg.block_size, layout.per_device_batch

@@ -225,7 +225,7 @@ def gpt_side(side: str, batch: int, *, steps: int, warmup: int, quick: bool = Fa
     w = window.reshape(n, 1, layout.per_device_batch, T + 1)
     data = parallel.shard({"x": w[..., :-1], "y": w[..., 1:]})
     di = parallel.shard(parallel.device_indices())
-    step = trainer.parallel_train_step(built.train_step, c.nonfinite)
+    step = trainer.parallel_train_step(built.train_step, c.nonfinite, seed=c.seed)
     box = {"state": parallel.replicate(state)}
 
     def one() -> float:
