@@ -75,6 +75,8 @@ from input_pipeline import datasets
 from input_pipeline import errors
 from input_pipeline import prepare
 from input_pipeline import puzzles
+from input_pipeline import text
+from input_pipeline.datasets import text_corpus
 from input_pipeline.puzzles import augment
 
 _ALG = "philox"
@@ -495,6 +497,24 @@ def create_eval_iterator(
 # A job's dataset.
 
 
+def builder_kwargs(dataset_config: Any) -> dict[str, Any]:
+  """The builder kwargs of a config's dataset section: `builder_kwargs` (knobs) plus
+  `builder_config` (a preset name, "" = none) as "config"."""
+  kwargs = dataset_config.get("builder_kwargs") or {}
+  kwargs = dict(kwargs.to_dict() if hasattr(kwargs, "to_dict") else kwargs)
+  if dataset_config.get("builder_config", ""):
+    kwargs["config"] = dataset_config.get("builder_config")
+  return kwargs
+
+
+def dataset_metadata(dataset_config: Any) -> dict:
+  """`datasets.get_metadata` of a config's dataset: its static facts, plus the split sizes and the
+  data's own facts (a text vocabulary, ARC's ids) once it is prepared. Reads no examples and
+  prepares nothing: what a build sizes the run with (a dry run of unprepared data included)."""
+  return datasets.get_metadata(dataset_config.get("name"), builder_kwargs(dataset_config),
+                               dataset_config.get("data_dir"))
+
+
 @dataclasses.dataclass
 class DataSource:
   """One dataset of one job: where it lives and its config.
@@ -513,10 +533,7 @@ class DataSource:
   def from_config(cls, dataset_config: Any, seed: int) -> "DataSource":
     """From a config section with `name`, `data_dir`, `builder_kwargs` (knobs) and optionally
     `builder_config` (a preset name, "" = none), `manual_dir` and `prepare_if_missing`."""
-    kwargs = dataset_config.get("builder_kwargs") or {}
-    kwargs = dict(kwargs.to_dict() if hasattr(kwargs, "to_dict") else kwargs)
-    if dataset_config.get("builder_config", ""):
-      kwargs["config"] = dataset_config.get("builder_config")
+    kwargs = builder_kwargs(dataset_config)
     source = cls(name=dataset_config.get("name"), data_dir=dataset_config.get("data_dir"),
                  builder_kwargs=kwargs, seed=seed,
                  group_sampling=bool(dataset_config.get("group_sampling", True)))
@@ -564,3 +581,25 @@ class DataSource:
           self.data_dir, self.name, self.builder_kwargs, layout=layout, split=split,
           subset_size=subset, subset_seed=subset_seed)
     return self._eval_cache[key]
+
+
+class TextSplits:
+  """A prepared text dataset's train and val token arrays on this host, and their random-window
+  streams (input_pipeline/text.py): the language models' data (nanoGPT, masked diffusion)."""
+
+  def __init__(self, dataset_config: Any, seed: int):
+    self.seed = seed
+    source = DataSource.from_config(dataset_config, seed=seed)
+    builder = prepared_builder(source.data_dir, source.name, source.builder_kwargs)
+    self.vocab = text_corpus.vocab_of(builder)
+    self.vocab_size = int(builder.info.metadata["vocab_size"])
+    self.train_split, self.val_split = dataset_config.train_split, dataset_config.val_split
+    self.tokens = {s: text_corpus.load_tokens(builder, s) for s in (self.train_split,
+                                                                    self.val_split)}
+
+  def windows(self, split: str, stream: str, *, block_size: int, layout: Any, accum: int,
+              start_step: int) -> Iterator[Batch]:
+    """Random windows {"x", "y"} [D, accum, b, block_size] of `split` for this host, from
+    `start_step` on (text.window_iterator; the figures come from the layout)."""
+    return text.window_iterator(self.tokens[split], block_size=block_size, layout=layout,
+                                accum=accum, seed=self.seed, stream=stream, start_step=start_step)

@@ -85,7 +85,7 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
   config = make(4 * jax.local_device_count())
   cpu = layout_lib.batch_layout(config, platform="cpu")
   assert cpu.cpu_tuning
-  b = experiment().build(config, cpu, abstract=True)
+  b = experiment().build(config, cpu)
   assert b.model_config.kernels == "xla_cpu"
   if family == "trm":
     f = b.model_config.forms
@@ -98,7 +98,7 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
   t = tpu.parse_target("v4-8")
   on_tpu = dry_run.tpu_layout(config, t)
   assert not on_tpu.cpu_tuning
-  b = experiment().build(config, on_tpu, abstract=True)
+  b = experiment().build(config, on_tpu)
   assert b.model_config.kernels == "default"
   if family == "trm":
     assert b.model_config.forms == xla_cpu.Forms()            # no form at all

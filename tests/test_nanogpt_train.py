@@ -208,7 +208,7 @@ def test_torch_rng_run_is_nanogpt_run_in_torch(tmp_path):
   c.allow_config_change = True
   ours = train.train_and_evaluate(c, str(tmp_path / "work"))["val_curve"]
 
-  data = train.TextData(c)
+  data = train.text_data(c)
   splits = {"train": data.tokens["train"], "val": data.tokens["val"]}
   T, B, A = c.model.block_size, c.global_batch_size, c.grad_accum
   torch.manual_seed(c.seed)

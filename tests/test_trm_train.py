@@ -17,6 +17,7 @@ from experiments.common import parallel
 from experiments.common import layout
 from experiments.common import trainer
 from experiments.trm import cpu_tuning
+from experiments.trm import evaluators
 from experiments.trm import train
 from experiments.trm.configs import arc1_att, arc2_att, base, cpu_demo, maze_att
 from experiments.trm.configs import sudoku_att, sudoku_mlp, v4_64
@@ -111,7 +112,7 @@ def test_training_on_a_fixed_batch_lowers_the_loss():
   batch = {"inputs": sudoku.grid_to_tokens(puzzles).reshape(n, per_device, 81).astype(np.int32),
            "labels": sudoku.grid_to_tokens(solutions).reshape(n, per_device, 81).astype(np.int32),
            "puzzle_identifiers": np.zeros((n, per_device), np.int32)}
-  state = parallel.replicate(train.init_state(model, adam, sign, seed=0))
+  state = parallel.replicate(train.init_state(model, adam, sign, jax.random.key(0)))
   carry = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count()))
   step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, config, per_device),
                                       config.nonfinite, seed=config.seed,
@@ -312,14 +313,14 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
   rng = np.random.default_rng(0)
   puzzles, solutions = sudoku.generate_puzzles(n * per_device, seed=5, givens=45)
   dev = parallel.shard(parallel.device_indices())
-  text = train.parameter_table(train.init_state(model, adam, sign, seed=0, shard_table=True),
+  text = train.parameter_table(train.init_state(model, adam, sign, jax.random.key(0), shard_table=True),
                                    model, num_devices=4)
   assert (f"Puzzle-embedding table (SignSGD, not counted above): ({num_ids}, "
           f"{config.model.hidden_size}) = {num_ids * config.model.hidden_size:,}, sharded: 3 rows "
           "on each of 4 devices") in text
   results = {}
   for shard in (False, True):
-    state = parallel.replicate(train.init_state(model, adam, sign, seed=0, shard_table=shard))
+    state = parallel.replicate(train.init_state(model, adam, sign, jax.random.key(0), shard_table=shard))
     dstate = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count(),
                                                     shard_table=shard))
     step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, config, per_device),
@@ -333,12 +334,12 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
           "labels": sudoku.grid_to_tokens(solutions).reshape(n, per_device, 81).astype(np.int32),
           "puzzle_identifiers": ids})
       state, dstate, sums = step(state, dstate, batch, dev)
-    eval_step = parallel.pmap_step(train.make_eval_step(model, per_device, sharded=shard),
+    eval_step = parallel.pmap_step(evaluators.make_eval_step(model, per_device, sharded=shard),
                                    replicated_in=(0, 1) if shard else (0, 1, 2), out_axes=0)
     eval_batch = {"inputs": np.asarray(batch["inputs"]), "labels": np.asarray(batch["labels"]),
                   "puzzle_identifiers": np.asarray(batch["puzzle_identifiers"]),
                   "mask": np.ones((n, per_device), bool)}
-    ev = train.evaluate(eval_step, state, [eval_batch], use_ema=True,
+    ev = evaluators.evaluate(eval_step, state, [eval_batch], use_ema=True,
                         table=dstate.puzzle_shard if shard else None, device_index=dev)
     host = parallel.unreplicate(state)
     table = train.host_puzzle_table(host.puzzle_table, dstate, num_ids)
@@ -379,7 +380,7 @@ def test_batch_slices_give_the_whole_batch_step(tmp_path, kernels):
   dev = parallel.shard(parallel.device_indices())
   runs = {}
   for slices in (1, 2):
-    state = parallel.replicate(train.init_state(model, adam, sign, seed=0))
+    state = parallel.replicate(train.init_state(model, adam, sign, jax.random.key(0)))
     dstate = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count()))
     step = trainer.parallel_train_step(
         train.make_train_step(model, adam, sign, config, per_device, slices), config.nonfinite,

@@ -3,7 +3,8 @@ r"""`--dry_run`: compile a config's programs for its pod before spending pod tim
   python -m experiments.trm.main --config=configs/v4_64.py --dry_run              # the config's target
   python -m experiments.trm.main --config=configs/v4_64.py --dry_run --target=cpu # one host, fake CPUs
 
-The experiment is built abstractly (`Experiment.build(..., abstract=True)`: shapes only, no data read,
+The experiment is built without its data (`Experiment.build` reads none; the state's shapes are
+`jax.eval_shape` of its init: trainer.abstract_state; no data read,
 no memory) with the batch layout of the target, and the REAL programs are compiled: the training step
 exactly as the trainer pmaps it (experiments/common/trainer.py `parallel_train_step`: the non-finite
 guard, donation, replicated state) and the experiment's evaluation steps.
@@ -79,14 +80,16 @@ def programs(experiment: experiment_lib.Experiment, b: experiment_lib.Build,
              config: ml_collections.ConfigDict,
              layout: layout_lib.BatchLayout) -> Dict[str, experiment_lib.Program]:
   """The run's programs: the trainer's training step and the experiment's evaluation steps."""
+  state, device_state = trainer.abstract_state(b, config)
   out = {"train_step": experiment_lib.Program(
       trainer.guarded_step(b.train_step, config.nonfinite, seed=config.seed,
                            rng_step_offset=experiment.rng_step_offset),
-      (b.state, b.device_state, b.example_batch,
+      (state, device_state, b.example_batch,
        jax.ShapeDtypeStruct((layout.devices_per_host,), jnp.int32)),
       replicated_in=(0,), out_axes=(None, 0, 0), donate_argnums=(0, 1),
-      items=b.items_per_step, flops=b.flops_per_step)}
-  out.update(b.eval_programs)
+      items=b.display.items_per_step, flops=b.flops_per_step)}
+  evals = [ev for ev in b.evaluators if ev.program is not None]
+  out.update({"eval_step" if len(evals) == 1 else f"{ev.name}_step": ev.program for ev in evals})
   return out
 
 
@@ -110,15 +113,15 @@ def _cpu_report(experiment: experiment_lib.Experiment, config: ml_collections.Co
   layout = layout_lib.batch_layout(config, devices=devices, devices_per_host=n_local,
                                    process_index=0, platform="cpu", check_num_devices=False)
   trainer.check_config(experiment, config)
-  b = experiment.build(config, layout, abstract=True)
+  b = experiment.build(config, layout)
   rows: List[tuple] = [
       ("devices", f"{layout.devices} = {layout.hosts} host(s) x {layout.devices_per_host} "
                   f"(compiled for one host on {n_local} fake CPU devices)"),
       ("batch", layout.describe()),
       ("updates", f"{b.total_steps:,}" if b.total_steps else "unknown here (see model)"),
   ]
-  if b.summary:
-    rows += [("model", line) for line in b.summary.splitlines()]
+  if b.display.summary:
+    rows += [("model", line) for line in b.display.summary.splitlines()]
   for pname, p in programs(experiment, b, config, layout).items():
     compiled, seconds = compile_program(p, compiler_options=dict(b.compiler_options))
     mem = compiled.memory_analysis()
@@ -130,7 +133,7 @@ def _cpu_report(experiment: experiment_lib.Experiment, config: ml_collections.Co
     if p.flops:
       text += f"; {p.flops / 1e12:.3f} TFLOP per call, all devices"
       if p.items:
-        text += f" ({p.flops / p.items / 1e9:.2f} GFLOP per {b.item_name[:-1]}, analytic)"
+        text += f" ({p.flops / p.items / 1e9:.2f} GFLOP per {b.display.item_name[:-1]}, analytic)"
     rows.append((pname, text))
   width = max(len(k) for k, _ in rows)
   return f"Dry run of {name} (target cpu):\n" + "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
@@ -162,7 +165,7 @@ def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collection
   too); the fit searches, which need only the memory, turn it off."""
   trainer.check_config(experiment, config)
   layout = tpu_layout(config, target)
-  b = experiment.build(config, layout, abstract=True)
+  b = experiment.build(config, layout)
   reports = []
   for pname, p in programs(experiment, b, config, layout).items():
     if only is not None and pname not in only:
@@ -173,7 +176,7 @@ def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collection
     reports.append(tpu.compile_report(
         lowered, target=target, name=pname,
         analytic_flops_per_device=p.flops / target.num_devices if p.flops else None,
-        items_per_step=p.items or None, item_name=b.item_name,
+        items_per_step=p.items or None, item_name=b.display.item_name,
         jaxpr=tpu.per_device_jaxpr(p.fn, target, args) if loop_aware else None))
   return reports, int(b.total_steps)
 

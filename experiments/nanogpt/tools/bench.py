@@ -136,7 +136,7 @@ def main(argv=None) -> None:
 
 def _restore_workdir(config, workdir: str):
   """(GPTConfig, params, step) of the latest checkpoint of a podlab nanoGPT run in `workdir`."""
-  data = train.TextData(config)
+  data = train.text_data(config)
   step, params = trainer.restore_params(train.NanoGPT(), config, workdir)
   return train.model_config(config, data.vocab_size), params, int(step)
 
@@ -172,10 +172,10 @@ def _jax_run(c, spec: str, warmup: int) -> dict:
   c.model.activations = activations or "autocast"
   c.cpu_tuning = mode != "autodiff"          # kernels "xla_cpu" (the CPU matmul forms) or "default"
   vocab = c.model.vocab_size if c.model.vocab_size > 0 else 65
-  layout, built = trainer.build(train.NanoGPT(), c, abstract=True)   # the trainer's own step
+  layout, built = trainer.build(train.NanoGPT(), c)   # the trainer's own step
   cfg = built.model_config
   model = gpt.GPTModel(cfg)
-  state, _ = built.init()
+  state, _ = trainer.init_state(built, c)
   n_params = gpt.num_params(state.params)
   n = layout.devices_per_host
   step = trainer.parallel_train_step(built.train_step, c.nonfinite, seed=c.seed)

@@ -273,10 +273,10 @@ def compile_config_step(config: ml_collections.ConfigDict, compile: bool = True,
 
 
 def _compile_config_step(config: ml_collections.ConfigDict, compile: bool) -> StepSetup:  # pylint: disable=redefined-builtin
-  layout, b = trainer.build(train.TRM(), config, abstract=True)  # the trainer's own step and state
+  layout, b = trainer.build(train.TRM(), config)  # the trainer's own step and state
   per_device_batch, n_local = layout.per_device_batch, layout.devices_per_host
   cfg = b.model_config
-  state, carry = b.init()
+  state, carry = trainer.init_state(b, config)
   state, carry = parallel.replicate(state), parallel.shard(carry)
   batch = parallel.shard(random_batch(n_local, per_device_batch, config.seed))
   device_index = parallel.shard(parallel.device_indices())

@@ -207,8 +207,8 @@ def _gpt_config(batch: int, quick: bool):
 
 def _gpt_podlab(c):
   """(layout, built, model config, initial state) of podlab's GPT step, without data."""
-  layout, built = trainer.build(gpt_train.NanoGPT(), c, abstract=True)
-  state, _ = built.init()
+  layout, built = trainer.build(gpt_train.NanoGPT(), c)
+  state, _ = trainer.init_state(built, c)
   return layout, built, built.model_config, state
 
 

@@ -596,7 +596,7 @@ def tpu_train_step(config: ml_collections.ConfigDict, target_name: str):
   target = tpu.parse_target(target_name)
   layout = dry_run.tpu_layout(config, target)
   trainer.check_config(train.TRM(), config)
-  b = train.TRM().build(config, layout, abstract=True)
+  b = train.TRM().build(config, layout)
   p = dry_run.programs(train.TRM(), b, config, layout)["train_step"]
   lowered = tpu.lower_pmap(p.fn, target, dry_run._per_device(p),  # pylint: disable=protected-access
                            replicated_in=p.replicated_in, out_axes=p.out_axes,
