@@ -150,8 +150,9 @@ def init_device_state(model: trm.TRMModel, per_device_batch: int, local_device_c
                       num_devices: int, shard_table: bool = False) -> DeviceState:
   """Host numpy DeviceState stacked over this host's devices: fresh carries [n, ...] and, with
   `shard_table`, this host's zero shards [n, R, E] of the puzzle table (never the whole table)."""
-  carry = jax.tree.map(lambda x: np.stack([np.asarray(x)] * local_device_count),
-                       model.initial_carry(model.example_batch(per_device_batch)))
+  with jax.ensure_compile_time_eval():    # host values under jax.eval_shape (the abstract state)
+    carry = model.initial_carry(model.example_batch(per_device_batch))
+  carry = jax.tree.map(lambda x: np.stack([np.asarray(x)] * local_device_count), carry)
   shard = None
   if shard_table and model.config.prefix_len > 0:
     shard = sharded_table.init_host_shards(model.config.num_puzzle_identifiers,
