@@ -1,6 +1,6 @@
 """TRM's evaluators: the ACT metrics of the test split, and ARC pass@K with submission.json.
 
-One pass over the padded test batches (experiments/trm/train.py `evaluate`: a fresh carry, exactly
+One pass over the padded test batches (`evaluate` below: a fresh carry, exactly
 halt_max_steps ACT steps) gives the ACT metrics; evaluators that score predictions (ARC pass@K)
 receive each batch's predictions from that same pass. `config.evaluators` names them (the registry
 `SCORERS`; "act_metrics" is always on):
