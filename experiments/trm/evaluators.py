@@ -179,7 +179,7 @@ def make_eval_step(model: trm.TRMModel, per_device_batch: int, sharded: bool = F
   return eval_step
 
 
-def evaluate(p_eval_step, state: TrainState, eval_batches, use_ema: bool, *,
+def evaluate(p_eval_step, state: Any, eval_batches, use_ema: bool, *,
              table: Any = None, device_index: Any = None,
              on_predictions: Optional[Any] = None) -> Dict[str, float]:
   """Runs the padded evaluation batches; returns ratios (losses per evaluated example).
@@ -200,7 +200,7 @@ def evaluate(p_eval_step, state: TrainState, eval_batches, use_ema: bool, *,
                       device_index)
     if on_predictions is not None:
       out, preds = out
-      on_predictions(batch, jax.tree.map(_local_rows, preds))
+      on_predictions(batch, jax.tree.map(local_rows, preds))
     acc.add(out)
   sums = acc.pop()
   count = sums.get("count", 0.0)
