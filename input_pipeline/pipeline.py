@@ -10,8 +10,9 @@ with stateless TF random ops (`tf.random.experimental.index_shuffle`, `stateless
 epoch visits every example of the shard at most once (exactly once when the shard size is a multiple
 of B_host) in a seeded random order, every visit gets a fresh random augmentation (nothing is
 written to disk), and `start_step=k` starts at step k with no replay: the iterator is exactly the
-tail of the uninterrupted one. steps_per_epoch = (N // process_count) // B_host, computed from the
-total split size so every host agrees (the trailing partial batch of each epoch is dropped).
+tail of the uninterrupted one. steps_per_epoch = (N // hosts) // B_host (the layout's
+`steps_per_epoch`), computed from the total split size so every host agrees (the trailing partial
+batch of each epoch is dropped).
 The shard is held in memory (uint8 where the values fit; the full 3.8M-puzzle Sudoku-Extreme train
 split is ~0.6 GB on one host) and captured by the tf.data graph.
 
@@ -36,29 +37,31 @@ padded (inputs 0 = pad, labels -100, index -1) and marked by `mask` False.
 
 Batches are numpy dicts with leading dims [local_device_count, per_device_batch]:
   inputs int32 [D, b, 81], labels int32 [D, b, 81], puzzle_identifiers int32 [D, b],
-  index int64 [D, b] (row in the split), and for eval mask bool [D, b];
-  per_device_batch = global_batch_size // (process_count * local_device_count).
+  index int64 [D, b] (row in the split), and for eval mask bool [D, b].
+
+Every batch figure (D, b, B_host, this host's index and the host count, steps per epoch, eval
+batches) comes from the run's `layout`: an experiments/common/layout.BatchLayout, the one place
+that divides batches (this package does not import experiments/; any object with its fields and
+methods will do).
 
 Synopsis:
+  from experiments.common import layout as layout_lib
+  layout = layout_lib.batch_layout(config)                     # e.g. 768 = 1 host x 4 x 192
   it = create_train_iterator("/tmp/tfds", "sudoku_generated", {"config": "medium"},
-                             global_batch_size=768, process_index=jax.process_index(),
-                             process_count=jax.process_count(),
-                             local_device_count=jax.local_device_count(), seed=0, start_step=step)
+                             layout=layout, seed=0, start_step=step)
   batch = next(it)                                             # batch["inputs"]: [D, b, 81]
   ev = create_eval_iterator("/tmp/tfds", "sudoku_generated", {"config": "medium"},
-                            global_batch_size=768, process_index=..., process_count=...,
-                            local_device_count=..., subset_size=None)
+                            layout=layout, subset_size=None)
   for batch in ev: ...                                         # ev.num_batches batches per host
 
   source = DataSource.from_config(config.dataset, seed=config.seed)   # a trainer's shortcut
-  it = source.train_iterator(global_batch_size=768, local_device_count=4, start_step=step)
+  it = source.train_iterator(layout=layout, start_step=step)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Optional
 
@@ -72,6 +75,8 @@ from input_pipeline import datasets
 from input_pipeline import errors
 from input_pipeline import prepare
 from input_pipeline import puzzles
+from input_pipeline import text
+from input_pipeline.datasets import text_corpus
 from input_pipeline.puzzles import augment
 
 _ALG = "philox"
@@ -79,35 +84,6 @@ _TAG_PERMUTATION = 1
 _TAG_AUGMENTATION = 2
 
 Batch = dict[str, np.ndarray]
-
-# --------------------------------------------------------------------------------------------
-# Batch arithmetic.
-
-
-def per_device_batch_size(global_batch_size: int, process_count: int,
-                          local_device_count: int) -> int:
-  """global_batch_size // (process_count * local_device_count); raises if it does not divide."""
-  devices = process_count * local_device_count
-  if global_batch_size <= 0 or devices <= 0 or global_batch_size % devices:
-    lower = max(devices, global_batch_size // max(devices, 1) * devices)
-    raise ValueError(
-        f"global_batch_size={global_batch_size} must be a positive multiple of process_count * "
-        f"local_device_count = {process_count} * {local_device_count} = {devices}; use e.g. "
-        f"global_batch_size={lower} or {lower + devices}")
-  return global_batch_size // devices
-
-
-def train_steps_per_epoch(num_examples: int, global_batch_size: int, process_count: int) -> int:
-  """Steps per epoch of the training stream: (N // process_count) // per-host batch."""
-  per_host = global_batch_size // process_count
-  return (num_examples // process_count) // per_host
-
-
-def num_eval_batches(num_examples: int, global_batch_size: int, process_count: int) -> int:
-  """Eval batches per host for `num_examples` examples in total (the same on every host)."""
-  per_host = global_batch_size // process_count
-  return math.ceil(math.ceil(num_examples / process_count) / per_host)
-
 
 # --------------------------------------------------------------------------------------------
 # Stateless seeds.
@@ -250,10 +226,7 @@ def create_train_dataset(
     dataset_name: str,
     builder_kwargs: Optional[Mapping[str, Any]] = None,
     *,
-    global_batch_size: int,
-    process_index: int,
-    process_count: int,
-    local_device_count: int,
+    layout: Any,
     seed: int,
     start_step: int = 0,
     split: str = "train",
@@ -265,9 +238,7 @@ def create_train_dataset(
     data_dir: TFDS data dir the dataset was prepared into (`input_pipeline.prepare`).
     dataset_name: "sudoku_generated" or "sudoku_extreme".
     builder_kwargs: {"config": "<preset>"} or config knobs (`input_pipeline.datasets`).
-    global_batch_size: examples per step over all hosts.
-    process_index, process_count: this host and the number of hosts (jax.process_*).
-    local_device_count: devices of this host (jax.local_device_count()).
+    layout: the run's BatchLayout (this host, the hosts, D, b, steps per epoch).
     seed: the stream's seed.
     start_step: first step to yield (exact resume: equals the uninterrupted stream from there).
     split: the split to train on.
@@ -275,21 +246,19 @@ def create_train_dataset(
   Returns:
     A dataset of dicts of tensors with leading dims [local_device_count, per_device_batch].
   """
-  per_device = per_device_batch_size(global_batch_size, process_count, local_device_count)
-  if not 0 <= process_index < process_count:
-    raise ValueError(
-        f"process_index={process_index} must lie in [0, process_count={process_count})")
+  per_device, local_device_count = layout.per_device_batch, layout.devices_per_host
+  process_index, process_count = layout.process_index, layout.hosts
   if start_step < 0:
     raise ValueError(f"start_step={start_step} must be >= 0")
   builder = prepared_builder(data_dir, dataset_name, builder_kwargs)
   total = builder.info.splits[split].num_examples
-  per_host = per_device * local_device_count
-  steps_per_epoch = train_steps_per_epoch(total, global_batch_size, process_count)
+  per_host = layout.per_host_batch
+  steps_per_epoch = layout.steps_per_epoch(total)
   if steps_per_epoch == 0:
     raise ValueError(
         f"split {split!r} of {builder.info.full_name} has {total} examples: fewer than one batch "
-        f"of {per_host} per host for {process_count} hosts; lower global_batch_size="
-        f"{global_batch_size}")
+        f"of {per_host} per host for {process_count} hosts; lower the global batch "
+        f"({layout.global_batch})")
   host_split = tfds.split_for_jax_process(split, process_index=process_index,
                                           process_count=process_count)
   arrays = load_split(builder, host_split, narrow=True)
@@ -338,10 +307,7 @@ def create_group_train_iterator(
     dataset_name: str,
     builder_kwargs: Optional[Mapping[str, Any]] = None,
     *,
-    global_batch_size: int,
-    process_index: int,
-    process_count: int,
-    local_device_count: int,
+    layout: Any,
     seed: int,
     start_step: int = 0,
     split: str = "train",
@@ -360,8 +326,9 @@ def create_group_train_iterator(
   of (seed, host, step) and resumes in O(1); the reference's epoch ends where its random fill runs
   out, which differs by at most one batch.
   """
-  per_device = per_device_batch_size(global_batch_size, process_count, local_device_count)
-  per_host = per_device * local_device_count
+  per_device, local_device_count = layout.per_device_batch, layout.devices_per_host
+  process_index, process_count = layout.process_index, layout.hosts
+  per_host = layout.per_host_batch
   builder = prepared_builder(data_dir, dataset_name, builder_kwargs)
   dtypes = {name: value.dtype for name, value in _empty_arrays(builder).items()}
   # Only this host's groups, in the narrowest dtypes, in file order: nothing is copied afterwards.
@@ -382,11 +349,11 @@ def create_group_train_iterator(
   _, counts = np.unique(puzzle_group[by_puzzle_group], return_counts=True)
   by_group = np.split(by_puzzle_group, np.cumsum(counts)[:-1])         # puzzle numbers per group
   mean_size = float(sizes.mean())          # docs/trm.md section 4.5: mean examples per puzzle
-  steps_per_epoch = int(len(by_group) * mean_size) // per_host
+  steps_per_epoch = layout.host_steps_per_epoch(int(len(by_group) * mean_size))
   if steps_per_epoch < 1:
     raise ValueError(f"{dataset_name}: one epoch on host {process_index} is {len(by_group)} groups x "
                      f"{mean_size:.1f} examples < the per-host batch {per_host}; lower "
-                     "global_batch_size")
+                     "the global batch")
 
   def epoch_plan(epoch: int) -> np.ndarray:
     """Row indices [steps_per_epoch, per_host] of one epoch."""
@@ -492,10 +459,7 @@ def create_eval_iterator(
     dataset_name: str,
     builder_kwargs: Optional[Mapping[str, Any]] = None,
     *,
-    global_batch_size: int,
-    process_index: int,
-    process_count: int,
-    local_device_count: int,
+    layout: Any,
     split: str = "test",
     subset_size: Optional[int] = None,
     subset_seed: int = 0,
@@ -506,10 +470,8 @@ def create_eval_iterator(
   `numpy.random.default_rng(subset_seed)`, the same on every host) is cut into contiguous
   near-equal chunks. Batches follow the split order.
   """
-  per_device = per_device_batch_size(global_batch_size, process_count, local_device_count)
-  if not 0 <= process_index < process_count:
-    raise ValueError(
-        f"process_index={process_index} must lie in [0, process_count={process_count})")
+  per_device, local_device_count = layout.per_device_batch, layout.devices_per_host
+  process_index, process_count = layout.process_index, layout.hosts
   builder = prepared_builder(data_dir, dataset_name, builder_kwargs)
   total = builder.info.splits[split].num_examples
   if subset_size is None or subset_size >= total:
@@ -526,7 +488,7 @@ def create_eval_iterator(
       arrays = {name: value[keep] for name, value in arrays.items()}
     else:
       arrays = _empty_arrays(builder)
-  batches = num_eval_batches(num_examples, global_batch_size, process_count)
+  batches = layout.eval_batches(num_examples)
   dtypes = {name: value.dtype for name, value in _empty_arrays(builder).items()}
   return EvalIterator(arrays, batches, num_examples, local_device_count, per_device, dtypes)
 
@@ -535,39 +497,45 @@ def create_eval_iterator(
 # A job's dataset.
 
 
+def builder_kwargs(dataset_config: Any) -> dict[str, Any]:
+  """The builder kwargs of a config's dataset section: `builder_kwargs` (knobs) plus
+  `builder_config` (a preset name, "" = none) as "config"."""
+  kwargs = dataset_config.get("builder_kwargs") or {}
+  kwargs = dict(kwargs.to_dict() if hasattr(kwargs, "to_dict") else kwargs)
+  if dataset_config.get("builder_config", ""):
+    kwargs["config"] = dataset_config.get("builder_config")
+  return kwargs
+
+
+def dataset_metadata(dataset_config: Any) -> dict:
+  """`datasets.get_metadata` of a config's dataset: its static facts, plus the split sizes and the
+  data's own facts (a text vocabulary, ARC's ids) once it is prepared. Reads no examples and
+  prepares nothing: what a build sizes the run with (a dry run of unprepared data included)."""
+  return datasets.get_metadata(dataset_config.get("name"), builder_kwargs(dataset_config),
+                               dataset_config.get("data_dir"))
+
+
 @dataclasses.dataclass
 class DataSource:
-  """One dataset of one job: where it lives, its config and this host's place in the job.
+  """One dataset of one job: where it lives and its config.
 
   Builds the iterators above with the job's constant arguments filled in and keeps eval sets in
-  memory between evaluations.
+  memory between evaluations; the batch figures and this host's place come from the layout.
   """
   name: str
   data_dir: str
   builder_kwargs: dict[str, Any]
   seed: int
-  process_index: int
-  process_count: int
   group_sampling: bool = True     # see create_group_train_iterator (the reference's ARC sampling)
   _eval_cache: dict = dataclasses.field(default_factory=dict, repr=False)
 
   @classmethod
-  def from_config(cls, dataset_config: Any, seed: int, process_index: Optional[int] = None,
-                  process_count: Optional[int] = None) -> "DataSource":
+  def from_config(cls, dataset_config: Any, seed: int) -> "DataSource":
     """From a config section with `name`, `data_dir`, `builder_kwargs` (knobs) and optionally
-    `builder_config` (a preset name, "" = none), `manual_dir` and `prepare_if_missing`.
-
-    process_index / process_count default to jax.process_index() / jax.process_count().
-    """
-    kwargs = dataset_config.get("builder_kwargs") or {}
-    kwargs = dict(kwargs.to_dict() if hasattr(kwargs, "to_dict") else kwargs)
-    if dataset_config.get("builder_config", ""):
-      kwargs["config"] = dataset_config.get("builder_config")
-    if process_index is None or process_count is None:
-      process_index, process_count = jax.process_index(), jax.process_count()
+    `builder_config` (a preset name, "" = none), `manual_dir` and `prepare_if_missing`."""
+    kwargs = builder_kwargs(dataset_config)
     source = cls(name=dataset_config.get("name"), data_dir=dataset_config.get("data_dir"),
-                 builder_kwargs=kwargs, seed=seed, process_index=process_index,
-                 process_count=process_count,
+                 builder_kwargs=kwargs, seed=seed,
                  group_sampling=bool(dataset_config.get("group_sampling", True)))
     datasets.make_config(source.name, kwargs)  # validate the knobs before anything is read
     if dataset_config.get("prepare_if_missing", False):
@@ -590,33 +558,48 @@ class DataSource:
     builder = prepared_builder(self.data_dir, self.name, self.builder_kwargs)
     return builder.info.splits[split].num_examples
 
-  def train_iterator(self, *, global_batch_size: int, local_device_count: int,
-                     start_step: int = 0, split: str = "train",
+  def train_iterator(self, *, layout: Any, start_step: int = 0, split: str = "train",
                      augment: bool = True) -> Iterator[Batch]:
     """`create_train_iterator` for this host, from `start_step` on; for datasets of materialised
     augmentations (metadata with `train_groups`, e.g. ARC) `create_group_train_iterator` unless
     `group_sampling` is off."""
     if self.group_sampling and "train_groups" in self.metadata():
       return create_group_train_iterator(
-          self.data_dir, self.name, self.builder_kwargs, global_batch_size=global_batch_size,
-          process_index=self.process_index, process_count=self.process_count,
-          local_device_count=local_device_count, seed=self.seed, start_step=start_step,
-          split=split)
+          self.data_dir, self.name, self.builder_kwargs, layout=layout, seed=self.seed,
+          start_step=start_step, split=split)
     return create_train_iterator(
-        self.data_dir, self.name, self.builder_kwargs, global_batch_size=global_batch_size,
-        process_index=self.process_index, process_count=self.process_count,
-        local_device_count=local_device_count, seed=self.seed, start_step=start_step,
-        split=split, augment=augment)
+        self.data_dir, self.name, self.builder_kwargs, layout=layout, seed=self.seed,
+        start_step=start_step, split=split, augment=augment)
 
-  def eval_batches(self, split: str = "test", *, global_batch_size: int, local_device_count: int,
-                   subset_size: Optional[int] = None, subset_seed: int = 0) -> EvalIterator:
+  def eval_batches(self, split: str = "test", *, layout: Any, subset_size: Optional[int] = None,
+                   subset_seed: int = 0) -> EvalIterator:
     """`create_eval_iterator` for this host (cached); `subset_size` None or 0 = the full split."""
     subset = subset_size or None
-    key = (split, global_batch_size, local_device_count, subset, subset_seed)
+    key = (split, layout, subset, subset_seed)
     if key not in self._eval_cache:
       self._eval_cache[key] = create_eval_iterator(
-          self.data_dir, self.name, self.builder_kwargs, global_batch_size=global_batch_size,
-          process_index=self.process_index, process_count=self.process_count,
-          local_device_count=local_device_count, split=split, subset_size=subset,
-          subset_seed=subset_seed)
+          self.data_dir, self.name, self.builder_kwargs, layout=layout, split=split,
+          subset_size=subset, subset_seed=subset_seed)
     return self._eval_cache[key]
+
+
+class TextSplits:
+  """A prepared text dataset's train and val token arrays on this host, and their random-window
+  streams (input_pipeline/text.py): the language models' data (nanoGPT, masked diffusion)."""
+
+  def __init__(self, dataset_config: Any, seed: int):
+    self.seed = seed
+    source = DataSource.from_config(dataset_config, seed=seed)
+    builder = prepared_builder(source.data_dir, source.name, source.builder_kwargs)
+    self.vocab = text_corpus.vocab_of(builder)
+    self.vocab_size = int(builder.info.metadata["vocab_size"])
+    self.train_split, self.val_split = dataset_config.train_split, dataset_config.val_split
+    self.tokens = {s: text_corpus.load_tokens(builder, s) for s in (self.train_split,
+                                                                    self.val_split)}
+
+  def windows(self, split: str, stream: str, *, block_size: int, layout: Any, accum: int,
+              start_step: int) -> Iterator[Batch]:
+    """Random windows {"x", "y"} [D, accum, b, block_size] of `split` for this host, from
+    `start_step` on (text.window_iterator; the figures come from the layout)."""
+    return text.window_iterator(self.tokens[split], block_size=block_size, layout=layout,
+                                accum=accum, seed=self.seed, stream=stream, start_step=start_step)

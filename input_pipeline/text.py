@@ -8,7 +8,9 @@ first 90% of the ids are train, the last 10% val; a batch is B windows at unifor
 Random windows (`window_dataset`, tf.data): step k of a stream is a pure function of
 (seed, process_index, stream, k) through stateless Philox draws, so a stream is deterministic for a
 seed, every host draws its own windows (its share of the global batch), and `start_step=k` resumes
-exactly where an uninterrupted run would be.
+exactly where an uninterrupted run would be. D, b and this host's index come from the run's `layout`
+(experiments/common/layout.BatchLayout, the one place that divides batches; this package does not
+import experiments/: any object with its fields will do).
 
 Shape glossary:  N: tokens of a split   D: local devices   A: gradient-accumulation micro-steps
   b: per-device micro-batch   T: block size (window length)
@@ -16,19 +18,21 @@ Shape glossary:  N: tokens of a split   D: local devices   A: gradient-accumulat
 Synopsis:
 
   import numpy as np
+  from experiments.common import layout as layout_lib
   from input_pipeline import text
   vocab = text.char_vocab("hello world\\n")                     # "\\n dehlorw"
   ids = text.encode("hello world\\n", vocab)                    # int32 [12]
   train, val = text.split_ids(ids, val_fraction=0.1)            # first 90% / last 10%
-  it = text.window_iterator(np.arange(100, dtype=np.int32), block_size=8, global_batch_size=4,
-                            local_device_count=2, accum_steps=1, seed=0)
+  layout = layout_lib.of(4, devices_per_host=2)                 # 1 host x 2 devices x 2
+  it = text.window_iterator(np.arange(100, dtype=np.int32), block_size=8, layout=layout,
+                            accum=1, seed=0)
   batch = next(it)                                             # x, y int32 [D=2, A=1, b=2, T=8]
   assert (batch["y"][..., :-1] == batch["x"][..., 1:]).all()
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Any, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -76,28 +80,22 @@ def _key(seed: int, *data: int) -> tf.Tensor:
   return key
 
 
-def window_dataset(tokens: np.ndarray, *, block_size: int, global_batch_size: int,
-                   local_device_count: int, accum_steps: int = 1, seed: int = 0,
-                   process_index: int = 0, process_count: int = 1, stream: str = "train",
-                   start_step: int = 0) -> tf.data.Dataset:
+def window_dataset(tokens: np.ndarray, *, block_size: int, layout: Any, accum: int = 1,
+                   seed: int = 0, stream: str = "train", start_step: int = 0) -> tf.data.Dataset:
   """tf.data of random-window batches {"x", "y"}: int32 [D, A, b, T]; see the module doc.
 
-  global_batch_size is one micro-step's batch over all hosts (nanoGPT's batch_size x world size);
-  each of the A micro-steps draws its own windows.
+  The layout's global batch is one micro-step's batch over all hosts (nanoGPT's batch_size x world
+  size); each of the A = `accum` micro-steps draws its own windows (evaluations pass 1).
   """
   n = int(len(tokens))
   if n <= block_size:
     raise ValueError(f"block_size={block_size}: the split has only {n} tokens; it needs more than "
                      "block_size + 1 (use a smaller block_size or a larger corpus)")
-  devices = process_count * local_device_count
-  if global_batch_size % devices:
-    raise ValueError(f"batch_size={global_batch_size}: not divisible by {devices} devices "
-                     f"({process_count} processes x {local_device_count}); use a multiple of {devices}")
-  b = global_batch_size // devices
+  local_device_count, accum_steps, b = layout.devices_per_host, accum, layout.per_device_batch
   rows = local_device_count * accum_steps * b
   data = tf.constant(np.asarray(tokens, np.int32))
   span = tf.range(block_size + 1, dtype=tf.int64)
-  root = _key(seed, process_index, STREAMS[stream])
+  root = _key(seed, layout.process_index, STREAMS[stream])
 
   def make_batch(step):
     key = tf.random.experimental.stateless_fold_in(root, step, alg=_ALG)

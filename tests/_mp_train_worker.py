@@ -11,8 +11,8 @@ Evaluation is the trainer's path end to end: a `sudoku_generated` test split of 
 examples (not a multiple of the global batch) prepared by `pipeline.DataSource.from_config` (each
 process in its own data dir OUT_PATH.tfds<process>; the dataset is a pure function of its config),
 this host's padded and masked batches from `DataSource.eval_batches` (= `create_eval_iterator`: the
-split is cut per host by `tfds.split_for_jax_process`), `train.make_eval_step` pmapped as in
-train.py and `train.evaluate`, with the EMA weights (the trainer's choice, `config.ema`) and with the
+split is cut per host by `tfds.split_for_jax_process`), `evaluators.make_eval_step` pmapped as in
+train.py and `evaluators.evaluate`, with the EMA weights (the trainer's choice, `config.ema`) and with the
 raw parameters. For reference, the same metrics are computed directly: the eval step vmapped over
 one "device" holding all EVAL_SIZE real examples, no padding, no cross-process collective.
 
@@ -35,7 +35,7 @@ test checks that all hosts hold the same state). np.savez without pickle: parame
 `params/<i>` and `ema/<i>` with their tree paths in `param_names`; the table is `puzzle_table`;
 `metric/<name>` is the psummed metric of every step ([NUM_STEPS]); `batch_ids` the global puzzle ids
 of every step ([NUM_STEPS, GLOBAL_BATCH]); `layout` = [processes, devices per process, rows per
-device]. Evaluation: `eval/<name>` and `eval_raw/<name>` are `train.evaluate`'s results (EMA / raw
+device]. Evaluation: `eval/<name>` and `eval_raw/<name>` are `evaluators.evaluate`'s results (EMA / raw
 weights; ratios, and `count`), `direct/<name>` and `direct_raw/<name>` the direct computation;
 `eval_index` this host's real split rows in the order evaluated, `eval_host_rows` the rows it fed
 (real + padding), `eval_num_batches` / `eval_num_examples` the iterator's, `eval_inputs` /
@@ -50,9 +50,11 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments.common import distributed  # noqa: E402
+from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.common import metrics as metrics_lib  # noqa: E402
 from experiments.common import parallel  # noqa: E402
 from experiments.common import trainer
+from experiments.trm import evaluators  # noqa: E402
 from experiments.trm import train  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
 from input_pipeline import datasets  # noqa: E402
@@ -122,10 +124,10 @@ def _first_local(x) -> np.ndarray:
 
 
 def _direct_eval(model, host_state, table, test):
-  """`train.evaluate`'s ratios without padding, hosts or pmap: the eval step vmapped over one
+  """`evaluators.evaluate`'s ratios without padding, hosts or pmap: the eval step vmapped over one
   "device" holding every real test example (mask all True). {"direct": EMA, "direct_raw": raw}."""
   n = test["inputs"].shape[0]
-  step = jax.jit(jax.vmap(train.make_eval_step(model, n), in_axes=(None, None, None, 0, 0),
+  step = jax.jit(jax.vmap(evaluators.make_eval_step(model, n), in_axes=(None, None, None, 0, 0),
                           axis_name=parallel.AXIS))
   batch = {k: test[k].astype(np.int32)[None] for k in ("inputs", "labels", "puzzle_identifiers")}
   batch["mask"] = np.ones((1, n), bool)
@@ -133,8 +135,8 @@ def _direct_eval(model, host_state, table, test):
   for name, params in (("direct", host_state.ema), ("direct_raw", host_state.params)):
     sums = {k: float(np.asarray(v)[0]) for k, v in step(params, host_state.model_state, table,
                                                          batch, np.zeros((1,), np.int32)).items()}
-    out[name] = metrics_lib.ratios(sums, count_key="count", ratio_keys=train.RATIO_METRICS,
-                                   divisors={k: sums["count"] for k in train.LOSS_METRICS})
+    out[name] = metrics_lib.ratios(sums, count_key="count", ratio_keys=evaluators.RATIO_METRICS,
+                                   divisors={k: sums["count"] for k in evaluators.LOSS_METRICS})
   return out
 
 
@@ -149,17 +151,20 @@ def main() -> None:
 
   c = config(data_dir=f"{out_path}.tfds{info.process_index}")
   n_local = info.local_device_count
-  per_device = pipeline.per_device_batch_size(GLOBAL_BATCH, num_processes, n_local)   # 8 / devices
+  layout = layout_lib.batch_layout(c)
+  assert (layout.process_index, layout.hosts) == (info.process_index, num_processes)
+  per_device = layout.per_device_batch                                                # 8 / devices
   model = trm.TRMModel(train.model_config(c, METADATA))
   assert model.config.prefix_len == 16 and model.config.emb_ndim == c.model.hidden_size
   adam, sign = train.make_optimizers(c, total_steps=NUM_STEPS)
   assert c.shard_puzzle_table                 # the default: the table's rows split over the devices
-  state = parallel.replicate(train.init_state(model, adam, sign, seed=c.seed, shard_table=True))
+  state = parallel.replicate(train.init_state(model, adam, sign, jax.random.key(c.seed), shard_table=True))
   device_state = parallel.shard(train.init_device_state(model, per_device, n_local,
                                                         info.device_count, shard_table=True))
   device_index = parallel.shard(parallel.device_indices())
   p_step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, c, per_device),
-                                      c.nonfinite)
+                                      c.nonfinite, seed=c.seed,
+                                      rng_step_offset=train.TRM.rng_step_offset)
 
   batches = global_batches()
   metrics = []
@@ -170,15 +175,13 @@ def main() -> None:
 
   # Evaluation as in train.train_and_evaluate's final run_eval (full test split).
   source = pipeline.DataSource.from_config(c.dataset, seed=c.seed)
-  assert (source.process_index, source.process_count) == (info.process_index, num_processes)
-  eval_iter = source.eval_batches(c.dataset.test_split, global_batch_size=c.global_batch_size,
-                                  local_device_count=n_local, subset_size=0)
-  p_eval_step = parallel.pmap_step(train.make_eval_step(model, per_device, sharded=True),
+  eval_iter = source.eval_batches(c.dataset.test_split, layout=layout, subset_size=0)
+  p_eval_step = parallel.pmap_step(evaluators.make_eval_step(model, per_device, sharded=True),
                                    replicated_in=(0, 1), out_axes=0)
   assert c.ema                                # "eval" uses the EMA weights, as "direct" does
   shards = device_state.puzzle_shard
-  results = {"eval": train.evaluate(p_eval_step, state, eval_iter, use_ema=c.ema, table=shards),
-             "eval_raw": train.evaluate(p_eval_step, state, eval_iter, use_ema=False,
+  results = {"eval": evaluators.evaluate(p_eval_step, state, eval_iter, use_ema=c.ema, table=shards),
+             "eval_raw": evaluators.evaluate(p_eval_step, state, eval_iter, use_ema=False,
                                         table=shards)}
   fed = [(b["index"].reshape(-1), b["mask"].reshape(-1)) for b in eval_iter]
   eval_index = np.concatenate([i[m] for i, m in fed])

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from experiments.common import layout as layout_lib
 from input_pipeline import sources
 from input_pipeline.puzzles import arc
 from input_pipeline.datasets import arc_agi
@@ -379,9 +380,9 @@ def test_group_sampling_takes_one_augmentation_per_task_and_resumes(tmp_path, ar
   from input_pipeline import pipeline, prepare  # pylint: disable=g-import-not-at-top
   kwargs = {"variant": "arc1", "num_aug": 2, "seed": 0}
   prepare.prepare("arc_agi", str(tmp_path), kwargs, str(arc_manual_dir))
-  common = dict(global_batch_size=64, local_device_count=2, seed=3)
-  it = pipeline.create_group_train_iterator(str(tmp_path), "arc_agi", kwargs, process_index=0,
-                                            process_count=1, **common)
+  one_host = layout_lib.of(64, devices_per_host=2)
+  it = pipeline.create_group_train_iterator(str(tmp_path), "arc_agi", kwargs, layout=one_host,
+                                            seed=3)
   first = [next(it) for _ in range(30)]
   for batch in first:
     assert batch["inputs"].shape == (2, 32, 900)
@@ -394,15 +395,16 @@ def test_group_sampling_takes_one_augmentation_per_task_and_resumes(tmp_path, ar
   runs = np.flatnonzero(np.r_[True, seen[1:] != seen[:-1]])
   assert np.unique(seen[runs]).size == runs.size
   # Resume at step 17 equals the unbroken stream; another seed differs.
-  again = pipeline.create_group_train_iterator(str(tmp_path), "arc_agi", kwargs, process_index=0,
-                                               process_count=1, start_step=17, **common)
+  again = pipeline.create_group_train_iterator(str(tmp_path), "arc_agi", kwargs, layout=one_host,
+                                               seed=3, start_step=17)
   for b in first[17:]:
     nxt = next(again)
     assert all(np.array_equal(nxt[k], b[k]) for k in b)
   # Two hosts: disjoint tasks (by task index parity).
   for h in range(2):
-    host = pipeline.create_group_train_iterator(str(tmp_path), "arc_agi", kwargs, process_index=h,
-                                                process_count=2, **common)
+    layout = layout_lib.of(64, devices_per_host=2, hosts=2, process_index=h)
+    host = pipeline.create_group_train_iterator(str(tmp_path), "arc_agi", kwargs, layout=layout,
+                                                seed=3)
     assert np.all(next(host)["task_index"] % 2 == h)
 
 
@@ -426,8 +428,8 @@ def test_memory_light_loading_keeps_values_and_dtypes(tmp_path, small_manual_dir
   by_index = {int(i): r for r, i in enumerate(full["index"])}
   it = pipeline.create_group_train_iterator(str(tmp_path), "arc_agi",
                                             {"variant": "arc1", "num_aug": 3, "seed": 0},
-                                            global_batch_size=16, process_index=1, process_count=2,
-                                            local_device_count=2, seed=0)
+                                            layout=layout_lib.of(16, devices_per_host=2, hosts=2,
+                                                                 process_index=1), seed=0)
   for _ in range(3):
     batch = next(it)
     assert {k: v.dtype for k, v in batch.items()} == {k: v.dtype for k, v in full.items()}
@@ -436,8 +438,7 @@ def test_memory_light_loading_keeps_values_and_dtypes(tmp_path, small_manual_dir
       assert np.array_equal(batch[name].reshape((8,) + full[name].shape[1:]), full[name][rows])
   ev = pipeline.create_eval_iterator(str(tmp_path), "arc_agi",
                                      {"variant": "arc1", "num_aug": 3, "seed": 0},
-                                     global_batch_size=64, process_index=0, process_count=1,
-                                     local_device_count=2)
+                                     layout=layout_lib.of(64, devices_per_host=2))
   test = pipeline.load_split(builder, "test")
   last = list(ev)[-1]
   assert last["labels"].dtype == np.int32 and last["inputs"].dtype == np.int32

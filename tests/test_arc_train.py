@@ -11,6 +11,7 @@ import pytest
 
 from experiments.common import trainer
 from experiments.trm import arc_eval
+from experiments.trm import sizes
 from experiments.trm import train
 from experiments.trm.configs import arc1_att
 from input_pipeline import datasets
@@ -77,7 +78,7 @@ def test_tiny_arc_run_evaluates_and_writes_a_valid_submission(tmp_path, arc_manu
   # The run used the group-based epoch (docs/trm.md section 4.5), not every stored augmented row.
   meta_dict = datasets.get_metadata("arc_agi", c.dataset.builder_kwargs.to_dict(),
                                     c.dataset.data_dir)
-  assert train.epoch_examples(meta_dict, builder.info.splits["train"].num_examples) < (
+  assert sizes.epoch_examples(meta_dict, builder.info.splits["train"].num_examples) < (
       builder.info.splits["train"].num_examples)
   assert np.isfinite(results["lm_loss"])
 

@@ -176,9 +176,10 @@ def test_eval_of_a_dream_folder_through_the_entry_point(data_dir, tmp_path):
   assert "masked_ce" in proc.stdout
   got = json.loads((wd / "eval_results.json").read_text())
   assert got["source"] == str(folder) and got["step"] == 0
-  data = train.TextWindows(c)
+  data = train.text_data(c)
   params = convert.load_params(str(folder), model)
-  want = _eval_reference(c, params, data.val, train.unigram_log_probs(data.train, data.vocab_size))
+  want = _eval_reference(c, params, data.tokens["val"],
+                         train.unigram_log_probs(data.tokens["train"], data.vocab_size))
   for k, v in want.items():
     assert got["eval"][k] == pytest.approx(v, rel=2e-5, abs=1e-6), k
   assert got["eval"]["masked_ce"] > got["eval"]["unigram_ce"]     # random weights know nothing

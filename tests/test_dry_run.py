@@ -85,25 +85,25 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
   config = make(4 * jax.local_device_count())
   cpu = layout_lib.batch_layout(config, platform="cpu")
   assert cpu.cpu_tuning
-  b = experiment().build(config, cpu, abstract=True)
+  b = experiment().build(config, cpu)
   assert b.model_config.kernels == "xla_cpu"
   if family == "trm":
     f = b.model_config.forms
     assert all((f.fast_grad, f.seq_major, f.unroll, f.head_major, f.lean_swiglu))
     assert b.compiler_options == cpu_features.CPU_DOTS_ONLY   # every form, split_reduce too
-  p = dry_run.programs(b, config, cpu)["train_step"]
+  p = dry_run.programs(experiment(), b, config, cpu)["train_step"]
   lowered = parallel.pmap_step(p.fn, replicated_in=p.replicated_in, out_axes=p.out_axes
                                ).lower(*p.args)
   assert tpu.hlo_has_layout_constraints(lowered)
   t = tpu.parse_target("v4-8")
   on_tpu = dry_run.tpu_layout(config, t)
   assert not on_tpu.cpu_tuning
-  b = experiment().build(config, on_tpu, abstract=True)
+  b = experiment().build(config, on_tpu)
   assert b.model_config.kernels == "default"
   if family == "trm":
     assert b.model_config.forms == xla_cpu.Forms()            # no form at all
   assert not b.compiler_options                               # no XLA:CPU option in a TPU program
-  p = dry_run.programs(b, config, on_tpu)["train_step"]
+  p = dry_run.programs(experiment(), b, config, on_tpu)["train_step"]
   assert not tpu.hlo_has_layout_constraints(
       tpu.lower_pmap(p.fn, t, dry_run._per_device(p), replicated_in=p.replicated_in,  # pylint: disable=protected-access
                      out_axes=p.out_axes))

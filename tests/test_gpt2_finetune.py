@@ -14,6 +14,7 @@ import pytest
 from experiments.common import config_utils
 from experiments.common import errors
 from experiments.common import trainer
+from experiments.common import layout as layout_lib
 from experiments.common import safetensors_io as st
 from experiments.nanogpt import hf_gpt2
 from experiments.nanogpt import torch_rng
@@ -83,11 +84,12 @@ def test_iteration0_eval_is_the_imported_models_loss_on_nanogpts_windows(tiny_ru
   tensors = {n: st.ShardedCheckpoint(folder).get(n) for n in st.ShardedCheckpoint(folder).infos}
   folder_config, _ = hf_gpt2.load_pretrained(folder)
   _, draws = torch_rng.init_params(folder_config, c.seed)    # nanoGPT's GPT(config) init, replayed
-  data = train.TextData(c)
+  data = train.text_data(c)
   stream = torch_rng.BatchStream(data.tokens["train"], data.tokens["val"], block_size=64,
-                                 batch_size=c.global_batch_size, grad_accum=c.grad_accum,
+                                 layout=layout_lib.batch_layout(c, devices=4, devices_per_host=4,
+                                                                check_num_devices=False),
                                  eval_interval=c.eval_interval, eval_iters=c.eval_iters,
-                                 init_draws=draws, seed=c.seed, local_device_count=4)
+                                 init_draws=draws, seed=c.seed)
   losses = {}
   for split in ("train", "val"):
     per_batch = []
@@ -132,7 +134,7 @@ def test_init_from_errors_name_the_field(tmp_path):
   with pytest.raises(config_utils.ConfigError, match="exceeds the GPT-2 folder's n_positions=128"):
     train.init_from_model_config(c, train.model_config(c, 257))
   c.model.block_size = 64
-  _, built = trainer.build(train.NanoGPT(), c, abstract=True)
+  _, built = trainer.build(train.NanoGPT(), c)
   with pytest.raises(config_utils.ConfigError, match=r"config.init_from=.*no such file"):
     trainer.load_init(train.NanoGPT(), built, c, str(tmp_path / "nothing"))
   st.write_safetensors(str(tmp_path / "g" / "model.safetensors"),
@@ -143,6 +145,6 @@ def test_init_from_errors_name_the_field(tmp_path):
   # A folder without config.json (the tokenizer is there): named, before any data or weights.
   os.remove(os.path.join(folder, "config.json"))
   for call in (lambda: trainer.load_init(train.NanoGPT(), built, c, folder),
-               lambda: trainer.build(train.NanoGPT(), c, abstract=True)):
+               lambda: trainer.build(train.NanoGPT(), c)):
     with pytest.raises(errors.FormatError, match=f"{folder}: no config.json. Fix: download"):
       call()

@@ -75,7 +75,7 @@ def test_nanogpt_ckpt_pt_evaluates_to_the_podlab_checkpoints_val_loss(tmp_path):
   trained = str(tmp_path / "trained")
   gpt_train.train_and_evaluate(config, trained)
   step, params = trainer.restore_params(gpt_train.NanoGPT(), config, trained)
-  _, built = trainer.build(gpt_train.NanoGPT(), config, abstract=True)
+  _, built = trainer.build(gpt_train.NanoGPT(), config)
   model = built.model_config
   sd = nanogpt_checkpoint.to_state_dict(jax.tree.map(np.asarray, params), model)
   ckpt = str(tmp_path / "ckpt.pt")

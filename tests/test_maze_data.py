@@ -16,6 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from experiments.common import layout as layout_lib
 from input_pipeline import datasets
 from input_pipeline.puzzles import augment
 from input_pipeline.puzzles import maze
@@ -538,14 +539,14 @@ def test_data_source_reads_generated_mazes(tmp_path, gen_dir, maze_hook):
   del maze_hook
   config = {"name": "maze_generated", "data_dir": str(tmp_path), "builder_config": "",
             "builder_kwargs": GEN_KWARGS, "prepare_if_missing": True, "manual_dir": ""}
-  source = pipeline.DataSource.from_config(config, seed=0, process_index=0, process_count=1)
+  source = pipeline.DataSource.from_config(config, seed=0)
   assert source.num_examples("train") == 24 and source.num_examples("test") == 8
   meta = source.metadata()
   assert meta["splits"] == {"train": 24, "test": 8}
   assert meta["vocab_size"] == 6 and meta["seq_len"] == 900
   raw = pipeline.load_split(datasets.get_builder("maze_generated", gen_dir, GEN_KWARGS), "train")
   for augment in (False, True):  # dihedral off: the hook leaves every example as stored
-    it = source.train_iterator(global_batch_size=8, local_device_count=2, augment=augment)
+    it = source.train_iterator(layout=layout_lib.of(8, devices_per_host=2), augment=augment)
     for _ in range(4):
       batch = next(it)
       assert batch["inputs"].shape == (2, 4, 900) and batch["inputs"].dtype == np.int32
@@ -555,7 +556,7 @@ def test_data_source_reads_generated_mazes(tmp_path, gen_dir, maze_hook):
       assert inputs.min() >= 1 and inputs.max() <= 4 and labels.min() >= 1 and labels.max() <= 5
       assert np.array_equal(inputs, raw["inputs"][_flat(batch, "index")])
       assert np.array_equal(labels, raw["labels"][_flat(batch, "index")])
-  ev = source.eval_batches("test", global_batch_size=8, local_device_count=2)
+  ev = source.eval_batches("test", layout=layout_lib.of(8, devices_per_host=2))
   batches = list(ev)
   assert ev.num_examples == 8 and len(batches) == 1 and batches[0]["mask"].all()
 
@@ -563,9 +564,8 @@ def test_data_source_reads_generated_mazes(tmp_path, gen_dir, maze_hook):
 def test_on_the_fly_dihedral_stream(gen_dir, maze_hook):
   del maze_hook
   raw = pipeline.load_split(datasets.get_builder("maze_generated", gen_dir, D8_KWARGS), "train")
-  it = pipeline.create_train_iterator(gen_dir, "maze_generated", D8_KWARGS, global_batch_size=8,
-                                      process_index=0, process_count=1, local_device_count=2,
-                                      seed=0)
+  it = pipeline.create_train_iterator(gen_dir, "maze_generated", D8_KWARGS,
+                                      layout=layout_lib.of(8, devices_per_host=2), seed=0)
   ids = []
   for _ in range(6):
     batch = next(it)

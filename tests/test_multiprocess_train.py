@@ -30,7 +30,7 @@ must match exactly.
 
 Evaluation (after training, on every host): the trainer's own data path (`DataSource.eval_batches`: a
 13-example test split cut per host by `tfds.split_for_jax_process` and padded to whole global batches
-of 8, the padding masked), `train.make_eval_step` pmapped as in train.py, and `train.evaluate`, with
+of 8, the padding masked), `evaluators.make_eval_step` pmapped as in train.py, and `evaluators.evaluate`, with
 the EMA weights (what the trainer reports) and with the raw weights. In every layout `count` must be
 exactly 13 although 16 rows were fed, the hosts must have evaluated disjoint rows that cover the
 split, and the ratios must agree across layouts and with a direct computation on the 13 real

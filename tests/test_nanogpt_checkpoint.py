@@ -38,7 +38,7 @@ def test_cli_prints_args_count_and_val_loss(tmp_path, capsys):
   # The val loss: torch's cross-entropy over the first 40 non-overlapping windows of the val split.
   c = shakespeare_char_cpu.get_config()
   c.dataset.data_dir = str(tmp_path / "tfds")
-  val = train.TextData(c).tokens["val"]
+  val = train.text_data(c).tokens["val"]
   idx = np.arange(40)[:, None] * 32 + np.arange(32)[None]
   with torch.no_grad():
     logits = ref(torch.as_tensor(val[idx].astype(np.int64)))

@@ -86,8 +86,8 @@ def test_gradient_accumulation_equals_the_big_batch():
   outs = []
   for accum, batch in ((4, x), (1, x.reshape(n, 1, 8, 9))):
     c.grad_accum = accum
-    step = trainer.parallel_train_step(train.make_train_step(model, tx, c), c.nonfinite,
-                                       donate=False)
+    step = trainer.parallel_train_step(train.make_train_step(model, tx, c, accum), c.nonfinite,
+                                       seed=c.seed, donate=False)
     state = parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
     b = parallel.shard({"x": batch[..., :-1], "y": batch[..., 1:]})
     new, _, sums = step(state, None, b, parallel.shard(parallel.device_indices()))
@@ -123,8 +123,8 @@ def test_train_steps_match_a_torch_nanogpt_step():
                            {"params": no_decay, "weight_decay": 0.0}],
                           lr=c.lr, betas=(c.beta1, c.beta2), eps=1e-8)
   n = jax.local_device_count()
-  step = trainer.parallel_train_step(train.make_train_step(model, tx, c), c.nonfinite,
-                                       donate=False)
+  step = trainer.parallel_train_step(train.make_train_step(model, tx, c, c.grad_accum), c.nonfinite,
+                                     seed=c.seed, donate=False)
   state = parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
   rng = np.random.default_rng(0)
   for it in range(5):
@@ -208,7 +208,7 @@ def test_torch_rng_run_is_nanogpt_run_in_torch(tmp_path):
   c.allow_config_change = True
   ours = train.train_and_evaluate(c, str(tmp_path / "work"))["val_curve"]
 
-  data = train.TextData(c)
+  data = train.text_data(c)
   splits = {"train": data.tokens["train"], "val": data.tokens["val"]}
   T, B, A = c.model.block_size, c.global_batch_size, c.grad_accum
   torch.manual_seed(c.seed)

@@ -14,6 +14,8 @@ import pathlib
 import numpy as np
 import pytest
 
+from experiments.common import errors as config_errors
+from experiments.common import layout as layout_lib
 from input_pipeline import datasets
 from input_pipeline import pipeline
 from input_pipeline import prepare
@@ -36,7 +38,8 @@ def gen_dir(tmp_path_factory) -> str:
 
 def _train(data_dir: str, **kw) -> list[dict[str, np.ndarray]]:
   steps = kw.pop("steps")
-  args = dict(global_batch_size=16, process_index=0, process_count=1, local_device_count=2, seed=0)
+  hosts, host = kw.pop("hosts", 1), kw.pop("process_index", 0)
+  args = dict(layout=layout_lib.of(16, devices_per_host=2, hosts=hosts, process_index=host), seed=0)
   args.update(kw)
   it = pipeline.create_train_iterator(data_dir, "sudoku_generated", GEN_KWARGS, **args)
   return [next(it) for _ in range(steps)]
@@ -443,9 +446,10 @@ def test_extreme_builder_rejects_malformed_csv(tmp_path):
 
 
 def test_batch_size_must_divide():
-  with pytest.raises(ValueError, match=r"global_batch_size=10 .* = 4"):
-    pipeline.per_device_batch_size(10, 2, 2)
-  assert pipeline.per_device_batch_size(768, 2, 4) == 96
+  with pytest.raises(config_errors.ConfigError, match=r"global_batch_size=10: not divisible by "
+                     r"the 4 devices.*use a multiple of 4, e.g. 8"):
+    layout_lib.of(10, devices_per_host=2, hosts=2)
+  assert layout_lib.of(768, devices_per_host=4, hosts=2).per_device_batch == 96
 
 
 def test_train_batches_shapes_and_validity(gen_dir):
@@ -469,7 +473,7 @@ def test_train_stream_runs_without_autotuning(gen_dir):
   """The training stream runs without tf.data's autotuning (fixed parallelism): its model thread
   sleeps up to a minute between optimisations and deleting the iterator waited for that sleep, which
   paused `make run` for 12-36 s before the final evaluation in about half the runs."""
-  args = dict(global_batch_size=16, process_index=0, process_count=1, local_device_count=2, seed=0)
+  args = dict(layout=layout_lib.of(16, devices_per_host=2), seed=0)
   ds = pipeline.create_train_dataset(gen_dir, "sudoku_generated", GEN_KWARGS, **args)
   assert ds.options().autotune.enabled is False
   assert ds.options().deterministic is True
@@ -480,7 +484,7 @@ def test_train_stream_runs_without_autotuning(gen_dir):
 
 def test_epochs_visit_every_puzzle_once(gen_dir):
   batches = _train(gen_dir, steps=12)  # 64 examples / 16 per step: 4 steps per epoch
-  assert pipeline.train_steps_per_epoch(64, 16, 1) == 4
+  assert layout_lib.of(16, devices_per_host=2).steps_per_epoch(64) == 4
   orders = []
   for e in range(3):
     index = np.concatenate([_flat(b, "index") for b in batches[4 * e:4 * e + 4]])
@@ -500,7 +504,7 @@ def test_per_host_splits_disjoint_and_cover(gen_dir):
   # One epoch of the two hosts' streams (global batch 16 = 2 hosts x 2 devices x 4).
   seen = []
   for host in range(2):
-    batches = _train(gen_dir, steps=4, process_index=host, process_count=2)
+    batches = _train(gen_dir, steps=4, process_index=host, hosts=2)
     index = np.concatenate([_flat(b, "index") for b in batches])
     assert set(index.tolist()) == shards[host] and index.size == 32
     seen.append(index)
@@ -536,7 +540,7 @@ def test_start_step_resumes_exactly(gen_dir):
 
 
 def _eval(gen_dir: str, host: int, **kw) -> pipeline.EvalIterator:
-  args = dict(global_batch_size=8, process_index=host, process_count=2, local_device_count=2)
+  args = dict(layout=layout_lib.of(8, devices_per_host=2, hosts=2, process_index=host))
   args.update(kw)
   return pipeline.create_eval_iterator(gen_dir, "sudoku_generated", GEN_KWARGS, **args)
 
@@ -545,7 +549,7 @@ def test_eval_padding_and_host_agreement(gen_dir):
   # 20 test examples, 2 hosts x 2 devices x 2 per device: 10 per host -> 3 batches of 4 each.
   iters = [_eval(gen_dir, h) for h in range(2)]
   assert [it.num_batches for it in iters] == [3, 3]
-  assert pipeline.num_eval_batches(20, 8, 2) == 3
+  assert layout_lib.of(8, devices_per_host=2, hosts=2).eval_batches(20) == 3
   builder = datasets.get_builder("sudoku_generated", gen_dir, GEN_KWARGS)
   test = pipeline.load_split(builder, "test")
   real = []
@@ -585,17 +589,17 @@ def test_eval_subset(gen_dir):
 def test_data_source(gen_dir, tmp_path):
   config = {"name": "sudoku_generated", "data_dir": str(tmp_path), "builder_config": "",
             "builder_kwargs": GEN_KWARGS, "prepare_if_missing": True, "manual_dir": ""}
-  source = pipeline.DataSource.from_config(config, seed=0, process_index=0, process_count=1)
+  source = pipeline.DataSource.from_config(config, seed=0)
   assert source.num_examples("train") == 64 and source.num_examples("test") == 20
   meta = source.metadata()
   assert meta["splits"] == {"train": 64, "test": 20} and meta["vocab_size"] == 11
-  mine = next(source.train_iterator(global_batch_size=16, local_device_count=2, start_step=3))
+  mine = next(source.train_iterator(layout=layout_lib.of(16, devices_per_host=2), start_step=3))
   ref = _train(gen_dir, steps=4)[3]  # same config prepared elsewhere: the same stream
   for name in ref:
     assert np.array_equal(mine[name], ref[name])
-  full = source.eval_batches("test", global_batch_size=8, local_device_count=2, subset_size=0)
-  assert full.num_examples == 20 and full is source.eval_batches(
-      "test", global_batch_size=8, local_device_count=2, subset_size=None)
+  layout = layout_lib.of(8, devices_per_host=2)
+  full = source.eval_batches("test", layout=layout, subset_size=0)
+  assert full.num_examples == 20 and full is source.eval_batches("test", layout=layout,
+                                                                 subset_size=None)
   with pytest.raises(ValueError, match="unknown builder kwargs"):
-    pipeline.DataSource.from_config(dict(config, builder_kwargs={"subsample_size": 3}), seed=0,
-                                    process_index=0, process_count=1)
+    pipeline.DataSource.from_config(dict(config, builder_kwargs={"subsample_size": 3}), seed=0)

@@ -11,6 +11,9 @@ import sys
 import numpy as np
 import pytest
 
+from experiments.common import errors as config_errors
+from experiments.common import layout as layout_lib
+
 from input_pipeline import datasets
 from input_pipeline import errors
 from input_pipeline import prepare
@@ -41,8 +44,10 @@ def test_split_is_first_90_and_last_10_percent():
     text.split_ids(ids, 0.0)
 
 
-def _windows(tokens, **kw):
-  args = dict(block_size=8, global_batch_size=4, local_device_count=2, accum_steps=3, seed=0)
+def _windows(tokens, batch=4, devices_per_host=2, hosts=1, process_index=0, **kw):
+  layout = layout_lib.of(batch, devices_per_host=devices_per_host, hosts=hosts,
+                         process_index=process_index)
+  args = dict(block_size=8, accum=3, seed=0, layout=layout)
   args.update(kw)
   return text.window_iterator(tokens, **args)
 
@@ -63,7 +68,7 @@ def test_windows_are_shifted_slices_deterministic_and_resumable():
   resumed = next(_windows(tokens, start_step=2))
   np.testing.assert_array_equal(resumed["x"], batches[2]["x"])
   other_seed = next(_windows(tokens, seed=1))
-  other_host = next(_windows(tokens, process_index=1, process_count=2, global_batch_size=8))
+  other_host = next(_windows(tokens, process_index=1, hosts=2, batch=8))
   other_stream = next(_windows(tokens, stream="eval_val"))
   for b in (other_seed, other_host, other_stream):
     assert not np.array_equal(b["x"], batches[0]["x"])
@@ -71,7 +76,7 @@ def test_windows_are_shifted_slices_deterministic_and_resumable():
 
 def test_window_offsets_are_uniform_over_the_split():
   tokens = np.arange(40, dtype=np.int32)
-  it = _windows(tokens, block_size=4, global_batch_size=64, local_device_count=1, accum_steps=1)
+  it = _windows(tokens, block_size=4, batch=64, devices_per_host=1, accum=1)
   starts = np.concatenate([next(it)["x"][..., 0].ravel() for _ in range(50)])
   counts = np.bincount(starts, minlength=36)
   assert len(counts) == 36 and counts.min() > 0           # every offset 0..N-T-1 is drawn
@@ -81,8 +86,8 @@ def test_window_offsets_are_uniform_over_the_split():
 def test_window_errors_name_the_problem():
   with pytest.raises(ValueError, match="block_size=64"):
     next(_windows(np.arange(10, dtype=np.int32), block_size=64))
-  with pytest.raises(ValueError, match="batch_size=5"):
-    next(_windows(np.arange(100, dtype=np.int32), global_batch_size=5))
+  with pytest.raises(config_errors.ConfigError, match="global_batch_size"):
+    next(_windows(np.arange(100, dtype=np.int32), batch=5))
 
 
 def test_text_corpus_byte_level_builder(tmp_path):

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 
+from experiments.common import layout as layout_lib
 from experiments.nanogpt import torch_rng
 from modules import gpt
 
@@ -92,8 +93,8 @@ def test_batch_stream_is_nanogpt_get_batch_order():
   _, draws = torch_rng.init_params(cfg, 7)
   T, B, A, every, E = 8, 4, 3, 5, 2
   train, val = np.arange(5000) % 11, (np.arange(700) * 7) % 11
-  kw = dict(block_size=T, batch_size=B, grad_accum=A, eval_interval=every, eval_iters=E,
-            init_draws=draws, seed=7)
+  kw = dict(block_size=T, layout=layout_lib.of(B, devices_per_host=1, accum=A),
+            eval_interval=every, eval_iters=E, init_draws=draws, seed=7)
   stream = torch_rng.BatchStream(train, val, **kw)
   # train.py: X, Y = get_batch('train') before the loop; per iteration the eval batches (train
   # split then val) when it % eval_interval == 0, then per micro-step forward + get_batch('train').
@@ -128,15 +129,13 @@ def test_batch_stream_is_nanogpt_get_batch_order():
 
 def test_batch_stream_hosts_and_devices_split_the_global_batch():
   train, val = np.arange(3000), np.arange(500)
-  kw = dict(block_size=8, batch_size=8, grad_accum=2, eval_interval=3, eval_iters=2,
-            init_draws=100, seed=3)
-  whole = torch_rng.BatchStream(train, val, **kw).train(4)["x"]           # [1, 2, 8, 8]
-  parts = [torch_rng.BatchStream(train, val, local_device_count=2, process_index=p,
-                                 process_count=2, **kw).train(4)["x"] for p in range(2)]
+  kw = dict(block_size=8, eval_interval=3, eval_iters=2, init_draws=100, seed=3)
+  one = layout_lib.of(8, devices_per_host=1, accum=2)
+  whole = torch_rng.BatchStream(train, val, layout=one, **kw).train(4)["x"]    # [1, 2, 8, 8]
+  parts = [torch_rng.BatchStream(train, val, **kw, layout=layout_lib.of(
+      8, devices_per_host=2, hosts=2, process_index=p, accum=2)).train(4)["x"] for p in range(2)]
   assert parts[0].shape == (2, 2, 2, 8)                                    # [D, A, b, T]
   joined = np.concatenate([p.transpose(1, 0, 2, 3).reshape(2, 4, 8) for p in parts], axis=1)
   np.testing.assert_array_equal(joined, whole[0])
-  with pytest.raises(ValueError, match="batch_size=8: not divisible by 3"):
-    torch_rng.BatchStream(train, val, local_device_count=3, **kw)
   with pytest.raises(ValueError, match="block_size=8: the val split has only 5 tokens"):
-    torch_rng.BatchStream(train, val[:5], **kw)
+    torch_rng.BatchStream(train, val[:5], layout=one, **kw)

@@ -19,7 +19,6 @@ import pytest
 from experiments.common import checkpointing
 from experiments.common import errors
 from experiments.common import layout
-from experiments.common import parallel
 from experiments.common import trainer
 from experiments.common import workdir_lock
 
@@ -124,7 +123,7 @@ def test_the_nonfinite_guard(example, tmp_path, policy):
     return
   trainer.train_and_evaluate(mlp, config, workdir)
   _, params = trainer.restore_params(mlp, config, workdir)
-  initial = parallel.unreplicate(mlp.build(config, layout.batch_layout(config)).state.params)
+  initial = trainer.init_state(mlp.build(config, layout.batch_layout(config)), config)[0].params
   for k in params:
     np.testing.assert_array_equal(params[k], initial[k])
 

@@ -95,6 +95,7 @@ def test_one_training_step_equals_the_reference(mlp_t, tmp_path):
                            sign_state=sign.init(table), model_state=model_state)
   one = jax.local_devices()[:1]
   p_step = trainer.parallel_train_step(train.make_train_step(jmodel, adam, sign, c, B), "raise",
+                                       seed=c.seed, rng_step_offset=train.TRM.rng_step_offset,
                                        devices=one, donate=False)
   batches = [_batch(s) for s in (1, 2)]
   j_carry = jax.tree.map(lambda x: np.asarray(x)[None],

@@ -17,6 +17,7 @@ from experiments.common import parallel
 from experiments.common import layout
 from experiments.common import trainer
 from experiments.trm import cpu_tuning
+from experiments.trm import evaluators
 from experiments.trm import train
 from experiments.trm.configs import arc1_att, arc2_att, base, cpu_demo, maze_att
 from experiments.trm.configs import sudoku_att, sudoku_mlp, v4_64
@@ -111,10 +112,11 @@ def test_training_on_a_fixed_batch_lowers_the_loss():
   batch = {"inputs": sudoku.grid_to_tokens(puzzles).reshape(n, per_device, 81).astype(np.int32),
            "labels": sudoku.grid_to_tokens(solutions).reshape(n, per_device, 81).astype(np.int32),
            "puzzle_identifiers": np.zeros((n, per_device), np.int32)}
-  state = parallel.replicate(train.init_state(model, adam, sign, seed=0))
+  state = parallel.replicate(train.init_state(model, adam, sign, jax.random.key(0)))
   carry = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count()))
   step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, config, per_device),
-                                      config.nonfinite)
+                                      config.nonfinite, seed=config.seed,
+                                      rng_step_offset=train.TRM.rng_step_offset)
   batch, dev = parallel.shard(batch), parallel.shard(parallel.device_indices())
   losses = []
   for _ in range(30):
@@ -167,7 +169,8 @@ def test_reference_recipe_fields():
   assert (c.weight_decay, c.puzzle_emb_weight_decay, c.global_batch_size, c.ema) == (
       1.0, 1.0, 768, True)
   # docs/trm.md section 4.5: 65,104 steps at batch 768 on 1000 training puzzles x 50000 epochs.
-  assert train.num_train_steps(c, 1000) == 65104
+  assert train.num_train_steps(c, layout.batch_layout(c, devices=8, devices_per_host=8,
+                                                     check_num_devices=False), 1000) == 65104
   a = sudoku_att.get_config()
   assert (a.model.mlp_t, a.model.pos_encodings) == (False, "rope")
 
@@ -311,18 +314,19 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
   rng = np.random.default_rng(0)
   puzzles, solutions = sudoku.generate_puzzles(n * per_device, seed=5, givens=45)
   dev = parallel.shard(parallel.device_indices())
-  text = train.parameter_table(train.init_state(model, adam, sign, seed=0, shard_table=True),
+  text = train.parameter_table(train.init_state(model, adam, sign, jax.random.key(0), shard_table=True),
                                    model, num_devices=4)
   assert (f"Puzzle-embedding table (SignSGD, not counted above): ({num_ids}, "
           f"{config.model.hidden_size}) = {num_ids * config.model.hidden_size:,}, sharded: 3 rows "
           "on each of 4 devices") in text
   results = {}
   for shard in (False, True):
-    state = parallel.replicate(train.init_state(model, adam, sign, seed=0, shard_table=shard))
+    state = parallel.replicate(train.init_state(model, adam, sign, jax.random.key(0), shard_table=shard))
     dstate = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count(),
                                                     shard_table=shard))
     step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, config, per_device),
-                                      config.nonfinite)
+                                      config.nonfinite, seed=config.seed,
+                                      rng_step_offset=train.TRM.rng_step_offset)
     rng = np.random.default_rng(0)
     for _ in range(4):         # ids 0..9 over 4 devices of R = 3 rows: every shard gets updates
       ids = rng.integers(0, num_ids, (n, per_device)).astype(np.int32)
@@ -331,12 +335,12 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
           "labels": sudoku.grid_to_tokens(solutions).reshape(n, per_device, 81).astype(np.int32),
           "puzzle_identifiers": ids})
       state, dstate, sums = step(state, dstate, batch, dev)
-    eval_step = parallel.pmap_step(train.make_eval_step(model, per_device, sharded=shard),
+    eval_step = parallel.pmap_step(evaluators.make_eval_step(model, per_device, sharded=shard),
                                    replicated_in=(0, 1) if shard else (0, 1, 2), out_axes=0)
     eval_batch = {"inputs": np.asarray(batch["inputs"]), "labels": np.asarray(batch["labels"]),
                   "puzzle_identifiers": np.asarray(batch["puzzle_identifiers"]),
                   "mask": np.ones((n, per_device), bool)}
-    ev = train.evaluate(eval_step, state, [eval_batch], use_ema=True,
+    ev = evaluators.evaluate(eval_step, state, [eval_batch], use_ema=True,
                         table=dstate.puzzle_shard if shard else None, device_index=dev)
     host = parallel.unreplicate(state)
     table = train.host_puzzle_table(host.puzzle_table, dstate, num_ids)
@@ -377,10 +381,11 @@ def test_batch_slices_give_the_whole_batch_step(tmp_path, kernels):
   dev = parallel.shard(parallel.device_indices())
   runs = {}
   for slices in (1, 2):
-    state = parallel.replicate(train.init_state(model, adam, sign, seed=0))
+    state = parallel.replicate(train.init_state(model, adam, sign, jax.random.key(0)))
     dstate = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count()))
     step = trainer.parallel_train_step(
-        train.make_train_step(model, adam, sign, config, per_device, slices), config.nonfinite)
+        train.make_train_step(model, adam, sign, config, per_device, slices), config.nonfinite,
+        seed=config.seed, rng_step_offset=train.TRM.rng_step_offset)
     history = []
     for _ in range(3):
       state, dstate, sums = step(state, dstate, batch, dev)

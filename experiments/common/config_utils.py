@@ -32,6 +32,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import ml_collections
 
 from experiments.common import errors
+from experiments.common import layout
 from experiments.common import parallel
 
 ConfigError = errors.ConfigError     # the errors' home is experiments/common/errors.py
@@ -181,14 +182,11 @@ def run_config(**overrides: Any) -> ml_collections.ConfigDict:
   """The fields the trainer (experiments/common/trainer.py) reads, with their defaults.
 
   An experiment's base config starts from it and adds its own sections (data, model, optimiser);
-  `overrides` set the experiment's defaults (e.g. `global_batch_size=768`).
+  `overrides` set the experiment's defaults (e.g. the batch, `epochs`).
   """
   c = ml_collections.ConfigDict()
   c.seed = 0
-  # The batch: `global_batch_size` examples per micro-step over all devices of all hosts,
-  # `grad_accum` micro-steps per update (experiments/common/layout.py).
-  c.global_batch_size = 32
-  c.grad_accum = 1
+  layout.add_fields(c)                # the batch (experiments/common/layout.py)
   c.total_steps = -1                  # updates; -1: the experiment derives it (epochs, max_iters)
   # Start: the workdir's own newest checkpoint, else `init_from`, else random init. init_from: a
   # podlab workdir / checkpoint (weights only: fine-tuning), or a file of the experiment's reference

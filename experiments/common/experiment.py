@@ -2,28 +2,32 @@ r"""The experiment protocol: the few methods an experiment supplies to the one t
 
 The trainer (experiments/common/trainer.py) owns the run: flags and distributed init (entry.py),
 the workdir, checkpoints and their layout, resume (own checkpoint, then `init_from`, then random
-init), preemption, the non-finite guard, the metric writer, progress, profiling, the evaluation
-schedule, `--mode=eval`, the dry run and the TPU compile, and the final table. An experiment says
-only what differs:
+init), the step rng, preemption, the non-finite guard, the metric writer, progress, profiling, the
+evaluation schedule, `--mode=eval`, the dry run and the TPU compile, and the final table. An
+experiment says only what differs (jaxline's shape):
 
   class Experiment:
     name                                   # "trm", "nanogpt", ...
     base_config() -> ConfigDict            # every field, with defaults: configs are checked against it
     validate(config)                       # value checks: raise errors.ConfigError
-    build(config, layout, abstract) -> Build   # state, train step, data, evaluators
+    prepare(config)                        # make the data ready before a real run (optional)
+    build(config, layout) -> Build         # init, train step, batches, evaluators: nothing read yet
     load_init(path, build, config) -> params   # weights from a file of another format (optional)
 
-`Build` carries the replicated train state (a NamedTuple with a `step` field: updates done), the
-per-device state (or None), the per-device train step, the batch stream and the evaluators. The
-train step is what runs on each device inside `pmap` (axis `parallel.AXIS`):
+`Build.init(rng) -> (state, device_state)` makes the replicated train state (a NamedTuple with a
+`step` field: updates done) and the per-device state (or None) from `jax.random.key(config.seed)`;
+the trainer calls it for a fresh run and takes the abstract state (restore templates, dry runs,
+TPU compiles) from `jax.eval_shape` of it. `batches` and the evaluators open their data on first
+use, so a build reads no data and compiles no step. The train step runs on each device inside
+`pmap` (axis `parallel.AXIS`):
 
-  train_step(state, device_state, batch, device_index) -> (state, device_state, metrics, finite)
+  train_step(state, device_state, batch, rng) -> (state, device_state, metrics, finite)
 
-`metrics` is a dict of scalars already reduced over all devices (psum/pmean), added up over the log
-window and saved with checkpoints; `finite` is a [] bool, the same on every device, False when the
-step's loss or gradients are not finite. The trainer adds the state check and the skip policy
-(config.nonfinite), so the step does not. `device_index` is the device's global index (jaxline: the
-host id goes into the step, it is not read inside).
+`rng` is the update's per-device key, derived by the trainer (trainer.step_rng: seed, step,
+device index; jaxline passes it in too). `metrics` is a dict of scalars already reduced over all
+devices (psum/pmean), added up over the log window and saved with checkpoints; `finite` is a []
+bool, the same on every device, False when the step's loss or gradients are not finite. The
+trainer adds the state check and the skip policy (config.nonfinite), so the step does not.
 
 A complete example (an MLP classifier in ~60 lines, run as written by tests/test_trainer.py):
 docs/adding-an-experiment.md.
@@ -32,7 +36,8 @@ docs/adding-an-experiment.md.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, Iterator, Mapping, NamedTuple, Optional, Sequence, Tuple,
+                    Union)
 
 import ml_collections
 
@@ -65,15 +70,18 @@ class Evaluator:
     every: evaluate every this many updates during training (not at the last update); 0 = never.
     at_start: also evaluate before the first update (nanoGPT evaluates iteration 0).
     at_end: evaluate once more after the last update, with `final=True` (the final table).
-    size: examples evaluated, for the console ("evaluating N examples"); `size_final` for the final.
+    size: examples evaluated, for the console ("evaluating N examples"); `size_final` for the final;
+      either may be a function (`() -> int`) when the count needs the data (read on first use).
+    program: its per-device step for the dry run to compile (optional).
   """
   name: str
   run: Callable[[EvalContext], Scalars]
   every: int = 0
   at_start: bool = False
   at_end: bool = True
-  size: Optional[int] = None
-  size_final: Optional[int] = None
+  size: Union[None, int, Callable[[], int]] = None
+  size_final: Union[None, int, Callable[[], int]] = None
+  program: Optional["Program"] = None
 
 
 @dataclasses.dataclass
@@ -91,72 +99,97 @@ class Program:
   flops: Optional[float] = None  # analytic FLOPs of one call over all devices
 
 
+class TrainState(NamedTuple):
+  """The train state of an experiment with one optimizer (nanoGPT, masked diffusion): replicated
+  on the devices, saved in checkpoints."""
+  step: Any                # [] int32 updates done
+  params: Any
+  opt_state: Any
+
+
+class Weights(NamedTuple):
+  """The model weights of a state, and a state (and per-device state) with other weights (init_from:
+  fine-tuning, evaluation of imported weights)."""
+  get: Callable[[Any], Params]
+  set: Callable[[Any, Any, Params], Tuple[Any, Any]]
+
+
+PARAMS = Weights(get=lambda state: state.params,
+                 set=lambda state, device_state, params: (state._replace(params=params),
+                                                          device_state))
+
+
 @dataclasses.dataclass
-class Build:
-  """What `Experiment.build` returns; see the module doc.
+class Display:
+  """How a run shows itself on the console, in TensorBoard and in its results (all optional).
 
   Attributes:
-    state: the replicated train state (NamedTuple with `step`); host values, or
-      jax.ShapeDtypeStructs when built `abstract`.
+    parameters: the parameter table, or a function of the run's start state that makes it (logged
+      once, written to TensorBoard).
+    summary: a line or two about the model (parameter count, tables) for the dry run.
+    progress: keys of `train_scalars` shown on the console's progress line (2-4).
+    train_scalars: `(window sums, updates in the window, step) -> {"train/...": value}`.
+    items_per_step: examples (or tokens) per update, all devices; `item_name` says which.
+    nonfinite_order: metrics named, in this order, when a step is not finite; `nonfinite_other`
+      describes a non-finite step whose named metrics are all finite.
+    final_table: `(final evaluation {evaluator: metrics}, history {step: {...}}) -> str`.
+    results: `(final, history) -> dict` returned by train_and_evaluate (default: `final`).
+  """
+  parameters: Union[str, Callable[[Any], str]] = ""
+  summary: str = ""
+  progress: Sequence[str] = ()
+  train_scalars: Callable[[Scalars, int, int], Scalars] = lambda sums, n, step: {}
+  items_per_step: float = 0.0
+  item_name: str = "examples"
+  nonfinite_order: Sequence[str] = ()
+  nonfinite_other: str = "the update (loss and gradients were finite)"
+  final_table: Optional[Callable[[Mapping[str, Scalars], Mapping[int, Any]], str]] = None
+  results: Optional[Callable[[Mapping[str, Scalars], Mapping[int, Any]], Dict[str, Any]]] = None
+
+
+@dataclasses.dataclass
+class Build:
+  """What `Experiment.build` returns; see the module doc. Nothing in it has read data yet.
+
+  Attributes:
+    init: `init(rng) -> (state, device_state)`: the replicated train state (NamedTuple with
+      `step`) and the per-device state [local_devices, ...] (host numpy) or None, real values.
     train_step: the per-device step (see the module doc).
     batches: `batches(start_step)` -> iterator of this host's batches for updates start_step + 1, ...
       (leading axis: local devices; with accumulation the next axis is the micro-step).
-    total_steps: updates of the run.
-    device_state: per-device state [local_devices, ...] (host numpy), or None.
     example_batch: one batch as ShapeDtypeStructs (dry runs compile with it).
+    total_steps: updates of the run.
     evaluators: the run's evaluations.
-    train_scalars: `(window sums, updates in the window, step) -> {"train/...": value}`.
-    progress: keys of `train_scalars` shown on the console's progress line (2-4).
-    parameters: the parameter table (logged once, written to TensorBoard).
-    summary: a line or two about the model (parameter count, tables) for the dry run.
-    items_per_step: examples (or tokens) per update, all devices; `item_name` says which.
     flops_per_step: analytic FLOPs per update, all devices (MFU, the TPU compile's roofline).
     model_config: the model's own config (readers of other checkpoint formats, samplers, exports).
-    get_params / set_params: the model weights of a state, and a state (and per-device state) with
-      other weights (init_from: fine-tuning, evaluation of imported weights).
-    nonfinite_order: metrics named, in this order, when a step is not finite; `nonfinite_other`
-      describes a non-finite step whose named metrics are all finite.
-    eval_programs: evaluation steps for the dry run to compile.
-    final_table: `(final evaluation {evaluator: metrics}, history {step: {...}}) -> str`.
-    results: `(final, history) -> dict` returned by train_and_evaluate (default: `final`).
-    on_start: called once with the workdir and the start step before training (extra files).
-    init: `() -> (state, device_state)` with real values, for an `abstract` build (benchmarks
-      compile and run the real step on synthetic batches without reading data).
+    weights: how to read and replace the model weights of a state (default: `state.params`).
     compiler_options: XLA options for the training and evaluation steps' compiles
       (`parallel.pmap_step`); experiments set them for a CPU target only (`layout.cpu_tuning`), so
       a TPU program never carries them.
+    on_start: called once with the workdir and the start step before training (extra files).
+    display: the console, TensorBoard and results side (`Display`).
   """
-  state: Any
+  init: Callable[[Any], Tuple[Any, Any]]
   train_step: Callable[..., Any]
   batches: Callable[[int], Iterator[Any]]
+  example_batch: Any
   total_steps: int
-  device_state: Any = None
-  example_batch: Any = None
   evaluators: Sequence[Evaluator] = ()
-  train_scalars: Callable[[Scalars, int, int], Scalars] = lambda sums, n, step: {}
-  progress: Sequence[str] = ()
-  parameters: str = ""
-  summary: str = ""
-  items_per_step: float = 0.0
-  item_name: str = "examples"
   flops_per_step: Optional[float] = None
   model_config: Any = None
-  get_params: Callable[[Any], Params] = lambda state: state.params
-  set_params: Optional[Callable[[Any, Any, Params], Tuple[Any, Any]]] = None
-  nonfinite_order: Sequence[str] = ()
-  nonfinite_other: str = "the update (loss and gradients were finite)"
-  eval_programs: Mapping[str, Program] = dataclasses.field(default_factory=dict)
-  final_table: Optional[Callable[[Mapping[str, Scalars], Mapping[int, Any]], str]] = None
-  results: Optional[Callable[[Mapping[str, Scalars], Mapping[int, Any]], Dict[str, Any]]] = None
-  on_start: Optional[Callable[[workdir_lib.Workdir, int], None]] = None
-  init: Optional[Callable[[], Tuple[Any, Any]]] = None
+  weights: Weights = PARAMS
   compiler_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  on_start: Optional[Callable[[workdir_lib.Workdir, int], None]] = None
+  display: Display = dataclasses.field(default_factory=Display)
 
 
 class Experiment:
   """Base class of an experiment; see the module doc. Override `base_config` and `build`."""
 
   name = "experiment"
+  # The step number the trainer folds into the first update's rng (trainer.step_rng): 0 counts
+  # updates from 0 (nanoGPT's iteration), 1 from 1 (TRM's reference).
+  rng_step_offset = 0
 
   def base_config(self) -> ml_collections.ConfigDict:
     raise NotImplementedError(f"{type(self).__name__} must define base_config()")
@@ -164,8 +197,12 @@ class Experiment:
   def validate(self, config: ml_collections.ConfigDict) -> None:
     """Value checks beyond the field names (raise errors.ConfigError)."""
 
-  def build(self, config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout, *,
-            abstract: bool = False) -> Build:
+  def prepare(self, config: ml_collections.ConfigDict) -> None:
+    """Makes the data ready (prepares a missing dataset when the config asks) before a real run's
+    build; dry runs and compile-only tools skip it."""
+    del config
+
+  def build(self, config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout) -> Build:
     raise NotImplementedError(f"{type(self).__name__} must define build()")
 
   def fit_variants(self, config: ml_collections.ConfigDict

@@ -2,8 +2,12 @@
 
 `batch_layout(config)` reads the shared run fields (`global_batch_size`, `grad_accum`, `num_devices`,
 `devices_per_host`) and the machine (this run's JAX devices, or the devices of a compile target) and
-returns a `BatchLayout`, checking that the numbers divide. The trainer, the data iterators, the dry
-run and the TPU compile all take their figures from it.
+returns a `BatchLayout`, checking that the numbers divide. It is the only place that divides
+batches or counts devices per batch: the trainer, the experiments, the data pipeline
+(input_pipeline/pipeline.py, text.py: they take the layout), nanoGPT's replayed batch order, the dry
+run, the TPU compile and the tools all take their figures from it (per-host rows, steps per epoch,
+eval batches, updates per epoch). The batch fields' names live here too (`add_fields`, `set_batch`,
+`with_per_device_batch`, `check_no_accum`, `check_batch_multiple`): no other module reads them.
 
 Glossary: a *micro-step* feeds `global_batch` examples (all devices of all hosts) through forward
 and backward; an *update* (optimizer step) accumulates `accum` micro-steps.
@@ -16,12 +20,15 @@ Synopsis:
                                      devices_per_host=4))
   l = layout.batch_layout(c, devices=32, devices_per_host=4, platform="tpu")   # a v4-64
   (l.hosts, l.per_host_batch, l.per_device_batch)                              # (8, 96, 24)
+  l.steps_per_epoch(8000)                                                      # 10 per epoch
+  layout.of(16, devices_per_host=2, hosts=2, process_index=1).host_rows        # (8, 16)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+import math
+from typing import Any, Optional, Tuple
 
 import jax
 
@@ -57,10 +64,93 @@ class BatchLayout:
     """Global index of this process's first device."""
     return self.process_index * self.devices_per_host
 
+  @property
+  def host_rows(self) -> Tuple[int, int]:
+    """[start, stop) of this host's rows in a micro-step's global batch (devices in order)."""
+    return (self.first_device * self.per_device_batch,
+            (self.first_device + self.devices_per_host) * self.per_device_batch)
+
+  def updates_for(self, examples: float) -> int:
+    """Whole updates that `examples` examples make (e.g. epochs x examples per epoch)."""
+    return int(examples / self.examples_per_update)
+
+  def steps_per_epoch(self, num_examples: int) -> int:
+    """Steps of one pass of this host over its 1/hosts share of `num_examples` (the split over all
+    hosts); the trailing partial batch is dropped, so every host agrees."""
+    return self.host_steps_per_epoch(num_examples // self.hosts)
+
+  def host_steps_per_epoch(self, host_examples: int) -> int:
+    """Steps of one pass over `host_examples` examples of this host (partial batch dropped)."""
+    return host_examples // self.per_host_batch
+
+  def eval_batches(self, num_examples: int) -> int:
+    """Batches per host that evaluate `num_examples` examples (the same on every host; the last
+    ones padded)."""
+    return math.ceil(math.ceil(num_examples / self.hosts) / self.per_host_batch)
+
   def describe(self) -> str:
     accum = f" x {self.accum} accumulation steps" if self.accum > 1 else ""
     return (f"global batch {self.global_batch}{accum} = {self.hosts} host(s) x "
             f"{self.devices_per_host} {self.platform} device(s) x {self.per_device_batch}")
+
+
+BATCH_FIELD, ACCUM_FIELD = "global_batch_size", "grad_accum"
+
+
+def add_fields(c: Any) -> None:
+  """The batch fields of the run section (experiments/common/config_utils.run_config):
+  `BATCH_FIELD` examples per micro-step over all devices of all hosts, `ACCUM_FIELD` micro-steps per
+  update."""
+  c[BATCH_FIELD] = 32
+  c[ACCUM_FIELD] = 1
+
+
+def of(global_batch: int, *, devices_per_host: int, hosts: int = 1, process_index: int = 0,
+       accum: int = 1, platform: str = "cpu") -> BatchLayout:
+  """The checked layout of these figures without a config or devices (tools, tests, data
+  benchmarks): `global_batch` examples per micro-step over `hosts` x `devices_per_host` devices."""
+  return batch_layout({BATCH_FIELD: global_batch, ACCUM_FIELD: accum},
+                      devices=hosts * devices_per_host, devices_per_host=devices_per_host,
+                      process_index=process_index, platform=platform, check_num_devices=False)
+
+
+def set_batch(config: Any, global_batch: Optional[int] = None,
+              accum: Optional[int] = None) -> Any:
+  """Sets the config's batch fields (in place; returns it): tools and benchmarks that choose a
+  batch."""
+  if global_batch is not None:
+    config[BATCH_FIELD] = int(global_batch)
+  if accum is not None:
+    config[ACCUM_FIELD] = int(accum)
+  return config
+
+
+def configured_batch(config: Any) -> int:
+  """The global batch a config asks for (before a layout checks it against devices)."""
+  return int(config[BATCH_FIELD])
+
+
+def with_per_device_batch(config: Any, per_device: int, devices: int) -> Tuple[Any, str]:
+  """(a copy of `config` whose batch is `per_device` examples on each of `devices` devices, the
+  flag that sets it): the dry run's batch search and fit fixes, the benchmarks."""
+  c = config.copy_and_resolve_references()
+  c[BATCH_FIELD] = per_device * devices
+  return c, f"--config.{BATCH_FIELD}={per_device * devices}"
+
+
+def check_no_accum(config: Any, why: str) -> None:
+  """Raises errors.ConfigError when `config` accumulates micro-steps and the experiment cannot."""
+  accum = int(config.get(ACCUM_FIELD, 1))
+  if accum != 1:
+    raise errors.ConfigError(ACCUM_FIELD, accum, why, "use 1")
+
+
+def check_batch_multiple(config: Any, field: str, why: str) -> None:
+  """Raises errors.ConfigError unless config[field] is a positive multiple of the global batch."""
+  batch, value = int(config[BATCH_FIELD]), int(config[field])
+  if value <= 0 or value % batch:
+    raise errors.ConfigError(field, value, f"must be a positive multiple of {BATCH_FIELD}={batch} "
+                             f"({why})", f"use {max(1, -(-value // batch)) * batch}")
 
 
 def batch_layout(config: Any, *, devices: Optional[int] = None,
@@ -83,8 +173,8 @@ def batch_layout(config: Any, *, devices: Optional[int] = None,
     process_index = jax.process_index() if devices == jax.device_count() else 0
   if platform is None:
     platform = jax.devices()[0].platform
-  batch = int(config.global_batch_size)
-  accum = int(config.get("grad_accum", 1))
+  batch = int(config[BATCH_FIELD])
+  accum = int(config.get(ACCUM_FIELD, 1))
   if batch <= 0:
     raise errors.ConfigError("global_batch_size", batch, "must be positive", "use e.g. 768")
   if accum <= 0:

@@ -1,6 +1,6 @@
 """Model FLOPs utilisation: the device's peak FLOP/s, from the chip table or measured on a CPU.
 
-nanoGPT's MFU = (6 N + 12 L H Q T) T (batch x grad_accum) / step_time / peak, where the original
+nanoGPT's MFU = (6 N + 12 L H Q T) T (batch x accumulation steps) / step_time / peak, where the original
 hard-codes an A100's 312e12; here the peak is the device's own: the dense bf16 figure of
 `experiments/common/chips.py` (every TPU generation podlab targets, and the GPUs), per JAX device (a
 v2/v3 device is one TensorCore, half a chip). On a CPU it is measured at start (a float32 matmul of

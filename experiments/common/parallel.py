@@ -366,3 +366,27 @@ def device_indices() -> np.ndarray:
   """
   n = jax.local_device_count()
   return (jax.process_index() * n + np.arange(n)).astype(np.int32)
+
+
+_STEP_DEVICE_INDEX: list = []
+
+
+@contextlib.contextmanager
+def step_device_index(index: Any) -> Iterator[None]:
+  """Holds this device's global index (the pmapped step's `device_indices()` argument) while the
+  trainer traces an experiment's train step (experiments/common/trainer.guarded_step)."""
+  _STEP_DEVICE_INDEX.append(index)
+  try:
+    yield
+  finally:
+    _STEP_DEVICE_INDEX.pop()
+
+
+def device_index() -> Any:
+  """This device's global index ([] int32, process-major) inside a train step the trainer runs: the
+  step's input (jaxline), for a step that needs more than its rng (TRM's sharded puzzle table)."""
+  if not _STEP_DEVICE_INDEX:
+    raise RuntimeError("parallel.device_index() is read inside a train step run by "
+                       "trainer.parallel_train_step (the trainer passes the index in)")
+  return _STEP_DEVICE_INDEX[-1]
+

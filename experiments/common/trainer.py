@@ -3,6 +3,7 @@ r"""The one trainer: runs any experiment (experiments/common/experiment.py) from
   train_and_evaluate(experiment, config, workdir)   train, evaluate, print the final table
   evaluate(experiment, config, workdir)             --mode=eval: evaluate a model, no training
   build(experiment, config)                         (layout, Build) for tools (bench, sample, faults)
+  init_state(b, config) / abstract_state(b, config) the fresh state, or its shapes (jax.eval_shape)
   restore_params(experiment, config, workdir)       (step, params) of a workdir's newest checkpoint
 
 What it owns, in the order of a run:
@@ -14,8 +15,10 @@ What it owns, in the order of a run:
 2. The start: the newest checkpoint in `<workdir>/checkpoints` (resume: state, per-device state and
    the open metric window, so a resumed run logs what an unbroken one would), else
    `config.init_from` (the weights of a podlab checkpoint or of a file of another format, read by
-   `Experiment.load_init`; a fresh optimizer and step 0: fine-tuning), else random init.
-3. The loop: one pmapped step per update (`parallel.pmap_step`, state replicated with
+   `Experiment.load_init`; a fresh optimizer and step 0: fine-tuning), else `Build.init(rng)`
+   (rng = key(config.seed)). Before the build, `Experiment.prepare` readies the data.
+3. The loop: one pmapped step per update, the experiment's step given its rng (`step_rng`: seed,
+   step, device index) (`parallel.pmap_step`, state replicated with
    `in_axes=None`, donated; with the Build's XLA `compiler_options`, a CPU target's, the step is
    lowered once at start and compiled in a background thread while the checkpoint manager, the
    writers and the input pipeline start); metric sums stay on the devices and are read once per
@@ -89,13 +92,30 @@ def check_config(experiment: Experiment, config: ml_collections.ConfigDict) -> N
   experiment.validate(config)
 
 
-def build(experiment: Experiment, config: ml_collections.ConfigDict, *, abstract: bool = False,
+def build(experiment: Experiment, config: ml_collections.ConfigDict, *,
           layout: Optional[layout_lib.BatchLayout] = None
           ) -> Tuple[layout_lib.BatchLayout, Build]:
-  """Checks `config` and builds the experiment on this run's devices (or `layout`)."""
+  """Checks `config` and builds the experiment on this run's devices (or `layout`); reads no data
+  (a real run calls `experiment.prepare(config)` first)."""
   check_config(experiment, config)
   layout = layout or layout_lib.batch_layout(config)
-  return layout, experiment.build(config, layout, abstract=abstract)
+  return layout, experiment.build(config, layout)
+
+
+def init_rng(config: ml_collections.ConfigDict) -> jax.Array:
+  """The key `Build.init` gets: jax.random.key(config.seed)."""
+  return jax.random.key(int(config.seed))
+
+
+def init_state(b: Build, config: ml_collections.ConfigDict) -> Tuple[Any, Any]:
+  """(state, device_state) of a fresh run, with real values."""
+  return b.init(init_rng(config))
+
+
+def abstract_state(b: Build, config: ml_collections.ConfigDict) -> Tuple[Any, Any]:
+  """(state, device_state) as jax.ShapeDtypeStructs: `jax.eval_shape` of the experiment's init
+  (restore templates, dry runs, TPU compiles, benchmarks' compiles)."""
+  return jax.eval_shape(b.init, init_rng(config))
 
 
 def _floating_leaves_finite(tree: Any) -> jax.Array:
@@ -104,9 +124,20 @@ def _floating_leaves_finite(tree: Any) -> jax.Array:
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
-def guarded_step(train_step: Callable[..., Any], nonfinite: str) -> Callable[..., Any]:
-  """The experiment's per-device step with the non-finite guard: (state, device_state, batch,
-  device_index) -> (state, device_state, metrics + {"nonfinite_steps", "nonfinite_state"}).
+def step_rng(seed: int, step: jax.Array, device_index: jax.Array) -> jax.Array:
+  """The rng of one device's update: fold_in(fold_in(key(seed), step), device_index). The one place
+  a step's rng is derived (jaxline: the trainer passes it in); `step` is the update's number as the
+  experiment counts it (`Experiment.rng_step_offset`)."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step), device_index)
+
+
+def guarded_step(train_step: Callable[..., Any], nonfinite: str, *, seed: int,
+                 rng_step_offset: int = 0) -> Callable[..., Any]:
+  """The experiment's per-device step with its rng and the non-finite guard: (state, device_state,
+  batch, device_index) -> (state, device_state, metrics + {"nonfinite_steps", "nonfinite_state"}).
+
+  The experiment's `train_step(state, device_state, batch, rng)` gets `step_rng(seed, state.step +
+  rng_step_offset, device_index)`; the device index itself is `parallel.device_index()` inside it.
 
   A step is finite when the experiment says so (loss and gradients) and every floating leaf of the
   new state is finite (an update can overflow with finite gradients); the per-device state is checked
@@ -115,8 +146,10 @@ def guarded_step(train_step: Callable[..., Any], nonfinite: str) -> Callable[...
   the step, so the next update sees new data).
   """
   def step(state, device_state, batch, device_index):
-    new_state, new_device_state, metrics, finite = train_step(state, device_state, batch,
-                                                              device_index)
+    count = state.step + rng_step_offset if rng_step_offset else state.step
+    with parallel.step_device_index(device_index):
+      new_state, new_device_state, metrics, finite = train_step(
+          state, device_state, batch, step_rng(seed, count, device_index))
     state_finite = _floating_leaves_finite(new_state)
     if jax.tree.leaves(new_device_state):
       local = _floating_leaves_finite(new_device_state).astype(jnp.int32)
@@ -193,15 +226,19 @@ def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransforma
                 jnp.isfinite(loss) & jnp.isfinite(grad_norm))
 
 
-def parallel_train_step(train_step: Callable[..., Any], nonfinite: str, *,
+def parallel_train_step(train_step: Callable[..., Any], nonfinite: str, *, seed: int,
+                        rng_step_offset: int = 0,
                         devices: Optional[Sequence[Any]] = None,
                         donate: bool = True,
                         compiler_options: Optional[Mapping[str, str]] = None
                         ) -> Callable[..., Any]:
-  """`guarded_step` pmapped: state replicated (in and out), per-device state and batch sharded,
+  """`guarded_step` pmapped: (state, device_state, batch, parallel.device_indices() sharded) ->
+  (state, device_state, metrics); state replicated (in and out), per-device state and batch sharded,
   state and per-device state donated (`donate=False` keeps the inputs, e.g. for tests that reuse
-  them); `compiler_options`: the Build's XLA options (`parallel.pmap_step`)."""
-  return parallel.pmap_step(guarded_step(train_step, nonfinite), replicated_in=(0,),
+  them); `seed`, `rng_step_offset`: the step rng (`guarded_step`); `compiler_options`: the Build's
+  XLA options (`parallel.pmap_step`)."""
+  return parallel.pmap_step(guarded_step(train_step, nonfinite, seed=seed,
+                                         rng_step_offset=rng_step_offset), replicated_in=(0,),
                             out_axes=(None, 0, 0), donate_argnums=(0, 1) if donate else (),
                             devices=devices, compiler_options=dict(compiler_options or {}))
 
@@ -227,11 +264,12 @@ def _state_template(state: Any) -> Any:
                       state, parallel.fsdp_shardings(state))
 
 
-def _restore_own(ckpt: checkpointing.CheckpointManager, b: Build, keys: Sequence[str],
-                 fallback: bool):
-  template = {STATE: _state_template(b.state), WINDOW: metrics_lib.SumAccumulator().state(keys)}
+def _restore_own(ckpt: checkpointing.CheckpointManager, abstract: Tuple[Any, Any],
+                 keys: Sequence[str], fallback: bool):
+  state, device_state = abstract
+  template = {STATE: _state_template(state), WINDOW: metrics_lib.SumAccumulator().state(keys)}
   return ckpt.restore_latest(replicated_like=template,
-                             per_device_like=b.device_state if b.device_state is not None else {},
+                             per_device_like=device_state if device_state is not None else {},
                              fallback=fallback)
 
 
@@ -246,18 +284,12 @@ def load_init(experiment: Experiment, b: Build, config: ml_collections.ConfigDic
   directory, step = found
   manager = checkpointing.CheckpointManager(directory, save_interval_steps=1)
   try:
-    restored = manager.restore(step, replicated_like={STATE: b.state},
+    restored = manager.restore(step, replicated_like={STATE: abstract_state(b, config)[0]},
                                per_device_like={}, partial=True)
   finally:
     manager.close()
   logging.info("init_from: params of %s step %d", directory, restored[0])
-  return b.get_params(restored[1][STATE])
-
-
-def _set_params(b: Build, params: Any) -> Tuple[Any, Any]:
-  if b.set_params is not None:
-    return b.set_params(b.state, b.device_state, params)
-  return b.state._replace(params=params), b.device_state
+  return b.weights.get(restored[1][STATE])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -280,6 +312,7 @@ class _Evaluations:
   def run(self, ev: experiment_lib.Evaluator, state, device_state, step: int, final: bool
           ) -> Dict[str, float]:
     size = ev.size_final if final and ev.size_final is not None else ev.size
+    size = size() if callable(size) else size
     what = f"{size:,} examples" if size else ev.name
     t0 = time.perf_counter()
     results = ev.run(experiment_lib.EvalContext(state, device_state, step, final, self.wd))
@@ -305,14 +338,14 @@ def _load_history(wd: workdir_lib.Workdir, start_step: int) -> Dict[int, Dict[st
 
 def _nonfinite_error(step: int, host: Dict[str, float], b: Build,
                      ckpt: checkpointing.CheckpointManager) -> errors.NonFiniteError:
-  names = [k for k in b.nonfinite_order if not math.isfinite(host.get(k, 0.0))]
+  names = [k for k in b.display.nonfinite_order if not math.isfinite(host.get(k, 0.0))]
   if names:
     what = f"{names[0]} = {host[names[0]]}"
   elif host.get("nonfinite_state", 0.0):
     what = ("the updated state (parameters, optimizer state, ...) while loss and gradients were "
             "finite: the update overflowed")
   else:
-    what = b.nonfinite_other
+    what = b.display.nonfinite_other
   ckpt.wait_until_finished()       # an earlier (good) save still in flight completes first
   steps = ckpt.all_steps()
   last = (f"the last good checkpoint is step {steps[-1]} in {ckpt.directory}" if steps
@@ -420,18 +453,19 @@ def restore_state(experiment: Experiment, config: ml_collections.ConfigDict, wor
   """(step, state, per-device state, build) of the newest checkpoint in `workdir`, restored with the
   run's templates (the per-device state needs the saving run's device count; `per_device=False`
   skips it: None); for samplers and exports (e.g. TRM's sharded puzzle table)."""
-  _, b = build(experiment, config, abstract=True)
+  _, b = build(experiment, config)
+  state_like, device_like = abstract_state(b, config)
   found = checkpointing.find_checkpoint(workdir)
   if found is None:
     raise errors.CheckpointError(f"no checkpoint in {workdir}. Fix: train first, or pass the "
                                  "workdir of a run that saved one")
   directory, step = found
-  with_device = per_device and b.device_state is not None
+  with_device = per_device and device_like is not None
   manager = checkpointing.CheckpointManager(directory, save_interval_steps=1)
   try:
     step, saved, device_state = manager.restore(
-        step, replicated_like={STATE: _state_template(b.state)}, partial=True,
-        per_device_like=b.device_state if with_device else {})
+        step, replicated_like={STATE: _state_template(state_like)}, partial=True,
+        per_device_like=device_like if with_device else {})
   finally:
     manager.close()
   return step, saved[STATE], device_state if with_device else None, b
@@ -441,7 +475,7 @@ def restore_params(experiment: Experiment, config: ml_collections.ConfigDict,
                    workdir: str) -> Tuple[int, Any]:
   """(step, params) of the newest checkpoint in `workdir` (samplers, exports)."""
   step, state, _, b = restore_state(experiment, config, workdir, per_device=False)
-  return step, b.get_params(state)
+  return step, b.weights.get(state)
 
 
 def compute_dtype(model_config: Any) -> str:
@@ -465,12 +499,15 @@ class _Run:
     self.lock = lock
     if layout.cpu_tuning:
       host_malloc.keep_heap()     # CPU only: no page faults on XLA's per-step scratch
+    experiment.prepare(config)
     self.b = experiment.build(config, layout)
+    self.abstract = abstract_state(self.b, config)
     if layout.platform == "cpu":  # a bfloat16 config on a CPU without native bfloat16: say so once
       notice = cpu_features.bf16_notice(compute_dtype(self.b.model_config))
       if notice:
         logging.warning("%s", notice)
-    self.p_step = parallel_train_step(self.b.train_step, config.nonfinite,
+    self.p_step = parallel_train_step(self.b.train_step, config.nonfinite, seed=config.seed,
+                                      rng_step_offset=experiment.rng_step_offset,
                                       compiler_options=self.b.compiler_options)
     self.device_index = parallel.shard(parallel.device_indices())
     self.ckpt = checkpointing.CheckpointManager(
@@ -485,10 +522,8 @@ class _Run:
     batch = b.example_batch
     if batch is None:
       batch = _per_device_specs(next(iter(b.batches(0))))
-    device_state = b.device_state
-    args = (_per_device_specs(b.state) if not isinstance(
-        jax.tree.leaves(b.state)[0], jax.ShapeDtypeStruct) else b.state,
-            _per_device_specs(device_state), batch,
+    state, device_state = self.abstract
+    args = (state, device_state, batch,
             jax.ShapeDtypeStruct((self.layout.devices_per_host,), jnp.int32))
     precompile = getattr(self.p_step, "precompile", None)
     if precompile is not None:   # one trace; XLA compiles the step while the run starts up
@@ -499,38 +534,41 @@ class _Run:
   def _start(self) -> Tuple[int, Any, Any, str]:
     """(start step, state, device state, where from)."""
     b, config = self.b, self.config
-    restored = _restore_own(self.ckpt, b, self.metric_keys, config.restore_fallback)
+    restored = _restore_own(self.ckpt, self.abstract, self.metric_keys, config.restore_fallback)
     if restored is not None:
       step, saved, device_state = restored
       self.acc.restore(saved[WINDOW], self.layout.devices_per_host)
       console.say(f"Resumed from {self.ckpt.directory} at step {step}")
-      return step, saved[STATE], device_state if b.device_state is not None else None, "resume"
+      return step, saved[STATE], device_state if self.abstract[1] is not None else None, "resume"
     if config.init_from:
       params = load_init(self.experiment, b, config, config.init_from)
-      state, device_state = _set_params(b, params)
+      state, device_state = b.weights.set(*init_state(b, config), params)
       console.say(f"init_from {config.init_from}: model weights loaded (step 0, fresh optimizer "
                   "state)")
       return 0, state, device_state, "init_from"
-    return 0, b.state, b.device_state, "init"
+    return (0, *init_state(b, config), "init")
 
   def _writer(self):
     return metrics_lib.create_writer(self.wd.root)
 
-  def _log_parameters(self, writer, start_step: int) -> None:
-    if self.b.parameters:
-      for line in self.b.parameters.splitlines():
+  def _log_parameters(self, writer, start_step: int, state: Any) -> None:
+    d = self.b.display
+    parameters = d.parameters(state) if callable(d.parameters) else d.parameters
+    if parameters:
+      for line in parameters.splitlines():
         logging.info("%s", line)
-    if self.b.summary:
-      console.say(f"{self.experiment.name}: {self.b.summary}")
+    if d.summary:
+      console.say(f"{self.experiment.name}: {d.summary}")
     if start_step == 0:
       writer.write_hparams(config_utils.flat_hparams(self.config))
-      if self.b.parameters:
-        writer.write_texts(0, {"parameters": f"```\n{self.b.parameters}\n```"})
+      if parameters:
+        writer.write_texts(0, {"parameters": f"```\n{parameters}\n```"})
 
   def _final_table(self, final: Mapping[str, Any], title: str) -> None:
     if not final:
       return
-    table = (self.b.final_table(final, self.history) if self.b.final_table is not None
+    table = (self.b.display.final_table(final, self.history)
+             if self.b.display.final_table is not None
              else _default_table(final))
     if jax.process_index() == 0:
       self.progress.close()
@@ -543,10 +581,10 @@ class _Run:
     total = int(b.total_steps)
     self.history = _load_history(self.wd, start_step)
     writer = self._writer()
-    self._log_parameters(writer, start_step)
+    self._log_parameters(writer, start_step, state)
     self.progress = console.Progress(
-        total_steps=total, start_step=start_step, items_per_step=b.items_per_step,
-        item_name=b.item_name, keys=b.progress, enabled=jax.process_index() == 0)
+        total_steps=total, start_step=start_step, items_per_step=b.display.items_per_step,
+        item_name=b.display.item_name, keys=b.display.progress, enabled=jax.process_index() == 0)
     evals = _Evaluations(b, self.wd, writer, self.progress, self.history)
     if b.on_start is not None:
       b.on_start(self.wd, start_step)
@@ -600,7 +638,7 @@ class _Run:
         seconds = max(now - window_t - window_paused, 1e-9)
         ms = 1000.0 * seconds / max(n, 1)
         step_ms.append(ms)
-        scalars = dict(b.train_scalars(host, n, step))
+        scalars = dict(b.display.train_scalars(host, n, step))
         scalars["train/nonfinite_steps"] = host.get("nonfinite_steps", 0.0)
         scalars["perf/ms_per_step"] = ms
         scalars["steps_per_sec"] = 1000.0 / ms
@@ -637,7 +675,8 @@ class _Run:
         if ev.at_end:
           final[ev.name] = {k: float(v) for k, v in
                             evals.run(ev, state, device_state, total, final=True).items()}
-    results = b.results(final, self.history) if b.results is not None else dict(final)
+    results = (b.display.results(final, self.history) if b.display.results is not None
+               else dict(final))
     self._final_table(final, f"Final evaluation at step {total}:")
     # final_eval.json holds results only (a resumed run writes the same file as an unbroken one);
     # the step time goes to TensorBoard (perf/) and into the returned dict.

@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any, Callable, Dict, NamedTuple, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -47,15 +47,13 @@ from experiments.common import errors
 from experiments.common import experiment
 from experiments.common import layout as layout_lib
 from experiments.common import metrics as metrics_lib
+from experiments.common import optim
 from experiments.common import parallel
 from experiments.common import trainer
 from experiments.common import workdir as workdir_lib
 from experiments.diffucoder import convert
 from experiments.diffucoder.configs import shakespeare_mdm
-from input_pipeline import datasets
 from input_pipeline import pipeline
-from input_pipeline import text
-from input_pipeline.datasets import text_corpus
 from modules import dream
 
 PROGRESS = ("train/loss", "train/masked_ce", "train/lr")
@@ -64,11 +62,7 @@ RUN_JSON = "mdm_run.json"
 (the benchmark rebuilds the model from it)."""
 
 
-class TrainState(NamedTuple):
-  """Replicated on the devices, saved in checkpoints."""
-  step: jax.Array          # [] int32 updates done
-  params: Any
-  opt_state: Any
+TrainState = experiment.TrainState
 
 
 # --------------------------------------------------------------------------------------------------
@@ -139,10 +133,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             "use e.g. 100")
   if config.min_lr > config.lr:
     raise E("min_lr", config.min_lr, f"is above lr={config.lr}", "use e.g. lr / 10")
-  if config.eval_windows <= 0 or config.eval_windows % config.global_batch_size:
-    raise E("eval_windows", config.eval_windows, "must be a positive multiple of global_batch_size="
-            f"{config.global_batch_size} (evaluated in batches of it)",
-            f"use {max(1, -(-config.eval_windows // config.global_batch_size)) * config.global_batch_size}")
+  layout_lib.check_batch_multiple(config, "eval_windows", "evaluated in batches of it")
   if config.eval_every_steps < 0:
     raise E("eval_every_steps", config.eval_every_steps, "must be >= 0", "use 0 (at the end only)")
 
@@ -160,40 +151,29 @@ def decay_mask(params: Any) -> Any:
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  adamw = optax.adamw(schedule(config), b1=config.beta1, b2=config.beta2, eps=1e-8,
-                      weight_decay=config.weight_decay, mask=decay_mask)
-  if config.grad_clip > 0:
-    return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
-  return adamw
+  return optim.adamw(schedule(config), config, mask=decay_mask)
 
 
 # --------------------------------------------------------------------------------------------------
 # Data.
 
-class TextWindows:
-  """This host's token arrays of the dataset's train and val splits, and its batch streams."""
+def text_data(config: ml_collections.ConfigDict) -> pipeline.TextSplits:
+  """This host's tokens of the dataset's train and val splits (the val split must hold a window)."""
+  data = pipeline.TextSplits(config.dataset, seed=config.seed)
+  n = len(data.tokens[data.val_split])
+  if n <= config.seq_len:
+    raise errors.ConfigError("seq_len", config.seq_len, f"the {data.val_split} split has only "
+                             f"{n} tokens", f"use seq_len < {n}")
+  return data
 
-  def __init__(self, config: ml_collections.ConfigDict):
-    ds = config.dataset
-    source = pipeline.DataSource.from_config(ds, seed=config.seed)
-    builder = pipeline.prepared_builder(source.data_dir, source.name, source.builder_kwargs)
-    self.vocab = text_corpus.vocab_of(builder)
-    self.vocab_size = int(builder.info.metadata["vocab_size"])
-    self.train = text_corpus.load_tokens(builder, ds.train_split)
-    self.val = text_corpus.load_tokens(builder, ds.val_split)
-    if len(self.val) <= config.seq_len:
-      raise errors.ConfigError("seq_len", config.seq_len, f"the {ds.val_split} split has only "
-                               f"{len(self.val)} tokens", f"use seq_len < {len(self.val)}")
 
-  def train_batches(self, config: ml_collections.ConfigDict, n_local: int, start_step: int):
-    """{"tokens": [local devices, grad_accum, per-device batch, L] int32} per update (random windows,
-    a pure function of (seed, host, step): resuming at start_step continues the same stream)."""
-    for batch in text.window_iterator(
-        self.train, block_size=config.seq_len, global_batch_size=config.global_batch_size,
-        local_device_count=n_local, accum_steps=config.grad_accum, seed=config.seed,
-        process_index=jax.process_index(), process_count=jax.process_count(), stream="train",
-        start_step=start_step):
-      yield {"tokens": batch["x"]}
+def train_batches(data: pipeline.TextSplits, config: ml_collections.ConfigDict,
+                  layout: layout_lib.BatchLayout, start_step: int):
+  """{"tokens": [local devices, accum, per-device batch, L] int32} per update (random windows,
+  a pure function of (seed, host, step): resuming at start_step continues the same stream)."""
+  for batch in data.windows(data.train_split, "train", block_size=config.seq_len, layout=layout,
+                            accum=layout.accum, start_step=start_step):
+    yield {"tokens": batch["x"]}
 
 
 def unigram_log_probs(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -230,22 +210,20 @@ def model_forward(model: dream.DreamConfig) -> Callable[[Any, jax.Array], jax.Ar
 
 
 def make_train_step(model: dream.DreamConfig, tx: optax.GradientTransformation,
-                    config: ml_collections.ConfigDict):
-  """(state, None, {"tokens": [A, b, L]}, device_index) -> (state, None, sums, finite): the
-  per-device step of experiments/common/experiment.py. The masks of micro-step i of update k on
-  device d come from fold_in(fold_in(fold_in(key(seed), k), d), i)."""
-  accum, eps, mask_id = config.grad_accum, float(config.eps), int(config.mask_id)
+                    config: ml_collections.ConfigDict, accum: int):
+  """(state, None, {"tokens": [A, b, L]}, rng) -> (state, None, sums, finite): the per-device step
+  of experiments/common/experiment.py. The masks of micro-step i come from fold_in(rng, i) (the
+  trainer's rng of update k on device d: fold_in(fold_in(key(seed), k), d))."""
+  eps, mask_id = float(config.eps), int(config.mask_id)
   logits_fn = model_forward(model)
 
   def loss_fn(params, tokens, key):
     noisy, masked, t = noise(key, tokens, eps, mask_id)
     return masked_diffusion_loss(logits_fn(params, noisy), tokens, masked, t)
 
-  def train_step(state: TrainState, device_state, batch, device_index):
-    base = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), state.step),
-                              device_index)
+  def train_step(state: TrainState, device_state, batch, rng):
     u = trainer.accumulated_update(loss_fn, tx, state.params, state.opt_state, batch["tokens"],
-                                   accum, base)
+                                   accum, rng)
     metrics = {"loss": u.loss, "grad_norm": u.grad_norm,
                "masked_ce": u.sums["masked_nll"] / jnp.maximum(u.sums["masked"], 1.0)}
     return TrainState(state.step + 1, u.params, u.opt_state), device_state, metrics, u.finite
@@ -280,7 +258,7 @@ def masked_token_eval(model: dream.DreamConfig, config: ml_collections.ConfigDic
                             out_axes=None)
   E, L = evalset["tokens"].shape
   g, per_host = layout.global_batch, layout.per_host_batch
-  lo = layout.process_index * per_host
+  lo = layout.host_rows[0]
   masked = evalset["masked"]
   uni_nll = -unigram[evalset["tokens"]]                                       # [E, L] float64
   uni_sum = float(np.sum(uni_nll * masked))
@@ -346,71 +324,57 @@ class MaskedDiffusion(experiment.Experiment):
   def validate(self, config: ml_collections.ConfigDict) -> None:
     validate_config(config)
 
-  def build(self, config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout, *,
-            abstract: bool = False) -> experiment.Build:
-    model = model_config(config)
-    n_local, L = layout.devices_per_host, int(config.seq_len)
-    data = None
-    if not abstract:
-      data = TextWindows(config)
-      if config.mask_id < data.vocab_size:
-        raise errors.ConfigError(
-            "mask_id", config.mask_id, f"is an id of the data ({config.dataset.name} uses ids "
-            f"0..{data.vocab_size - 1})", f"use mask_id >= {data.vocab_size} (and model.vocab_size "
-            "above it)")
-    else:
-      vocab = datasets.get_metadata(config.dataset.name).get("vocab_size") or 0
-      if vocab and config.mask_id < vocab:
-        raise errors.ConfigError("mask_id", config.mask_id, f"is an id of {config.dataset.name}'s "
-                                 f"{vocab}-token vocabulary", f"use mask_id >= {vocab}")
-    net = dream.dream_forward(model)
-    init = lambda: net.init(jax.random.key(config.seed), jnp.zeros((1, L), jnp.int32),  # noqa: E731
-                            jnp.ones((1, L), bool))
-    tx = make_optimizer(config)
-    if abstract:
-      params = jax.eval_shape(init)
-      state = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, jax.eval_shape(tx.init, params))
-    else:
-      params = init()
-      state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-    n_params = dream.count_params(model)
-    tokens = layout.global_batch * config.grad_accum * L
-    example_batch = {"tokens": jax.ShapeDtypeStruct(
-        (n_local, config.grad_accum, layout.per_device_batch, L), jnp.int32)}
-    summary = (f"{n_params:,} parameters (Dream: {model.num_layers} layers x {model.hidden_size}, "
-               f"{model.num_heads}/{model.num_kv_heads} heads, SwiGLU {model.intermediate_size}, "
-               f"vocab {model.vocab_size}, mask id {config.mask_id}, {model.dtype.name}); windows of "
-               f"{L}; {config.total_steps:,} updates of {tokens:,} tokens")
-    common = dict(
-        state=state, train_step=make_train_step(model, tx, config),
-        total_steps=int(config.total_steps), example_batch=example_batch,
-        train_scalars=functools.partial(train_scalars, config), progress=PROGRESS,
-        parameters=f"number of parameters: {n_params:,}; {model}", summary=summary,
-        items_per_step=tokens, item_name="tokens", model_config=model,
-        nonfinite_order=("loss", "grad_norm"), final_table=final_table)
-    if abstract:
-      def real_init():
-        p = init()
-        return TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)), None
-      return experiment.Build(batches=lambda start: iter(()), init=real_init, **common)
+  def prepare(self, config: ml_collections.ConfigDict) -> None:
+    pipeline.DataSource.from_config(config.dataset, seed=config.seed)   # prepares when asked
 
-    evalset = eval_set(data.val, windows=int(config.eval_windows), seq_len=L, eps=float(config.eps),
-                       seed=int(config.eval_seed))
-    score = masked_token_eval(model, config, layout, evalset,
-                              unigram_log_probs(data.train, data.vocab_size))
-    evaluation = experiment.Evaluator(
-        "eval", lambda ctx: score(ctx.state.params), every=int(config.eval_every_steps),
-        at_end=True, size=int(config.eval_windows))
+  def build(self, config: ml_collections.ConfigDict,
+            layout: layout_lib.BatchLayout) -> experiment.Build:
+    model, L = model_config(config), int(config.seq_len)
+    vocab = int(pipeline.dataset_metadata(config.dataset).get("vocab_size") or 0)
+    if vocab and config.mask_id < vocab:
+      raise errors.ConfigError(
+          "mask_id", config.mask_id, f"is an id of the data ({config.dataset.name} uses ids "
+          f"0..{vocab - 1})", f"use mask_id >= {vocab} (and model.vocab_size above it)")
+    net, tx = dream.dream_forward(model), make_optimizer(config)
+    data = functools.cache(lambda: text_data(config))
+
+    def init(rng):
+      params = net.init(rng, jnp.zeros((1, L), jnp.int32), jnp.ones((1, L), bool))
+      return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)), None
+
+    @functools.cache
+    def score() -> Callable[[Any], Dict[str, float]]:
+      d = data()
+      evalset = eval_set(d.tokens[d.val_split], windows=int(config.eval_windows), seq_len=L,
+                         eps=float(config.eps), seed=int(config.eval_seed))
+      return masked_token_eval(model, config, layout, evalset,
+                               unigram_log_probs(d.tokens[d.train_split], d.vocab_size))
 
     def on_start(wd: workdir_lib.Workdir, start_step: int) -> None:
       workdir_lib.write_json(wd.path(RUN_JSON), {
           "config": json.loads(config.to_json()), "model": model.to_dict(),
-          "mask_id": int(config.mask_id), "vocab": data.vocab or "",
+          "mask_id": int(config.mask_id), "vocab": data().vocab or "",
           "dataset": config.dataset.name})
 
+    evaluation = experiment.Evaluator(
+        "eval", lambda ctx: score()(ctx.state.params), every=int(config.eval_every_steps),
+        at_end=True, size=int(config.eval_windows))
+    n_params, tokens = dream.count_params(model), layout.examples_per_update * L
     return experiment.Build(
-        batches=lambda start: data.train_batches(config, n_local, start), evaluators=[evaluation],
-        on_start=on_start, **common)
+        init=init, train_step=make_train_step(model, tx, config, layout.accum),
+        batches=lambda start: train_batches(data(), config, layout, start),
+        example_batch={"tokens": jax.ShapeDtypeStruct(
+            (layout.devices_per_host, layout.accum, layout.per_device_batch, L), jnp.int32)},
+        total_steps=int(config.total_steps), evaluators=[evaluation], model_config=model,
+        on_start=on_start, display=experiment.Display(
+            parameters=f"number of parameters: {n_params:,}; {model}", progress=PROGRESS,
+            summary=(f"{n_params:,} parameters (Dream: {model.num_layers} layers x "
+                     f"{model.hidden_size}, {model.num_heads}/{model.num_kv_heads} heads, SwiGLU "
+                     f"{model.intermediate_size}, vocab {model.vocab_size}, mask id "
+                     f"{config.mask_id}, {model.dtype.name}); windows of {L}; "
+                     f"{config.total_steps:,} updates of {tokens:,} tokens"),
+            train_scalars=functools.partial(train_scalars, config), items_per_step=tokens,
+            item_name="tokens", nonfinite_order=("loss", "grad_norm"), final_table=final_table))
 
   def load_init(self, path: str, build: experiment.Build,
                 config: ml_collections.ConfigDict) -> Any:

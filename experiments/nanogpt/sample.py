@@ -80,7 +80,7 @@ def main() -> None:
     raise errors.ConfigError("", None, "nothing to sample from",
                              "pass --config=RECIPE (with --workdir or --ckpt), or --init_from=FOLDER")
   trainer.check_config(train.NanoGPT(), config)
-  data = train.TextData(config)
+  data = train.text_data(config)
   kwargs = config.dataset.builder_kwargs
   if kwargs.get("level", "") == "bpe":                             # GPT-2 BPE text (finetuning)
     tok = gpt2_bpe.load(kwargs.tokenizer_dir)
@@ -93,7 +93,7 @@ def main() -> None:
           f"{meta['best_val_loss']}, GELU {cfg.gelu} (nanoGPT's)")
   else:
     workdir = entry.workdir()
-    _, built = trainer.build(train.NanoGPT(), config, abstract=True)
+    _, built = trainer.build(train.NanoGPT(), config)
     step, params = trainer.restore_params(train.NanoGPT(), config, workdir)
     cfg = built.model_config
     args_path = workdir_lib.Workdir(workdir).path("model_args.json")

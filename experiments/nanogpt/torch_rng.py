@@ -19,7 +19,7 @@ Box-Muller on blocks of 16 (u1 = 1 - x[j], u2 = x[j + 8] -> x[j] = r cos, x[j + 
 16 does not divide the size, 16 fresh uniforms for the last 16 elements; randint(high) = r % high
 (r = (r1 << 32) | r2 from two outputs when high >= 2^32).
 
-Shape glossary:  B: global micro-batch (config.batch_size)   A: grad_accum   E: eval_iters
+Shape glossary:  B: global micro-batch (layout.global_batch)   A: layout.accum   E: eval_iters
   D: local devices   b: per-device rows   T: block_size
 
 Synopsis:
@@ -31,9 +31,10 @@ Synopsis:
   g.randint(1000, 4)                    # int64 [4], torch.manual_seed(1337); torch.randint(1000, (4,))
   cfg = gpt.GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=16, bias=False)
   params, draws = torch_rng.init_params(cfg, seed=1337)       # nanoGPT's initial weights, Haiku tree
-  stream = torch_rng.BatchStream(np.arange(500), np.arange(100), block_size=8, batch_size=4,
-                                 grad_accum=1, eval_interval=5, eval_iters=2, init_draws=draws,
-                                 seed=1337)
+  from experiments.common import layout as layout_lib
+  stream = torch_rng.BatchStream(np.arange(500), np.arange(100), block_size=8,
+                                 layout=layout_lib.of(4, devices_per_host=1), eval_interval=5,
+                                 eval_iters=2, init_draws=draws, seed=1337)
   x = stream.train(0)["x"]              # int32 [D=1, A=1, b=4, T=8]: nanoGPT's first batch
   evals = stream.eval(0, "val")         # E=2 batches {"x", "y"} [1, 1, 4, 8]
 """
@@ -41,7 +42,7 @@ Synopsis:
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -205,29 +206,22 @@ class BatchStream:
   window batches; the stream reads forward, one iteration at a time (resuming at iteration k skips
   the draws before it: 1.2 s per 300M draws here).
 
-  Fields: train_tokens / val_tokens ([N] ids), block_size (T), batch_size (B, all hosts),
-  grad_accum (A), eval_interval, eval_iters (E), init_draws (outputs the init used), seed,
-  local_device_count (D), process_index, process_count.
+  Fields: train_tokens / val_tokens ([N] ids), block_size (T), layout (the run's BatchLayout: B all
+  hosts, A, D, b and this host's rows), eval_interval, eval_iters (E), init_draws (outputs the init
+  used), seed.
   """
 
   def __init__(self, train_tokens: np.ndarray, val_tokens: np.ndarray, *, block_size: int,
-               batch_size: int, grad_accum: int, eval_interval: int, eval_iters: int,
-               init_draws: int, seed: int, local_device_count: int = 1, process_index: int = 0,
-               process_count: int = 1):
+               layout: Any, eval_interval: int, eval_iters: int, init_draws: int, seed: int):
     self.tokens = {"train": np.asarray(train_tokens), "val": np.asarray(val_tokens)}
     for split, t in self.tokens.items():
       if len(t) <= block_size:
         raise ValueError(f"block_size={block_size}: the {split} split has only {len(t)} tokens; "
                          "it needs more than block_size + 1 (use a smaller block_size)")
-    devices = process_count * local_device_count
-    if batch_size % devices:
-      raise ValueError(f"batch_size={batch_size}: not divisible by {devices} devices "
-                       f"({process_count} processes x {local_device_count}); use a multiple of "
-                       f"{devices}")
-    self.T, self.B, self.A = block_size, batch_size, grad_accum
+    self.T, self.B, self.A = block_size, layout.global_batch, layout.accum
     self.eval_interval, self.E = eval_interval, eval_iters
-    self.D, self.b = local_device_count, batch_size // devices
-    self.rows = slice(process_index * self.D * self.b, (process_index + 1) * self.D * self.b)
+    self.D, self.b = layout.devices_per_host, layout.per_device_batch
+    self.rows = slice(*layout.host_rows)
     self.init_draws, self.seed = init_draws, seed
     self._gen: Optional[Generator] = None
     self._next = 0                     # the iteration the generator is positioned at

@@ -2,7 +2,7 @@
 
 The recipe of docs/nanogpt.md: AdamW (decay 0.1 on tensors with >= 2 dims only), global-norm
 clipping, linear warm-up + cosine to min_lr (`lr_at`, 0-based iteration), gradient accumulation over
-`grad_accum` micro-batches (a scan inside the step; loss / grad_accum), random windows of the token
+the layout's `accum` micro-batches (a scan inside the step; loss / accum), random windows of the token
 stream, evaluation of the mean train/val loss over `eval_iters` random batches every `eval_interval`
 iterations (iteration 0 included; dropout off), MFU against the device's peak (the trainer).
 `max_iters = N` performs N + 1 updates. `config.rng = "torch"` (default) starts from nanoGPT's
@@ -30,7 +30,7 @@ import functools
 import itertools
 import math
 import os
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +44,7 @@ from experiments.common import experiment
 from experiments.common import layout as layout_lib
 from experiments.common import lazy_import
 from experiments.common import metrics as metrics_lib
+from experiments.common import optim
 from experiments.common import parallel
 from experiments.common import trainer
 from experiments.common import workdir as workdir_lib
@@ -54,19 +55,12 @@ from experiments.nanogpt.configs import base as base_config
 from modules import gpt
 
 # The data libraries (TensorFlow, TFDS) load where data is read, not with the step (lazy_import).
-datasets = lazy_import.module("input_pipeline.datasets")
 pipeline = lazy_import.module("input_pipeline.pipeline")
-text = lazy_import.module("input_pipeline.text")
-text_corpus = lazy_import.module("input_pipeline.datasets.text_corpus")
 
 PROGRESS = ("train/loss", "train/lr")
 
 
-class TrainState(NamedTuple):
-  """Replicated on the devices, saved in checkpoints."""
-  step: jax.Array          # [] int32 updates done
-  params: Any
-  opt_state: Any
+TrainState = experiment.TrainState
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,72 +175,103 @@ def lr_at(it: Any, config: ml_collections.ConfigDict) -> Any:
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """Clip (global norm) -> AdamW with the decay mask; optax's update count = nanoGPT's iteration."""
   schedule = lambda count: lr_at(jnp.asarray(count), config)   # noqa: E731
-  adamw = optax.adamw(schedule, b1=config.beta1, b2=config.beta2, eps=1e-8,
-                      weight_decay=config.weight_decay, mask=gpt.decay_mask)
-  if config.grad_clip > 0:
-    return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
-  return adamw
+  return optim.adamw(schedule, config, mask=gpt.decay_mask)
 
 
 # --------------------------------------------------------------------------------------------------
 # Data.
 
-class TextData:
-  """This host's train/val token arrays and its random-window streams."""
+def text_data(config: ml_collections.ConfigDict) -> "pipeline.TextSplits":
+  """This host's train/val tokens of config.dataset and their random-window streams."""
+  check_tokenizer(config)
+  return pipeline.TextSplits(config.dataset, seed=config.seed)
 
-  def __init__(self, config: ml_collections.ConfigDict):
-    check_tokenizer(config)            # before anything is read (dry runs read no data: no check)
-    ds = config.dataset
-    self.source = pipeline.DataSource.from_config(ds, seed=config.seed)
-    builder = pipeline.prepared_builder(self.source.data_dir, self.source.name,
-                                        self.source.builder_kwargs)
-    self.vocab = text_corpus.vocab_of(builder)
-    self.vocab_size = int(builder.info.metadata["vocab_size"])
-    self.tokens = {ds.train_split: text_corpus.load_tokens(builder, ds.train_split),
-                   ds.val_split: text_corpus.load_tokens(builder, ds.val_split)}
-    self.train_split, self.val_split = ds.train_split, ds.val_split
 
-  def torch_stream(self, config, *, layout: layout_lib.BatchLayout,
-                   init_draws: int) -> torch_rng.BatchStream:
-    """nanoGPT's own batch order (config.rng = "torch"): see experiments/nanogpt/torch_rng.py.
-    The batch figures come from the run's layout."""
-    return torch_rng.BatchStream(
-        self.tokens[self.train_split], self.tokens[self.val_split],
-        block_size=config.model.block_size, batch_size=layout.global_batch,
-        grad_accum=layout.accum, eval_interval=config.eval_interval,
-        eval_iters=config.eval_iters, init_draws=init_draws, seed=config.seed,
-        local_device_count=layout.devices_per_host, process_index=layout.process_index,
-        process_count=layout.hosts)
+def data_vocab_size(config: ml_collections.ConfigDict) -> int:
+  """The dataset's token ids, read without the data: the prepared dataset's, else the registry's,
+  else a GPT-2 init_from folder's; 0 = unknown here."""
+  vocab = int(pipeline.dataset_metadata(config.dataset).get("vocab_size") or 0)
+  if vocab <= 0 and is_gpt2_folder(config.init_from):
+    vocab = int(hf_gpt2.read_hf_config(config.init_from)["vocab_size"])
+  return vocab
 
-  def stream(self, split: str, stream: str, *, config, layout: layout_lib.BatchLayout, accum: int,
-             start_step: int):
-    """Random-window batches of `split` for this host; the batch figures come from the layout."""
-    return text.window_iterator(
-        self.tokens[split], block_size=config.model.block_size,
-        global_batch_size=layout.global_batch, local_device_count=layout.devices_per_host,
-        accum_steps=accum, seed=config.seed, process_index=layout.process_index,
-        process_count=layout.hosts, stream=stream, start_step=start_step)
+
+def run_model(config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout
+              ) -> Tuple[Optional[gpt.GPTConfig], gpt.GPTConfig]:
+  """(the GPT-2 init_from folder's model or None, the model to run) of a config on a layout."""
+  if is_gpt2_folder(config.init_from):
+    hf_gpt2.read_hf_config(config.init_from)    # names a missing config.json before any work
+  vocab_size = data_vocab_size(config)
+  if vocab_size <= 0 and config.model.vocab_size <= 0:
+    raise errors.ConfigError("model.vocab_size", config.model.vocab_size,
+                             f"the vocabulary of {config.dataset.name} is known only once it "
+                             "is prepared", "set --config.model.vocab_size (or prepare it)")
+  model = model_config(config, vocab_size, "xla_cpu" if layout.cpu_tuning else "default")
+  folder = None
+  if is_gpt2_folder(config.init_from):   # the folder's shape (nanoGPT's from_pretrained + crop)
+    folder, model = init_from_model_config(config, model)
+  if vocab_size > model.vocab_size:
+    raise errors.ConfigError("model.vocab_size", model.vocab_size, f"is below the dataset's "
+                             f"{vocab_size} token ids", "use -1 (the dataset's)")
+  return folder, model
+
+
+def init_params(config: ml_collections.ConfigDict, model: gpt.GPTConfig, rng: jax.Array) -> Any:
+  """The initial weights: nanoGPT's own for config.rng = "torch" (torch_rng), else Haiku's init of
+  `rng` (also what init_from starts from before its weights replace them)."""
+  if config.rng == "torch" and not config.init_from:
+    return jax.tree.map(jnp.asarray, torch_rng.init_params(model, config.seed)[0])
+  return gpt.GPTModel(model).init(rng)
+
+
+def batch_streams(config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout,
+                  init_draws: int):
+  """(train batches(start_step), eval batches(step, "train" | "val")) of this host, opening the data
+  on first use: nanoGPT's own order (config.rng = "torch", after the init's `init_draws`
+  generator outputs: experiments/nanogpt/torch_rng.py) or stateless random windows."""
+  data = functools.cache(lambda: text_data(config))
+  T = config.model.block_size
+
+  @functools.cache
+  def stream() -> torch_rng.BatchStream:
+    d = data()
+    return torch_rng.BatchStream(d.tokens[d.train_split], d.tokens[d.val_split], block_size=T,
+                                 layout=layout, eval_interval=config.eval_interval,
+                                 eval_iters=config.eval_iters, init_draws=init_draws,
+                                 seed=config.seed)
+
+  def train(start_step: int):
+    if config.rng == "torch":
+      return (stream().train(k) for k in itertools.count(start_step))
+    return data().windows(data().train_split, "train", block_size=T, layout=layout,
+                          accum=layout.accum, start_step=start_step)
+
+  def evaluation(step: int, which: str):
+    if config.rng == "torch":
+      return iter(stream().eval(step, which))
+    split = data().train_split if which == "train" else data().val_split
+    return data().windows(split, f"eval_{which}", block_size=T, layout=layout, accum=1,
+                          start_step=step * config.eval_iters)
+  return train, evaluation, data
 
 
 # --------------------------------------------------------------------------------------------------
 # Steps.
 
 def make_train_step(model: gpt.GPTModel, tx: optax.GradientTransformation,
-                    config: ml_collections.ConfigDict):
-  """(state, device_state (None), batch [A, b, T] x/y, device_index) -> (state, None, sums, finite);
-  the per-device step of experiments/common/experiment.py."""
-  accum = config.grad_accum
+                    config: ml_collections.ConfigDict, accum: int):
+  """(state, device_state (None), batch [A, b, T] x/y, rng) -> (state, None, sums, finite); the
+  per-device step of experiments/common/experiment.py (A = `accum`, the layout's; micro-step i
+  draws its dropout from fold_in(rng, i))."""
   dropout = model.config.dropout > 0
 
   def loss_fn(params, batch, rng):
     logits = model.apply(params, batch["x"], rng if dropout else None, is_training=dropout)
     return gpt.cross_entropy(logits, batch["y"]), {}
 
-  def train_step(state: TrainState, device_state, batch, device_index):
-    base = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), state.step),
-                              device_index)
+  def train_step(state: TrainState, device_state, batch, rng):
     u = trainer.accumulated_update(loss_fn, tx, state.params, state.opt_state,
-                                   {"x": batch["x"], "y": batch["y"]}, accum, base)
+                                   {"x": batch["x"], "y": batch["y"]}, accum, rng)
     new = TrainState(step=state.step + 1, params=u.params, opt_state=u.opt_state)
     sums = {"loss": u.loss, "grad_norm": u.grad_norm, "steps": jnp.ones(())}
     return new, device_state, sums, u.finite   # the trainer adds the skip policy
@@ -290,6 +315,21 @@ def curve_table(config: ml_collections.ConfigDict, final: Any, history: Any) -> 
           + metrics_lib.format_table(rows, ("train_loss", "val_loss")))
 
 
+def display(config: ml_collections.ConfigDict, model: gpt.GPTConfig, n_params: int,
+            tokens: int) -> experiment.Display:
+  return experiment.Display(
+      parameters=f"number of parameters: {n_params / 1e6:.2f}M ({n_params:,}); {model}",
+      summary=(f"number of parameters: {n_params / 1e6:.2f}M ({n_params:,}); {model.n_layer} "
+               f"layers x {model.n_head} heads x {model.n_embd}, block {model.block_size}, vocab "
+               f"{model.vocab_size}, {model.dtype}, {gelu_line(config, model)}; "
+               f"{config.max_iters + 1:,} updates of {tokens:,} tokens"),
+      progress=PROGRESS, train_scalars=functools.partial(train_scalars, config),
+      items_per_step=tokens, item_name="tokens", nonfinite_order=("loss", "grad_norm"),
+      final_table=functools.partial(curve_table, config),
+      results=lambda final, history: {"train_curve": curves(history)["train"],
+                                      "val_curve": curves(history)["val"], "num_params": n_params})
+
+
 class NanoGPT(experiment.Experiment):
   """nanoGPT (docs/nanogpt.md) on the shared trainer."""
 
@@ -303,121 +343,55 @@ class NanoGPT(experiment.Experiment):
   def validate(self, config: ml_collections.ConfigDict) -> None:
     validate_config(config)
 
-  def build(self, config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout, *,
-            abstract: bool = False) -> experiment.Build:
-    n_local = layout.devices_per_host
-    if is_gpt2_folder(config.init_from):
-      hf_gpt2.read_hf_config(config.init_from)    # names a missing config.json before any work
-    if abstract:
-      data = None
-      vocab_size = (config.model.vocab_size if config.model.vocab_size > 0 else
-                    int(datasets.get_metadata(config.dataset.name)["vocab_size"] or 0))
-      if vocab_size <= 0 and is_gpt2_folder(config.init_from):
-        vocab_size = int(hf_gpt2.read_hf_config(config.init_from)["vocab_size"])
-      if vocab_size <= 0:
-        raise errors.ConfigError("model.vocab_size", config.model.vocab_size,
-                                 f"the vocabulary of {config.dataset.name} is known only once it "
-                                 "is prepared", "set --config.model.vocab_size (or prepare it)")
-    else:
-      data = TextData(config)
-      vocab_size = data.vocab_size
-    model = model_config(config, vocab_size, "xla_cpu" if layout.cpu_tuning else "default")
-    folder = None
-    if is_gpt2_folder(config.init_from):   # the folder's shape (nanoGPT's from_pretrained + crop)
-      folder, model = init_from_model_config(config, model)
-    if vocab_size > model.vocab_size:
-      raise errors.ConfigError("model.vocab_size", model.vocab_size, f"is below the dataset's "
-                               f"{vocab_size} token ids", "use -1 (the dataset's)")
-    gpt_model = gpt.GPTModel(model)
-    tx = make_optimizer(config)
-    init_draws = 0
-    if abstract:
-      params = jax.eval_shape(gpt_model.init, jax.random.key(config.seed))
-      state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
-                         opt_state=jax.eval_shape(tx.init, params))
-    else:
-      if config.init_from:
-        # The weights come from init_from (load_init) unless the workdir resumes; nanoGPT's own
-        # init still spends its draws of the torch generator before the first batch.
-        params = gpt_model.init(jax.random.key(config.seed))
-        init_draws = hf_gpt2.nanogpt_init_draws(folder or model) if config.rng == "torch" else 0
-      elif config.rng == "torch":      # nanoGPT's initial weights for this seed (torch_rng)
-        params, init_draws = torch_rng.init_params(model, config.seed)
-        params = jax.tree.map(jnp.asarray, params)
-      else:
-        params = gpt_model.init(jax.random.key(config.seed))
-      state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-    n_params = gpt.num_params(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), params)
-                              if abstract else params)
-    T = model.block_size
-    shape = (n_local, layout.accum, layout.per_device_batch, T)
-    example_batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32) for k in "xy"}
-    tokens = layout.global_batch * config.grad_accum * T
-    flops = gpt.flops_per_token(model, n_params) * tokens
-    eval_batch = {k: jax.ShapeDtypeStruct((n_local, 1, layout.per_device_batch, T), jnp.int32)
-                  for k in "xy"}
-    programs = {"eval_step": experiment.Program(
-        make_eval_step(gpt_model), (state.params, eval_batch), replicated_in=(0,), out_axes=None,
-        items=layout.global_batch * T,
-        flops=gpt.flops_per_token(model, n_params) / 3 * layout.global_batch * T)} if abstract else {}
-    common = dict(
-        state=state, train_step=make_train_step(gpt_model, tx, config),
-        total_steps=config.max_iters + 1, example_batch=example_batch,
-        train_scalars=functools.partial(train_scalars, config), progress=PROGRESS,
-        parameters=f"number of parameters: {n_params / 1e6:.2f}M ({n_params:,}); {model}",
-        summary=(f"number of parameters: {n_params / 1e6:.2f}M ({n_params:,}); {model.n_layer} "
-                 f"layers x {model.n_head} heads x {model.n_embd}, block {T}, vocab "
-                 f"{model.vocab_size}, {model.dtype}, {gelu_line(config, model)}; "
-                 f"{config.max_iters + 1:,} updates of "
-                 f"{tokens:,} tokens"),
-        items_per_step=tokens, item_name="tokens", flops_per_step=flops, model_config=model,
-        nonfinite_order=("loss", "grad_norm"), eval_programs=programs,
-        final_table=functools.partial(curve_table, config),
-        results=lambda final, history: {"train_curve": curves(history)["train"],
-                                        "val_curve": curves(history)["val"],
-                                        "num_params": n_params})
-    if abstract:
-      def init():
-        p = gpt_model.init(jax.random.key(config.seed))
-        return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)), None
-      return experiment.Build(batches=lambda start: iter(()), init=init, **common)
+  def prepare(self, config: ml_collections.ConfigDict) -> None:
+    check_tokenizer(config)
+    pipeline.DataSource.from_config(config.dataset, seed=config.seed)   # prepares when asked
 
-    stream = (data.torch_stream(config, layout=layout, init_draws=init_draws)
-              if config.rng == "torch" else None)
-
-    def batches(start_step: int):
-      if stream is not None:
-        return (stream.train(k) for k in itertools.count(start_step))
-      return data.stream(data.train_split, "train", config=config, layout=layout,
-                         accum=layout.accum, start_step=start_step)
-
-    p_eval_step = parallel.pmap_step(make_eval_step(gpt_model), replicated_in=(0,), out_axes=None)
+  def build(self, config: ml_collections.ConfigDict,
+            layout: layout_lib.BatchLayout) -> experiment.Build:
+    folder, model = run_model(config, layout)
+    gpt_model, tx = gpt.GPTModel(model), make_optimizer(config)
+    T, b = model.block_size, layout.per_device_batch
+    params = jax.eval_shape(gpt_model.init, jax.random.key(0))
+    n_params = gpt.num_params(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), params))
+    tokens, flops_per_token = layout.examples_per_update * T, gpt.flops_per_token(model, n_params)
+    init_draws = hf_gpt2.nanogpt_init_draws(folder or model) if config.rng == "torch" else 0
+    train_batches, eval_batches, data = batch_streams(config, layout, init_draws)
+    p_eval_step = functools.cache(lambda: parallel.pmap_step(
+        make_eval_step(gpt_model), replicated_in=(0,), out_axes=None))
 
     def estimate_loss(ctx: experiment.EvalContext) -> Dict[str, float]:
       out = {}
-      for split, name, which in ((data.train_split, "eval_train", "train"),
-                                 (data.val_split, "eval_val", "val")):
-        if stream is not None:
-          eval_iter = iter(stream.eval(ctx.step, which))
-        else:
-          eval_iter = data.stream(split, name, config=config, layout=layout, accum=1,
-                                  start_step=ctx.step * config.eval_iters)
-        losses = [p_eval_step(ctx.state.params, parallel.shard(next(eval_iter)))
+      for which in ("train", "val"):
+        it = eval_batches(ctx.step, which)
+        losses = [p_eval_step()(ctx.state.params, parallel.shard(next(it)))
                   for _ in range(config.eval_iters)]
         out[f"{which}_loss"] = float(np.mean([float(parallel.unreplicate(l)) for l in losses]))
       return out
 
-    def on_start(wd: workdir_lib.Workdir, start_step: int) -> None:
-      workdir_lib.write_json(wd.path("model_args.json"),
-                             dict(model.model_args(), dtype=model.dtype,
-                                  activations=model.activations, gelu=model.gelu,
-                                  vocab=data.vocab or "",
-                                  dataset=config.dataset.name))
+    def init(rng):
+      p = init_params(config, model, rng)
+      return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)), None
 
+    def on_start(wd: workdir_lib.Workdir, start_step: int) -> None:
+      workdir_lib.write_json(wd.path("model_args.json"), dict(
+          model.model_args(), dtype=model.dtype, activations=model.activations, gelu=model.gelu,
+          vocab=data().vocab or "", dataset=config.dataset.name))
+
+    eval_batch = {k: jax.ShapeDtypeStruct((layout.devices_per_host, 1, b, T), jnp.int32)
+                  for k in "xy"}
     evaluation = experiment.Evaluator(
         "eval", estimate_loss, every=config.eval_interval, at_start=True, at_end=False,
-        size=2 * config.eval_iters * layout.global_batch)
-    return experiment.Build(batches=batches, evaluators=[evaluation], on_start=on_start, **common)
+        size=2 * config.eval_iters * layout.global_batch, program=experiment.Program(
+            make_eval_step(gpt_model), (params, eval_batch), replicated_in=(0,), out_axes=None,
+            items=layout.global_batch * T, flops=flops_per_token / 3 * layout.global_batch * T))
+    return experiment.Build(
+        init=init, train_step=make_train_step(gpt_model, tx, config, layout.accum),
+        batches=train_batches, total_steps=config.max_iters + 1, evaluators=[evaluation],
+        example_batch={k: jax.ShapeDtypeStruct((layout.devices_per_host, layout.accum, b, T),
+                                               jnp.int32) for k in "xy"},
+        flops_per_step=flops_per_token * tokens, model_config=model, on_start=on_start,
+        display=display(config, model, n_params, tokens))
 
   def fit_variants(self, config: ml_collections.ConfigDict):
     """--dry_run's fixes for a step too big for the chip, those not on yet: remat (the same

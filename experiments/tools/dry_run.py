@@ -3,7 +3,8 @@ r"""`--dry_run`: compile a config's programs for its pod before spending pod tim
   python -m experiments.trm.main --config=configs/v4_64.py --dry_run              # the config's target
   python -m experiments.trm.main --config=configs/v4_64.py --dry_run --target=cpu # one host, fake CPUs
 
-The experiment is built abstractly (`Experiment.build(..., abstract=True)`: shapes only, no data read,
+The experiment is built without its data (`Experiment.build` reads none; the state's shapes are
+`jax.eval_shape` of its init: trainer.abstract_state; no data read,
 no memory) with the batch layout of the target, and the REAL programs are compiled: the training step
 exactly as the trainer pmaps it (experiments/common/trainer.py `parallel_train_step`: the non-finite
 guard, donation, replicated state) and the experiment's evaluation steps.
@@ -77,16 +78,20 @@ def widen(tree: Any, n: int) -> Any:
   return jax.tree.map(lambda s: jax.ShapeDtypeStruct((n,) + tuple(s.shape[1:]), s.dtype), tree)
 
 
-def programs(b: experiment_lib.Build, config: ml_collections.ConfigDict,
+def programs(experiment: experiment_lib.Experiment, b: experiment_lib.Build,
+             config: ml_collections.ConfigDict,
              layout: layout_lib.BatchLayout) -> Dict[str, experiment_lib.Program]:
   """The run's programs: the trainer's training step and the experiment's evaluation steps."""
+  state, device_state = trainer.abstract_state(b, config)
   out = {"train_step": experiment_lib.Program(
-      trainer.guarded_step(b.train_step, config.nonfinite),
-      (b.state, b.device_state, b.example_batch,
+      trainer.guarded_step(b.train_step, config.nonfinite, seed=config.seed,
+                           rng_step_offset=experiment.rng_step_offset),
+      (state, device_state, b.example_batch,
        jax.ShapeDtypeStruct((layout.devices_per_host,), jnp.int32)),
       replicated_in=(0,), out_axes=(None, 0, 0), donate_argnums=(0, 1),
-      items=b.items_per_step, flops=b.flops_per_step)}
-  out.update(b.eval_programs)
+      items=b.display.items_per_step, flops=b.flops_per_step)}
+  evals = [ev for ev in b.evaluators if ev.program is not None]
+  out.update({"eval_step" if len(evals) == 1 else f"{ev.name}_step": ev.program for ev in evals})
   return out
 
 
@@ -110,16 +115,16 @@ def _cpu_report(experiment: experiment_lib.Experiment, config: ml_collections.Co
   layout = layout_lib.batch_layout(config, devices=devices, devices_per_host=n_local,
                                    process_index=0, platform="cpu", check_num_devices=False)
   trainer.check_config(experiment, config)
-  b = experiment.build(config, layout, abstract=True)
+  b = experiment.build(config, layout)
   rows: List[tuple] = [
       ("devices", f"{layout.devices} = {layout.hosts} host(s) x {layout.devices_per_host} "
                   f"(compiled for one host on {n_local} fake CPU devices)"),
       ("batch", layout.describe()),
       ("updates", f"{b.total_steps:,}" if b.total_steps else "unknown here (see model)"),
   ]
-  if b.summary:
-    rows += [("model", line) for line in b.summary.splitlines()]
-  for pname, p in programs(b, config, layout).items():
+  if b.display.summary:
+    rows += [("model", line) for line in b.display.summary.splitlines()]
+  for pname, p in programs(experiment, b, config, layout).items():
     compiled, seconds = compile_program(p, compiler_options=dict(b.compiler_options))
     mem = compiled.memory_analysis()
     text = f"compile {seconds:.1f} s"
@@ -130,7 +135,7 @@ def _cpu_report(experiment: experiment_lib.Experiment, config: ml_collections.Co
     if p.flops:
       text += f"; {p.flops / 1e12:.3f} TFLOP per call, all devices"
       if p.items:
-        text += f" ({p.flops / p.items / 1e9:.2f} GFLOP per {b.item_name[:-1]}, analytic)"
+        text += f" ({p.flops / p.items / 1e9:.2f} GFLOP per {b.display.item_name[:-1]}, analytic)"
     rows.append((pname, text))
   width = max(len(k) for k, _ in rows)
   return f"Dry run of {name} (target cpu):\n" + "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
@@ -165,8 +170,8 @@ def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collection
   layout = tpu_layout(config, target)
   reports = []
   with parallel.use_sharding(config.sharding):     # the config's state layout (a fix may change it)
-    b = experiment.build(config, layout, abstract=True)
-    for pname, p in programs(b, config, layout).items():
+    b = experiment.build(config, layout)
+    for pname, p in programs(experiment, b, config, layout).items():
       if only is not None and pname not in only:
         continue
       args = _per_device(p)
@@ -175,7 +180,7 @@ def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collection
       reports.append(tpu.compile_report(
           lowered, target=target, name=pname,
           analytic_flops_per_device=p.flops / target.num_devices if p.flops else None,
-          items_per_step=p.items or None, item_name=b.item_name,
+          items_per_step=p.items or None, item_name=b.display.item_name,
           jaxpr=tpu.per_device_jaxpr(p.fn, target, args) if loop_aware else None))
   return reports, int(b.total_steps)
 
@@ -228,10 +233,9 @@ def _fixes(experiment, config, target: tpu.Target):
                                                           loop_aware=False)[0][0]))
   per_device = tpu_layout(config, target).per_device_batch
   if per_device > 1:
-    half = per_device // 2 * target.num_devices
-    c = _with(config, lambda c: setattr(c, "global_batch_size", half))
+    c, flag = layout_lib.with_per_device_batch(config, per_device // 2, target.num_devices)
     out.append((f"half the per-device batch ({per_device // 2}; a deviation from the recipe)",
-                f"--config.global_batch_size={half}",
+                flag,
                 lambda c=c: compile_for_tpu(experiment, c, target, only=("train_step",),
                                             loop_aware=False)[0][0]))
   return out
@@ -259,13 +263,13 @@ def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -
     per_device = tpu_layout(config, target).per_device_batch
 
     def compile_at(b: int) -> tpu.Report:
-      c = _with(config, lambda c: setattr(c, "global_batch_size", b * target.num_devices))
+      c, _ = layout_lib.with_per_device_batch(config, b, target.num_devices)
       return compile_for_tpu(experiment, c, target, only=("train_step",), loop_aware=False)[0][0]
     found = tpu.search_batch(compile_at, 1, max(per_device * 64, 64))
     if found.batch is None:
       text.append("--search_batch: not even a per-device batch of 1 fits.")
     else:
-      c = _with(config, lambda c: setattr(c, "global_batch_size", found.batch * target.num_devices))
+      c, flag = layout_lib.with_per_device_batch(config, found.batch, target.num_devices)
       r = compile_for_tpu(experiment, c, target, only=("train_step",))[0][0]   # loops counted
       speed = (f", <= {r.items_per_s:,.0f} {r.item_name}/s" if r.items_per_s else "")
       mfu = f", MFU <= {100 * r.mfu:.0f}%" if r.mfu else ""
@@ -274,8 +278,7 @@ def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -
                     f"{per_device})" if base.items_per_s else "")
       text.append(
           f"--search_batch: the largest per-device batch that fits {target.name} is {found.batch} "
-          f"({tpu.margin_text(r)}){speed}{mfu}{base_speed}: --config.global_batch_size="
-          f"{found.batch * target.num_devices}. A batch other than the recipe's is a deviation: "
+          f"({tpu.margin_text(r)}){speed}{mfu}{base_speed}: {flag}. A batch other than the recipe's is a deviation: "
           "its published results were measured at the recipe's batch. "
           f"({len(found.tried) + 1} compiles)")
   train = reports[0]

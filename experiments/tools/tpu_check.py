@@ -5,7 +5,7 @@ r"""`make tpu-check`: every pod config compiled for its TPU target by the TPU co
   python -m experiments.tools.tpu_check --only=diffucoder   # Dream 7.6B sampling on 4 TPU slices
 
 Rows: TRM's v4_64 pod config for each of the five recipes (v4-64), nanoGPT's v4_32 (GPT-2 124M on a
-v4-32, grad_accum 5 as the recipe, and 1: the same micro-step without the accumulation loop, whose
+v4-32, 5 accumulation steps as the recipe, and 1: the same micro-step without the accumulation loop, whose
 bound per token checks the loop count), GPT-2 XL finetuning (configs/finetune_shakespeare.py:gpt2-xl) on a v4-8 and a v5e-8
 (the recipe's replicated state, and `fsdp` with `model.remat`: docs/sharding.md), and
 DiffuCoder / Dream 7.6B sampling (experiments/diffucoder/tools/tpu_plan.py: one sampler step at canvas 512)
@@ -48,6 +48,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from experiments.common import distributed  # noqa: E402
+from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.diffucoder.tools import tpu_plan  # noqa: E402
 from experiments.nanogpt import train as nanogpt_train  # noqa: E402
 from experiments.tools import dry_run  # noqa: E402
@@ -106,8 +107,9 @@ CHECKS = [
           None),
     # The same micro-step without accumulation: its bound per token is the check on the loop count
     # of the accumulation scan (docs/tpu.md).
-    Check("nanogpt v4_32 gpt2_124m grad_accum=1", nanogpt_train.NanoGPT,
-          "experiments.nanogpt.configs.v4_32", None, overrides=lambda c: setattr(c, "grad_accum", 1)),
+    Check(f"nanogpt v4_32 gpt2_124m {layout_lib.ACCUM_FIELD}=1", nanogpt_train.NanoGPT,
+          "experiments.nanogpt.configs.v4_32", None,
+          overrides=lambda c: layout_lib.set_batch(c, accum=1)),
     Check("nanogpt finetune gpt2-xl", nanogpt_train.NanoGPT,
           "experiments.nanogpt.configs.finetune_shakespeare", "gpt2-xl,devices=4", "v4-8"),
     Check("nanogpt finetune gpt2-xl", nanogpt_train.NanoGPT,

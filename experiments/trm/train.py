@@ -27,7 +27,6 @@ import ml_collections
 import numpy as np
 import optax
 
-from experiments.common import config_utils
 from experiments.common import errors
 from experiments.common import experiment
 from experiments.common import layout as layout_lib
@@ -42,23 +41,15 @@ from experiments.trm import losses
 from experiments.trm import optim
 from experiments.trm import reference_checkpoint
 from experiments.trm import sharded_table
+from experiments.trm import sizes
 from experiments.trm.configs import base as base_config
-from input_pipeline.puzzles import arc
-from input_pipeline.puzzles import maze
-from input_pipeline.puzzles import sudoku
 from modules import trm
 
 # The data and metric libraries (TensorFlow, TFDS, CLU) load where data is read and the parameter
 # table written, not with the step (lazy_import).
 parameter_overview = lazy_import.module("clu.parameter_overview")
-datasets = lazy_import.module("input_pipeline.datasets")
 pipeline = lazy_import.module("input_pipeline.pipeline")
-arc_agi = lazy_import.module("input_pipeline.datasets.arc_agi")
 
-RATIO_METRICS = ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")
-LOSS_METRICS = ("lm_loss", "q_halt_loss")
-EVAL_COLUMNS = ("exact_accuracy", "accuracy", "q_halt_accuracy", "steps", "lm_loss", "q_halt_loss",
-                "count")
 PROGRESS = ("train/lm_loss", "train/accuracy", "train/exact_accuracy")
 # Order in which a non-finite step's metrics are named (the first non-finite one is reported).
 NONFINITE_ORDER = ("lm_loss", "q_halt_loss", "grad_norm")
@@ -88,9 +79,8 @@ class DeviceState(NamedTuple):
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """TRM's value checks (field names are checked by the trainer against configs/base.py)."""
   E = errors.ConfigError
-  if config.grad_accum != 1:
-    raise E("grad_accum", config.grad_accum, "TRM has no gradient accumulation (one optimizer step "
-            "is one ACT step of every slot)", "use 1")
+  layout_lib.check_no_accum(config, "TRM has no gradient accumulation (one optimizer step is one "
+                            "ACT step of every slot)")
   if config.eval_every_steps <= 0 and config.eval_interval_epochs <= 0:
     raise E("eval_every_steps", config.eval_every_steps,
             "no evaluation interval: eval_interval_epochs is also <= 0",
@@ -117,26 +107,19 @@ def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any],
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 
 
-def epoch_examples(metadata: Dict[str, Any], num_train_rows: int) -> int:
-  """Examples per epoch (docs/trm.md section 4.5: total_groups * mean_puzzle_examples). For a dataset of
-  materialised augmentations (ARC: up to 1001 puzzles per task) that is one augmentation's examples
-  per task, not every stored row; otherwise every training row."""
-  if "train_groups" in metadata and "mean_puzzle_examples" in metadata:
-    return max(1, int(round(metadata["train_groups"] * metadata["mean_puzzle_examples"])))
-  return num_train_rows
-
-
-def num_train_steps(config: ml_collections.ConfigDict, num_train_examples: int) -> int:
-  """docs/trm.md section 4.5: int(epochs * total_groups * mean_puzzle_examples / global_batch_size)."""
+def num_train_steps(config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout,
+                    num_train_examples: int) -> int:
+  """docs/trm.md section 4.5: int(epochs * total_groups * mean_puzzle_examples / global batch)."""
   if config.total_steps > 0:
     return int(config.total_steps)
-  return int(config.epochs * num_train_examples / config.global_batch_size)
+  return layout.updates_for(config.epochs * num_train_examples)
 
 
-def eval_every_steps(config: ml_collections.ConfigDict, num_train_examples: int) -> int:
+def eval_every_steps(config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout,
+                     num_train_examples: int) -> int:
   if config.eval_every_steps > 0:
     return int(config.eval_every_steps)
-  return max(1, int(config.eval_interval_epochs * num_train_examples / config.global_batch_size))
+  return max(1, layout.updates_for(config.eval_interval_epochs * num_train_examples))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -152,9 +135,10 @@ def make_optimizers(config: ml_collections.ConfigDict, total_steps: int):
   return adam, sign
 
 
-def init_state(model: trm.TRMModel, adam, sign, seed: int, shard_table: bool = False) -> TrainState:
+def init_state(model: trm.TRMModel, adam, sign, rng: jax.Array,
+               shard_table: bool = False) -> TrainState:
   """The replicated state; with `shard_table` the puzzle table lives in DeviceState instead."""
-  params, model_state = model.init(jax.random.key(seed))
+  params, model_state = model.init(rng)
   has_table = model.config.prefix_len > 0
   table = model.init_puzzle_table() if has_table and not shard_table else None
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=adam.init(params),
@@ -166,8 +150,9 @@ def init_device_state(model: trm.TRMModel, per_device_batch: int, local_device_c
                       num_devices: int, shard_table: bool = False) -> DeviceState:
   """Host numpy DeviceState stacked over this host's devices: fresh carries [n, ...] and, with
   `shard_table`, this host's zero shards [n, R, E] of the puzzle table (never the whole table)."""
-  carry = jax.tree.map(lambda x: np.stack([np.asarray(x)] * local_device_count),
-                       model.initial_carry(model.example_batch(per_device_batch)))
+  with jax.ensure_compile_time_eval():    # host values under jax.eval_shape (the abstract state)
+    carry = model.initial_carry(model.example_batch(per_device_batch))
+  carry = jax.tree.map(lambda x: np.stack([np.asarray(x)] * local_device_count), carry)
   shard = None
   if shard_table and model.config.prefix_len > 0:
     shard = sharded_table.init_host_shards(model.config.num_puzzle_identifiers,
@@ -179,25 +164,18 @@ def host_puzzle_table(state_table: Optional[Any], device_state: DeviceState,
                       num_rows: int) -> Optional[np.ndarray]:
   """The whole puzzle table [N, E] as host numpy, replicated or sharded (gathers across hosts)."""
   if device_state.puzzle_shard is not None:
-    return sharded_table.gather_table(_local_rows(device_state.puzzle_shard), num_rows)
+    return sharded_table.gather_table(evaluators_lib.local_rows(device_state.puzzle_shard), num_rows)
   return None if state_table is None else np.asarray(parallel.unreplicate(state_table))
-
-
-def _local_rows(x: Any) -> np.ndarray:
-  """This host's [n, ...] rows of a per-device (pmapped) array, in local device order."""
-  if isinstance(x, jax.Array):
-    shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
-    return np.concatenate([np.asarray(s.data) for s in shards], axis=0)
-  return np.asarray(x)
 
 
 def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.ConfigDict,
                     per_device_batch: int, slices: int = 1):
   """The per-device training step (pmapped by the caller).
 
-  (state, device_state, batch, device_index) -> (state, device_state, metric sums psummed over all
-  devices, finite) as experiments/common/experiment.py describes. `device_index`: this device's
-  global index (parallel.device_indices()). `slices` > 1 (config.batch_slices): the forward and
+  (state, device_state, batch, rng) -> (state, device_state, metric sums psummed over all devices,
+  finite) as experiments/common/experiment.py describes; `rng` folds in the 1-based step
+  (`TRM.rng_step_offset`), as the reference's; the sharded table reads this device's global index
+  (parallel.device_index()). `slices` > 1 (config.batch_slices): the forward and
   backward passes run on that many equal slices of the device's batch, one slice after another, and
   the parameter gradients are summed over them. Every example's recursion is independent of the
   others', so the recursion's values, the halting, the loss and the metrics are the whole batch's;
@@ -219,10 +197,10 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
                                           loss_divisor=per_device_batch)
     return loss, (z_H, z_L, logits, q_halt, q_cont)
 
-  def train_step(state: TrainState, device_state: DeviceState, batch, device_index):
+  def train_step(state: TrainState, device_state: DeviceState, batch, rng):
     carry, shard = device_state
     step = state.step + 1                                        # 1-based optimizer step
-    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), step), device_index)
+    device_index = parallel.device_index() if shard is not None else None
     carry = trm.act_reset(carry, batch, *model.latents(state.model_state))
     data = carry.current_data
     if shard is not None and cfg.prefix_len:                     # [B, E] from the sharded table
@@ -287,81 +265,13 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
   return train_step
 
 
-def make_eval_step(model: trm.TRMModel, per_device_batch: int, sharded: bool = False,
-                   predictions: bool = False):
-  """Per-device evaluation of one padded batch: a fresh carry, exactly halt_max_steps ACT steps, metric
-  sums of the LAST step over non-padding rows (psummed over all devices).
-
-  (params, model_state, table, batch, device_index) -> sums; `table` is the replicated puzzle table,
-  or with `sharded` this device's shard [R, E] (pmap it along the device axis). With `predictions`
-  -> (sums, {"predictions": [B, S] int32 argmax tokens, "q_halt": [B] float32}) of the last step
-  (what the ARC evaluator votes with).
-  """
-  cfg = model.config
-
-  def eval_step(params, model_state, table, batch, device_index):
-    mask = batch["mask"]
-    data = {k: v for k, v in batch.items() if k != "mask"}
-    carry = model.initial_carry(data)
-    rows = None
-    if sharded and cfg.prefix_len:      # the same rows at every ACT step: look them up once
-      rows = sharded_table.lookup(table, data["puzzle_identifiers"], device_index, parallel.AXIS)
-
-    def body(_, c):
-      c, _ = model.act_step(params, model_state, table, c, data, training=False, puzzle_rows=rows)
-      return c
-    carry = jax.lax.fori_loop(0, cfg.halt_max_steps - 1, body, carry)
-    carry, out = model.act_step(params, model_state, table, carry, data, training=False,
-                                puzzle_rows=rows)
-    _, sums = losses.act_loss_and_metrics(
-        out["logits"], carry.current_data["labels"], out["q_halt_logits"], out["q_continue_logits"],
-        carry.halted & mask, carry.steps, loss_divisor=per_device_batch, row_mask=mask)
-    sums = jax.lax.psum(sums, parallel.AXIS)
-    if predictions:
-      return sums, {"predictions": jnp.argmax(out["logits"], axis=-1).astype(jnp.int32),
-                    "q_halt": out["q_halt_logits"].astype(jnp.float32)}
-    return sums
-
-  return eval_step
-
-
-def evaluate(p_eval_step, state: TrainState, eval_batches, use_ema: bool, *,
-             table: Any = None, device_index: Any = None,
-             on_predictions: Optional[Any] = None) -> Dict[str, float]:
-  """Runs the padded evaluation batches; returns ratios (losses per evaluated example).
-
-  `table`: the puzzle shards of a sharded table (DeviceState.puzzle_shard), else state.puzzle_table
-  is used; `device_index`: parallel.shard(parallel.device_indices()) (default: computed here);
-  `on_predictions(batch, predictions)`: called per batch with the host batch and this host's
-  predictions ([n, B, ...] numpy) of a step made with `make_eval_step(..., predictions=True)`.
-  """
-  acc = metrics_lib.SumAccumulator()
-  params = state.ema if use_ema else state.params
-  table = state.puzzle_table if table is None else table
-  if device_index is None:
-    device_index = parallel.shard(parallel.device_indices())
-  for batch in eval_batches:
-    out = p_eval_step(params, state.model_state, table, parallel.shard(
-        {k: v for k, v in batch.items() if k in ("inputs", "labels", "puzzle_identifiers", "mask")}),
-                      device_index)
-    if on_predictions is not None:
-      out, preds = out
-      on_predictions(batch, jax.tree.map(_local_rows, preds))
-    acc.add(out)
-  sums = acc.pop()
-  count = sums.get("count", 0.0)
-  return metrics_lib.ratios(sums, count_key="count", ratio_keys=RATIO_METRICS,
-                            divisors={k: count for k in LOSS_METRICS})
-
-
-
-def train_scalars(config: ml_collections.ConfigDict, total_steps: int, sums: Dict[str, float],
-                  n: int, step: int) -> Dict[str, float]:
+def train_scalars(config: ml_collections.ConfigDict, global_batch: int, total_steps: int,
+                  sums: Dict[str, float], n: int, step: int) -> Dict[str, float]:
   """The log window's train/ scalars: ratios per example, losses per example, mean grad norm, lr."""
   sums = dict(sums)
   grad_norm = sums.pop("grad_norm", 0.0) / max(n, 1)
-  scalars = metrics_lib.ratios(sums, count_key="count", ratio_keys=RATIO_METRICS,
-                               divisors={k: config.global_batch_size * n for k in LOSS_METRICS},
+  scalars = metrics_lib.ratios(sums, count_key="count", ratio_keys=evaluators_lib.RATIO_METRICS,
+                               divisors={k: global_batch * n for k in evaluators_lib.LOSS_METRICS},
                                prefix="train/")
   scalars["train/grad_norm"] = grad_norm
   scalars["train/lr"] = float(optim.warmup_cosine_lr(step, config.lr, config.lr_warmup_steps,
@@ -410,59 +320,6 @@ def _summary(state: Any, model: trm.TRMModel, layout: layout_lib.BatchLayout,
           f"remat {'on' if model.config.remat else 'off'}{sliced}; {table}")
 
 
-def final_table(final: Dict[str, Dict[str, float]], history: Any) -> str:
-  del history
-  columns = EVAL_COLUMNS + evaluators_lib.scorer_columns(next(iter(final.values()), {}))
-  return metrics_lib.format_table(final, columns)
-
-
-# --------------------------------------------------------------------------------------------------
-# Without data (dry runs): the metadata and epoch size from the builder's knobs.
-
-def _puzzle_ids_bound(config: ml_collections.ConfigDict) -> int:
-  """Upper bound on the puzzle ids of an unprepared ARC dataset: tasks x (num_aug + 1) + 1,
-  counting the tasks in the manual dir's JSON files (a few seconds; nothing is built)."""
-  ds = config.dataset
-  if ds.name != "arc_agi" or not ds.manual_dir:
-    raise errors.ConfigError(
-        "dataset.manual_dir", ds.manual_dir,
-        f"{ds.name} is not prepared in {ds.data_dir} and its puzzle-id count comes from the data",
-        "prepare it first, or pass --config.dataset.manual_dir=<folder with the ARC JSON files>")
-  kwargs = ds.builder_kwargs
-  tasks = len(arc.load_variant(ds.manual_dir, kwargs.get("variant", "arc1")))
-  return tasks * (int(kwargs.get("num_aug", 1000)) + 1) + 1
-
-
-# A puzzle format's fixed metadata: a dry run's or a benchmark's step where TFDS is not installed.
-_FORMAT_METADATA = {"sudoku_generated": sudoku.METADATA, "sudoku_extreme": sudoku.METADATA,
-                    "maze_generated": maze.METADATA, "maze_hard": maze.METADATA}
-
-
-def _abstract_metadata(config: ml_collections.ConfigDict) -> Dict[str, Any]:
-  ds = config.dataset
-  try:
-    meta = dict(datasets.get_metadata(ds.name, ds.builder_kwargs.to_dict(), ds.data_dir))
-  except ModuleNotFoundError as e:       # no TFDS (an accelerator image): nothing is prepared here
-    if e.name not in ("tensorflow_datasets", "tensorflow") or ds.name not in _FORMAT_METADATA:
-      raise
-    meta = dict(_FORMAT_METADATA[ds.name])
-  if meta.get("num_puzzle_identifiers") is None:   # known only from the data (ARC)
-    meta["num_puzzle_identifiers"] = _puzzle_ids_bound(config)
-  return meta
-
-
-def _abstract_num_train(config: ml_collections.ConfigDict, meta: Dict[str, Any]) -> Optional[int]:
-  """From the prepared dataset, else from the builder's size knobs; None when unknown here."""
-  splits = meta.get("splits") or {}
-  if config.dataset.train_split in splits:
-    return epoch_examples(meta, int(splits[config.dataset.train_split]))
-  kwargs = config.dataset.builder_kwargs
-  for knob in ("subsample_size", "train_size"):
-    if knob in kwargs and kwargs[knob]:
-      return int(kwargs[knob])
-  return None
-
-
 # --------------------------------------------------------------------------------------------------
 # The experiment.
 
@@ -470,6 +327,7 @@ class TRM(experiment.Experiment):
   """Tiny Recursive Models (docs/trm.md) on the shared trainer."""
 
   name = "trm"
+  rng_step_offset = 1        # the reference folds the 1-based step into the halting exploration
 
   def base_config(self) -> ml_collections.ConfigDict:
     reference = base_config.get_config()
@@ -479,119 +337,56 @@ class TRM(experiment.Experiment):
   def validate(self, config: ml_collections.ConfigDict) -> None:
     validate_config(config)
 
-  def build(self, config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout, *,
-            abstract: bool = False) -> experiment.Build:
-    ds = config.dataset
+  def prepare(self, config: ml_collections.ConfigDict) -> None:
+    pipeline.DataSource.from_config(config.dataset, seed=config.seed)   # prepares when asked
+
+  def build(self, config: ml_collections.ConfigDict,
+            layout: layout_lib.BatchLayout) -> experiment.Build:
     n_local, b = layout.devices_per_host, layout.per_device_batch
-    if abstract:
-      data, meta = None, _abstract_metadata(config)
-      num_train = _abstract_num_train(config, meta)
-    else:
-      data = pipeline.DataSource.from_config(ds, seed=config.seed,
-                                             process_index=layout.process_index,
-                                             process_count=layout.hosts)
-      meta = data.metadata()
-      num_train = epoch_examples(meta, data.num_examples(ds.train_split))
+    meta, num_train = sizes.dataset_sizes(config)
     model = trm.TRMModel(model_config(config, meta, cpu_tuning.kernels(layout.cpu_tuning)))
     if num_train is None:      # a dry run of an unprepared dataset without size knobs
       total_steps, eval_every = max(int(config.total_steps), 0), 1
     else:
-      total_steps = num_train_steps(config, num_train)
-      eval_every = eval_every_steps(config, num_train)
+      total_steps = num_train_steps(config, layout, num_train)
+      eval_every = eval_every_steps(config, layout, num_train)
     adam, sign = make_optimizers(config, max(total_steps, 1))
     shard = bool(config.shard_puzzle_table)
-    has_table = model.config.prefix_len > 0
-    n_ids, width = model.config.num_puzzle_identifiers, model.config.emb_ndim
-    init = functools.partial(init_state, model, adam, sign, config.seed, shard_table=shard)
-    per_device = lambda x: jax.ShapeDtypeStruct((n_local,) + tuple(x.shape), x.dtype)  # noqa: E731
-    if abstract:
-      state = jax.eval_shape(init)
-      carry = jax.tree.map(per_device, jax.eval_shape(
-          lambda: model.initial_carry(model.example_batch(b))))
-      table_shard = (jax.ShapeDtypeStruct((n_local, sharded_table.rows_per_device(
-          n_ids, layout.devices), width), jnp.float32) if shard and has_table else None)
-      device_state = DeviceState(carry, table_shard)
-    else:
-      state = init()
-      device_state = init_device_state(model, b, n_local, layout.devices, shard_table=shard)
-    example_batch = jax.tree.map(per_device, jax.eval_shape(lambda: model.example_batch(b)))
+
+    def init(rng):
+      return (init_state(model, adam, sign, rng, shard_table=shard),
+              init_device_state(model, b, n_local, layout.devices, shard_table=shard))
+
+    state = jax.eval_shape(lambda: init_state(model, adam, sign, jax.random.key(0), shard))
+    example_batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((n_local,) + x.shape, x.dtype),
+                                 jax.eval_shape(lambda: model.example_batch(b)))
     flops = flops_lib.analytic_flops(model.config)
-    programs = {}
-    if abstract:
-      table_arg = table_shard if shard and has_table else state.puzzle_table
-      eval_batch = dict(example_batch, mask=jax.ShapeDtypeStruct((n_local, b), jnp.bool_))
-      programs["eval_step"] = experiment.Program(
-          make_eval_step(model, b, sharded=shard),
-          (state.params, state.model_state, table_arg, eval_batch,
-           jax.ShapeDtypeStruct((n_local,), jnp.int32)),
-          replicated_in=(0, 1) if shard else (0, 1, 2), items=layout.global_batch,
-          flops=flops.forward * model.config.halt_max_steps * layout.global_batch)
-
-    def set_params(state, device_state, p):
-      return _set_params(config, layout, model, state, device_state, p)
-
-    def get_params(state):
-      return {"params": state.ema if config.ema else state.params,
-              "model_state": state.model_state, "puzzle_table": state.puzzle_table}
-
     options = cpu_tuning.compiler_options(layout.cpu_tuning)
     slices = cpu_tuning.batch_slices(config.batch_slices, model.config, b, layout.cpu_tuning)
-    common = dict(
-        compiler_options=options, state=state, device_state=device_state,
-        train_step=make_train_step(model, adam, sign, config, b, slices),
-        total_steps=total_steps, example_batch=example_batch,
-        train_scalars=functools.partial(train_scalars, config, total_steps), progress=PROGRESS,
-        items_per_step=layout.global_batch, flops_per_step=flops.total * layout.global_batch,
-        model_config=model.config, get_params=get_params,
-        set_params=set_params, nonfinite_order=NONFINITE_ORDER,
-        nonfinite_other="the puzzle-embedding row gradients (SignSGD) are not finite",
-        eval_programs=programs, final_table=final_table,
-        summary=_summary(state, model, layout, num_train, total_steps, slices),
-        results=lambda final, history: dict(final))
-    if abstract:
-      return experiment.Build(
-          batches=lambda start: iter(()),
-          init=lambda: (init(), init_device_state(model, b, n_local, layout.devices,
-                                                  shard_table=shard)), **common)
-
-    logging_text = parameter_table(state, model, layout.devices)
+    data = functools.cache(lambda: pipeline.DataSource.from_config(config.dataset,
+                                                                   seed=config.seed))
 
     def batches(start_step: int):
-      it = data.train_iterator(global_batch_size=layout.global_batch,
-                               local_device_count=n_local, start_step=start_step)
+      it = data().train_iterator(layout=layout, start_step=start_step)
       return ({k: batch[k] for k in ("inputs", "labels", "puzzle_identifiers")} for batch in it)
 
-    scorers = evaluators_lib.make_scorers(
-        config, lambda name: arc_agi.load_metadata(datasets.get_builder(
-            data.name, data.data_dir, data.builder_kwargs)))
-    p_eval_step = parallel.pmap_step(
-        make_eval_step(model, b, sharded=shard, predictions=bool(scorers)),
-        replicated_in=(0, 1) if shard else (0, 1, 2), out_axes=0, compiler_options=options)
-    device_index = parallel.shard(parallel.device_indices())
-    num_test = data.num_examples(ds.test_split)
-
-    def run_test(ctx: experiment.EvalContext) -> Dict[str, float]:
-      full = ctx.final or config.eval_subset == 0
-      batches_ = data.eval_batches(ds.test_split, global_batch_size=layout.global_batch,
-                                   local_device_count=n_local,
-                                   subset_size=0 if full else config.eval_subset)
-      parts = []
-      collect = None
-      if scorers:
-        collect = lambda batch, p: parts.append([s.collect(batch, p) for s in scorers])  # noqa: E731
-      results = evaluate(p_eval_step, ctx.state, batches_, use_ema=config.ema,
-                         table=ctx.device_state.puzzle_shard if shard else None,
-                         device_index=device_index, on_predictions=collect)
-      for i, scorer in enumerate(scorers):
-        results.update(scorer.finalize([p[i] for p in parts], step=ctx.step,
-                                       workdir=ctx.workdir.root, final=ctx.final, full=full))
-      return results
-
-    test = experiment.Evaluator(
-        "test", run_test, every=eval_every, at_end=True,
-        size=num_test if config.eval_subset == 0 else min(config.eval_subset, num_test),
-        size_final=num_test)
-    return experiment.Build(batches=batches, evaluators=[test], parameters=logging_text, **common)
+    return experiment.Build(
+        init=init, train_step=make_train_step(model, adam, sign, config, b, slices),
+        batches=batches, example_batch=example_batch, total_steps=total_steps,
+        evaluators=[evaluators_lib.test_evaluator(config, layout, model, data, eval_every, options, state,
+                                   example_batch, flops.forward)],
+        flops_per_step=flops.total * layout.global_batch, model_config=model.config,
+        weights=experiment.Weights(get=functools.partial(get_params, config),
+                                   set=functools.partial(_set_params, config, layout, model)),
+        compiler_options=options, display=experiment.Display(
+            parameters=lambda state: parameter_table(state, model, layout.devices),
+            summary=_summary(state, model, layout, num_train, total_steps, slices),
+            progress=PROGRESS, items_per_step=layout.global_batch,
+            train_scalars=functools.partial(train_scalars, config, layout.global_batch,
+                                            total_steps),
+            nonfinite_order=NONFINITE_ORDER, final_table=evaluators_lib.final_table,
+            nonfinite_other="the puzzle-embedding row gradients (SignSGD) are not finite",
+            results=lambda final, history: dict(final)))
 
   def fit_variants(self, config: ml_collections.ConfigDict):
     """--dry_run's fixes for a step too big for the chip: recompute activations (same numbers)."""
@@ -617,6 +412,12 @@ class TRM(experiment.Experiment):
       raise errors.FormatError(f"--config.init_from={path}: {e}. Fix: set the --config.model.* "
                                "fields of the run that saved it") from None
     return {"params": params, "model_state": model_state, "puzzle_table": table}
+
+
+def get_params(config: ml_collections.ConfigDict, state: TrainState) -> Dict[str, Any]:
+  """The weights a state evaluates with (the EMA's when config.ema) and its puzzle table."""
+  return {"params": state.ema if config.ema else state.params,
+          "model_state": state.model_state, "puzzle_table": state.puzzle_table}
 
 
 def _set_params(config, layout, model, state: TrainState, device_state: DeviceState,

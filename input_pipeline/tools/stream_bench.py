@@ -6,10 +6,10 @@ process_count) on this machine, and prints a table: seconds to the first batch (
 batch after it (median), and the process's resident memory after the load and at its peak.
 
   python -m input_pipeline.tools.stream_bench --dataset=arc_agi --data_dir=/tmp/arcfull \
-      --builder_kwargs='{"variant": "arc1", "num_aug": 1000, "seed": 0}' --global_batch_size=768 \
+      --builder_kwargs='{"variant": "arc1", "num_aug": 1000, "seed": 0}' --global_batch=768 \
       --process_count=8 --process_index=0 --local_device_count=4
   python -m input_pipeline.tools.stream_bench --dataset=sudoku_generated --data_dir=/tmp/tfds \
-      --builder_kwargs='{"config": "easy"}' --global_batch_size=32 --batches=20
+      --builder_kwargs='{"config": "easy"}' --global_batch=32 --batches=20
 """
 
 import json
@@ -24,7 +24,7 @@ from absl import flags
 _DATASET = flags.DEFINE_string("dataset", None, "Registered dataset name (input_pipeline.datasets).")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data dir the dataset was prepared into.")
 _KWARGS = flags.DEFINE_string("builder_kwargs", "{}", "Builder kwargs as JSON.")
-_BATCH = flags.DEFINE_integer("global_batch_size", 768, "Examples per step over all hosts.")
+_BATCH = flags.DEFINE_integer("global_batch", 768, "Examples per step over all hosts.")
 _PROCESS_COUNT = flags.DEFINE_integer("process_count", 1, "Hosts of the job being simulated.")
 _PROCESS_INDEX = flags.DEFINE_integer("process_index", 0, "The host to load.")
 _DEVICES = flags.DEFINE_integer("local_device_count", 1, "Devices per host.")
@@ -47,18 +47,20 @@ def _peak_gb() -> float:
 def measure() -> list[tuple[str, str]]:
   """Rows (name, value) of the report."""
   # Imported here so that "RSS before loading" is measured before TensorFlow and the dataset load.
+  from experiments.common import layout as layout_lib  # pylint: disable=g-import-not-at-top
   from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
   kwargs = json.loads(_KWARGS.value)
   rows = [("dataset", f"{_DATASET.value} {kwargs}"),
           ("host", f"{_PROCESS_INDEX.value} of {_PROCESS_COUNT.value}, "
                    f"{_DEVICES.value} devices, global batch {_BATCH.value}"),
           ("RSS before loading", f"{_rss_gb():.2f} GB")]
+  layout = layout_lib.of(_BATCH.value, devices_per_host=_DEVICES.value, hosts=_PROCESS_COUNT.value,
+                         process_index=_PROCESS_INDEX.value)     # the trainers' batch figures
   source = pipeline.DataSource(name=_DATASET.value, data_dir=_DATA_DIR.value,
-                               builder_kwargs=kwargs, seed=0, process_index=_PROCESS_INDEX.value,
-                               process_count=_PROCESS_COUNT.value, group_sampling=_GROUP.value)
+                               builder_kwargs=kwargs, seed=0, group_sampling=_GROUP.value)
   group = _GROUP.value and "train_groups" in source.metadata()
   t0 = time.perf_counter()
-  it = source.train_iterator(global_batch_size=_BATCH.value, local_device_count=_DEVICES.value)
+  it = source.train_iterator(layout=layout)
   first = next(it)
   rows.append(("train stream", "group sampling" if group else "shuffled shard"))
   rows.append(("first batch (load)", f"{time.perf_counter() - t0:.1f} s"))
@@ -73,7 +75,7 @@ def measure() -> list[tuple[str, str]]:
   rows.append(("batch", ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in first.items())))
   if _EVAL.value:
     t = time.perf_counter()
-    ev = source.eval_batches(global_batch_size=_BATCH.value, local_device_count=_DEVICES.value)
+    ev = source.eval_batches(layout=layout)
     rows.append(("eval load", f"{time.perf_counter() - t:.1f} s, {ev.num_local_examples} examples, "
                               f"{ev.num_batches} batches"))
     rows.append(("RSS after eval load", f"{_rss_gb():.2f} GB"))

@@ -459,7 +459,8 @@ def run_trained(workdir: str) -> List[Dict[str, Any]]:
   config, saved = train.read_run(workdir)
   step, params = trainer.restore_params(train.MaskedDiffusion(), config, workdir)
   model = train.model_config(config)
-  val = train.TextWindows(config).val
+  data = train.text_data(config)
+  val = data.tokens[data.val_split]
   new = _NEW.value or max(3 * int(config.seq_len) // 4 // _BLOCK.value, 1) * _BLOCK.value
   P = _PROMPT_LEN.value or int(config.seq_len) - new
   n = _COMPARE_PROMPTS.value or 16

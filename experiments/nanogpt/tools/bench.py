@@ -51,6 +51,7 @@ import numpy as np
 
 from experiments.common import distributed
 from experiments.common import host_malloc
+from experiments.common import layout as layout_lib
 from experiments.common import mfu
 from experiments.common import parallel
 from experiments.common import trainer
@@ -135,7 +136,7 @@ def main(argv=None) -> None:
 
 def _restore_workdir(config, workdir: str):
   """(GPTConfig, params, step) of the latest checkpoint of a podlab nanoGPT run in `workdir`."""
-  data = train.TextData(config)
+  data = train.text_data(config)
   step, params = trainer.restore_params(train.NanoGPT(), config, workdir)
   return train.model_config(config, data.vocab_size), params, int(step)
 
@@ -171,20 +172,20 @@ def _jax_run(c, spec: str, warmup: int) -> dict:
   c.model.activations = activations or "autocast"
   c.cpu_tuning = mode != "autodiff"          # kernels "xla_cpu" (the CPU matmul forms) or "default"
   vocab = c.model.vocab_size if c.model.vocab_size > 0 else 65
-  layout, built = trainer.build(train.NanoGPT(), c, abstract=True)   # the trainer's own step
+  layout, built = trainer.build(train.NanoGPT(), c)   # the trainer's own step
   cfg = built.model_config
   model = gpt.GPTModel(cfg)
-  state, _ = built.init()
+  state, _ = trainer.init_state(built, c)
   n_params = gpt.num_params(state.params)
   n = layout.devices_per_host
-  step = trainer.parallel_train_step(built.train_step, c.nonfinite)
+  step = trainer.parallel_train_step(built.train_step, c.nonfinite, seed=c.seed)
   box = {"state": parallel.replicate(state)}
   rng = np.random.default_rng(0)
   T, b = cfg.block_size, layout.per_device_batch
   idx = parallel.shard(parallel.device_indices())
 
   def batch():
-    w = rng.integers(0, vocab, (n, c.grad_accum, b, T + 1)).astype(np.int32)
+    w = rng.integers(0, vocab, (n, layout.accum, b, T + 1)).astype(np.int32)
     return parallel.shard({"x": w[..., :-1], "y": w[..., 1:]})
 
   memory = step.lower(box["state"], None, batch(), idx).compile().memory_analysis()
@@ -201,11 +202,11 @@ def _jax_run(c, spec: str, warmup: int) -> dict:
     one()
   act = f" ({c.model.activations} activations)" if dtype == "bfloat16" else ""
   return {"name": f"podlab {dtype}{act}" + (" (autodiff grads)" if mode else ""), "step": one,
-          "ms": [], "cpu": [], "tokens": c.global_batch_size * c.grad_accum * T, "compile_s": compile_s,
-          "flops": gpt.flops_per_token(cfg, n_params) * c.global_batch_size * c.grad_accum * T,
+          "ms": [], "cpu": [], "tokens": layout.examples_per_update * T, "compile_s": compile_s,
+          "flops": gpt.flops_per_token(cfg, n_params) * layout.examples_per_update * T,
           "scratch": memory.temp_size_in_bytes if memory is not None else None,
           "desc": f"{cfg.n_layer}x{cfg.n_head}x{cfg.n_embd}, block {T}, batch "
-                  f"{c.global_batch_size}x{c.grad_accum}", "model": model, "box": box}
+                  f"{layout.global_batch}x{layout.accum}", "model": model, "box": box}
 
 
 def _torch_run(c, warmup: int) -> dict:
@@ -228,14 +229,16 @@ def _torch_run(c, warmup: int) -> dict:
        {"params": [p for p in named.values() if p.dim() < 2], "weight_decay": 0.0}],
       lr=c.lr, betas=(c.beta1, c.beta2), eps=1e-8)
   rng = np.random.default_rng(0)
-  T, B = m.block_size, c.global_batch_size
+  one_process = layout_lib.batch_layout(c, devices=1, devices_per_host=1, platform="cpu",
+                                        check_num_devices=False)    # the whole batch in one process
+  T, B, A = m.block_size, one_process.global_batch, one_process.accum
 
   def one():
-    for _ in range(c.grad_accum):
+    for _ in range(A):
       w = torch.as_tensor(rng.integers(0, vocab, (B, T + 1)))
       logits = model(w[:, :-1])
       loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), w[:, 1:].reshape(-1))
-      (loss / c.grad_accum).backward()
+      (loss / A).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -246,8 +249,8 @@ def _torch_run(c, warmup: int) -> dict:
   n_params = sum(p.numel() for p in named.values()) - named["transformer.wpe.weight"].numel()
   cfg = train.model_config(c, vocab)
   return {"name": f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads)", "step": one,
-          "ms": [], "cpu": [], "tokens": B * c.grad_accum * T,
-          "flops": gpt.flops_per_token(cfg, n_params) * B * c.grad_accum * T}
+          "ms": [], "cpu": [], "tokens": B * A * T,
+          "flops": gpt.flops_per_token(cfg, n_params) * B * A * T}
 
 
 def _torch_crop(model, params, prompt, new_tokens: int):

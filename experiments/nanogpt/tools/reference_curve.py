@@ -12,7 +12,7 @@ from nanoGPT's own loop. This tool re-runs that loop in PyTorch (needs torch: pi
   initialised in nanoGPT's module order (so the draws, and the initial weights, are nanoGPT's);
 * the first batch fetched before the loop; at every iteration: the learning rate of get_lr(it)
   (linear warm-up, cosine to min_lr), at it % eval_interval == 0 the mean loss of eval_iters random
-  batches per split (train, then val; before the update), then grad_accum forward passes, each
+  batches per split (train, then val; before the update), then gradient_accumulation_steps forward passes, each
   followed by fetching the next batch and the backward pass, clipping to global norm 1.0, AdamW
   (weight decay on tensors of >= 2 dims, betas (0.9, 0.99), eps 1e-8); max_iters + 1 updates.
 
@@ -51,7 +51,7 @@ DEFAULT_INPUT = sources.TINY_SHAKESPEARE          # the repository's copy
 
 # nanoGPT's config/train_shakespeare_char.py with the README's CPU overrides.
 CPU_RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, bias=False, batch_size=12,
-                  grad_accum=1, max_iters=2000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
+                  gradient_accumulation_steps=1, max_iters=2000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
                   lr_decay_iters=2000, beta1=0.9, beta2=0.99, weight_decay=0.1, grad_clip=1.0,
                   eval_interval=250, eval_iters=20, seed=1337)
 
@@ -134,8 +134,8 @@ def run(h: Dict, train_ids: np.ndarray, val_ids: np.ndarray, vocab_size: int,
       curve[it] = estimate_loss()
       log(f"iter {it}: train {curve[it]['train']:.4f}, val {curve[it]['val']:.4f}")
     t0 = time.perf_counter()
-    for _ in range(h["grad_accum"]):
-      loss = loss_of(x, y) / h["grad_accum"]
+    for _ in range(h["gradient_accumulation_steps"]):
+      loss = loss_of(x, y) / h["gradient_accumulation_steps"]
       x, y = get_batch("train")
       loss.backward()
     if h["grad_clip"] > 0:
@@ -179,7 +179,7 @@ def parse(argv: Optional[Sequence[str]]) -> Dict:
       continue
     p.add_argument(f"--{k}", type=type(v), default=v, help=f"nanoGPT's {k} (default {v})")
   a = vars(p.parse_args(argv))
-  for k in ("max_iters", "eval_interval", "eval_iters", "batch_size", "grad_accum", "block_size"):
+  for k in ("max_iters", "eval_interval", "eval_iters", "batch_size", "gradient_accumulation_steps", "block_size"):
     if a[k] < (0 if k == "max_iters" else 1):
       p.error(f"--{k}={a[k]}: must be {'>= 0' if k == 'max_iters' else '>= 1'}")
   return a

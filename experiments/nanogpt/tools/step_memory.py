@@ -54,8 +54,8 @@ def main(argv) -> None:
   t0 = time.time()
   with parallel.use_sharding(c.sharding):
     layout = dry_run.tpu_layout(c, target)
-    build = train.NanoGPT().build(c, layout, abstract=True)
-    p = dry_run.programs(build, c, layout)["train_step"]
+    build = train.NanoGPT().build(c, layout)
+    p = dry_run.programs(train.NanoGPT(), build, c, layout)["train_step"]
     lowered = tpu.lower_pmap(p.fn, target, dry_run._per_device(p),  # pylint: disable=protected-access
                              replicated_in=p.replicated_in, out_axes=p.out_axes,
                              donate_argnums=p.donate_argnums)

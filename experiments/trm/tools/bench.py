@@ -84,6 +84,7 @@ import ml_collections
 import numpy as np
 
 from experiments.common import distributed
+from experiments.common import layout as layout_lib
 from experiments.common import parallel
 from experiments.common import trainer
 from experiments.trm import cpu_tuning
@@ -131,7 +132,7 @@ def recipe_config(model: str, dtype: str, *, hidden: Optional[int] = None, remat
   if hidden:
     c.model.hidden_size = int(hidden)
     c.model.puzzle_emb_ndim = int(hidden)     # the recipes' E = D
-  c.global_batch_size = per_device_batch * jax.local_device_count()
+  c, _ = layout_lib.with_per_device_batch(c, per_device_batch, jax.local_device_count())
   c.total_steps = REFERENCE_TOTAL_STEPS
   if cpu_tuning is not None:
     c.cpu_tuning = bool(cpu_tuning)
@@ -272,11 +273,10 @@ def compile_config_step(config: ml_collections.ConfigDict, compile: bool = True,
 
 
 def _compile_config_step(config: ml_collections.ConfigDict, compile: bool) -> StepSetup:  # pylint: disable=redefined-builtin
-  per_device_batch = config.global_batch_size // jax.local_device_count()
-  n_local = jax.local_device_count()
-  layout, b = trainer.build(train.TRM(), config, abstract=True)  # the trainer's own step and state
+  layout, b = trainer.build(train.TRM(), config)  # the trainer's own step and state
+  per_device_batch, n_local = layout.per_device_batch, layout.devices_per_host
   cfg = b.model_config
-  state, carry = b.init()
+  state, carry = trainer.init_state(b, config)
   state, carry = parallel.replicate(state), parallel.shard(carry)
   batch = parallel.shard(random_batch(n_local, per_device_batch, config.seed))
   device_index = parallel.shard(parallel.device_indices())
@@ -287,7 +287,8 @@ def _compile_config_step(config: ml_collections.ConfigDict, compile: bool) -> St
                      global_batch=per_device_batch * n_local, compiled=None, compile_s=0.0,
                      memory={}, args=(state, carry, batch, device_index), slices=slices,
                      forms=forms)
-  p_step = trainer.parallel_train_step(b.train_step, config.nonfinite)
+  p_step = trainer.parallel_train_step(b.train_step, config.nonfinite, seed=config.seed,
+                                       rng_step_offset=train.TRM.rng_step_offset)
   t0 = time.perf_counter()
   compiled = p_step.lower(state, carry, batch, device_index).compile(
       compiler_options=dict(b.compiler_options) or None)         # the trainer's XLA options
@@ -445,8 +446,8 @@ def pipeline_throughput(data_dir: Optional[str] = None, *, batch_size: int = 768
     prepare.prepare("sudoku_generated", data_dir, kwargs)
     prepare_s = time.perf_counter() - t0
     it = pipeline.create_train_iterator(data_dir, "sudoku_generated", kwargs,
-                                        global_batch_size=batch_size, process_index=0,
-                                        process_count=1, local_device_count=1, seed=0)
+                                        layout=layout_lib.of(batch_size, devices_per_host=1),
+                                        seed=0)
     t0 = time.perf_counter()
     first = next(it)
     first_s = time.perf_counter() - t0

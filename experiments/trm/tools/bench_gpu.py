@@ -64,6 +64,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments.common import distributed  # noqa: E402
+from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.common import mfu  # noqa: E402
 from experiments.common import parallel  # noqa: E402
 from experiments.common import trainer  # noqa: E402
@@ -195,8 +196,7 @@ def trm_side(side: str, model: str, batch: int, *, steps: int, warmup: int,
 
 def _gpt_config(batch: int, quick: bool):
   c = gpt2_124m.get_config()
-  c.global_batch_size = batch
-  c.grad_accum = 1
+  layout_lib.set_batch(c, batch, accum=1)
   c.model.dtype = "bfloat16"
   if quick:
     for k, v in QUICK_GPT.items():
@@ -207,8 +207,8 @@ def _gpt_config(batch: int, quick: bool):
 
 def _gpt_podlab(c):
   """(layout, built, model config, initial state) of podlab's GPT step, without data."""
-  layout, built = trainer.build(gpt_train.NanoGPT(), c, abstract=True)
-  state, _ = built.init()
+  layout, built = trainer.build(gpt_train.NanoGPT(), c)
+  state, _ = trainer.init_state(built, c)
   return layout, built, built.model_config, state
 
 
@@ -222,10 +222,10 @@ def gpt_side(side: str, batch: int, *, steps: int, warmup: int, quick: bool = Fa
   label = f"GPT-2 batch {batch} {side}"
   if side == "podlab":
     n = layout.devices_per_host
-    w = window.reshape(n, 1, batch // n, T + 1)
+    w = window.reshape(n, 1, layout.per_device_batch, T + 1)
     data = parallel.shard({"x": w[..., :-1], "y": w[..., 1:]})
     di = parallel.shard(parallel.device_indices())
-    step = trainer.parallel_train_step(built.train_step, c.nonfinite)
+    step = trainer.parallel_train_step(built.train_step, c.nonfinite, seed=c.seed)
     box = {"state": parallel.replicate(state)}
 
     def one() -> float:

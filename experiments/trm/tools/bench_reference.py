@@ -177,7 +177,7 @@ def reference_step(setup: bench.StepSetup, config, seed: int = 0):
   model = ref.TorchTRM(rcfg)
   model.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32).copy()).to(
       model.state_dict()[k].dtype) for k, v in sd.items()})
-  tcfg = ref.TrainConfig(global_batch_size=setup.global_batch, lr=config.lr,
+  tcfg = ref.TrainConfig(setup.global_batch, lr=config.lr,
                          puzzle_emb_lr=config.puzzle_emb_lr, weight_decay=config.weight_decay,
                          puzzle_emb_weight_decay=config.puzzle_emb_weight_decay,
                          beta1=config.beta1, beta2=config.beta2,

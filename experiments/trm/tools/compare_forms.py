@@ -52,6 +52,7 @@ import numpy as np  # noqa: E402
 from experiments.common import cpu_features  # noqa: E402
 from experiments.common import distributed  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
+from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
 from experiments.trm.tools import bench  # noqa: E402
@@ -74,7 +75,7 @@ def _setup(args: argparse.Namespace, variant: str) -> bench.StepSetup:
   if args.model == "demo":
     config = cpu_demo.get_config()
     if args.batch:
-      config.global_batch_size = args.batch
+      layout_lib.set_batch(config, args.batch)
   else:
     config = bench.recipe_config(args.model, args.dtype, hidden=args.hidden or None,
                                  per_device_batch=args.batch or 64)
@@ -190,7 +191,8 @@ def main(argv: Sequence[str]) -> int:
   what = "make run's model (configs/cpu_demo.py)" if args.model == "demo" else (
       f"TRM-{args.model.upper() if args.model == 'mlp' else 'Att'} {args.dtype}"
       f"{f' at hidden {args.hidden}' if args.hidden else ''}")
-  batch = args.batch or (cpu_demo.get_config().global_batch_size if args.model == "demo" else 64)
+  batch = args.batch or (layout_lib.configured_batch(cpu_demo.get_config())
+                         if args.model == "demo" else 64)
   print(f"{what}, batch {batch}; {args.warmup} untimed step(s) of each variant, then "
         f"{args.rounds} alternating round(s) of 1 untimed + {args.per_round} timed step(s) per "
         f"variant; [minor page faults of the timed steps]", flush=True)

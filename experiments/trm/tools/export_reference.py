@@ -32,7 +32,7 @@ _COMPILED = flags.DEFINE_bool("compiled_prefix", False,
 def export(config, workdir: str, out: str, *, compiled_prefix: bool = False) -> str:
   """Writes the run's newest checkpoint to `out` as a reference state_dict; returns a summary."""
   step, state, device_state, b = trainer.restore_state(train.TRM(), config, workdir)
-  weights = b.get_params(state)
+  weights = b.weights.get(state)
   table = weights["puzzle_table"]
   cfg = b.model_config
   if table is None and device_state is not None and device_state.puzzle_shard is not None:

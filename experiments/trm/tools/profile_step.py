@@ -88,6 +88,7 @@ import ml_collections  # noqa: E402
 
 from experiments.common import distributed  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
+from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.common import trainer  # noqa: E402
 from experiments.tools import dry_run  # noqa: E402
 from experiments.tools import tpu  # noqa: E402
@@ -595,8 +596,8 @@ def tpu_train_step(config: ml_collections.ConfigDict, target_name: str):
   target = tpu.parse_target(target_name)
   layout = dry_run.tpu_layout(config, target)
   trainer.check_config(train.TRM(), config)
-  b = train.TRM().build(config, layout, abstract=True)
-  p = dry_run.programs(b, config, layout)["train_step"]
+  b = train.TRM().build(config, layout)
+  p = dry_run.programs(train.TRM(), b, config, layout)["train_step"]
   lowered = tpu.lower_pmap(p.fn, target, dry_run._per_device(p),  # pylint: disable=protected-access
                            replicated_in=p.replicated_in, out_axes=p.out_axes,
                            donate_argnums=p.donate_argnums)
@@ -705,7 +706,8 @@ def main(argv: Sequence[str]) -> int:
     t0 = time.perf_counter()
     lowered, compiled = tpu_train_step(config, args.tpu)
     print(f"model {args.model}, {config.model.forward_dtype}, global batch "
-          f"{config.global_batch_size}, compiled for {args.tpu} in {time.perf_counter() - t0:.1f} s")
+          f"{layout_lib.configured_batch(config)}, compiled for {args.tpu} in "
+          f"{time.perf_counter() - t0:.1f} s")
     print(tpu_hlo_report(lowered, compiled, f"training step ({args.tpu})", top=args.top))
     return 0
   if args.cpu_tuning and jax.default_backend() == "cpu":
