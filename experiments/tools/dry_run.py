@@ -205,8 +205,8 @@ def fit_variants(experiment: experiment_lib.Experiment, config: ml_collections.C
      each alone: more compute or another precision, no new communication;
   2. for a replicated state: fsdp alone, then fsdp with each of those variants: communication (the
      weights all-gathered once per update, each micro-batch's gradient reduce-scattered:
-     ~P/2 + grad_accum x P bytes per chip against replicated's ~2P all-reduce), state / N per chip;
-  3. half the per-device batch (global_batch_size halved): a deviation from the recipe, last."""
+     ~P/2 + accum x P bytes per chip against replicated's ~2P all-reduce), state / N per chip;
+  3. half the per-device batch (the global batch halved): a deviation from the recipe, last."""
   own = list(experiment.fit_variants(config))
   out = list(own)
   if config.sharding == "replicated":
