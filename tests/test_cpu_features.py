@@ -61,6 +61,7 @@ def test_compute_dtype_of_trm_and_gpt_configs(dtype, want):
   assert trainer.compute_dtype(object()) == ""
 
 
+@pytest.mark.slow    # make test: the notice's rule and text (test_bf16_notice_only_for_...)
 def test_a_bfloat16_trm_run_logs_the_line_once(monkeypatch, tmp_path, caplog):
   """The trainer's start on a CPU target, with a cpuinfo that lacks bfloat16 (probe stubbed)."""
   from absl import logging as absl_logging

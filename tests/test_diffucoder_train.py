@@ -159,6 +159,7 @@ def _eval_reference(config, params, val, unigram):
           "unigram_elbo": (uni * m / t).sum() / positions, "masked_tokens": float(n)}
 
 
+@pytest.mark.slow    # make test: a Dream folder read by init_from (the wrong-shape case below)
 def test_eval_of_a_dream_folder_through_the_entry_point(data_dir, tmp_path):
   c = _smoke(data_dir)
   model = train.model_config(c)

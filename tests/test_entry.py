@@ -73,6 +73,7 @@ def test_a_missing_config_file(tmp_path):
   assert "nope.py" in line and "not found" in line
 
 
+@pytest.mark.slow    # make test: test_checkpointing's corrupt checkpoint, test_faults' truncated one
 def test_a_corrupt_checkpoint_is_one_line_without_orbax_noise(tmp_path):
   workdir = tmp_path / "w"
   args = ["experiments.trm.main", "--config=configs/cpu_demo.py:smoke", f"--workdir={workdir}",

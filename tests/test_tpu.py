@@ -287,7 +287,7 @@ def _mlp_step(sizes):
   return step, weights
 
 
-@pytest.mark.parametrize("name", ["v4-8", "v5e-4", "v4-64"])
+@pytest.mark.parametrize("name", ["v4-8", pytest.param("v5e-4", marks=pytest.mark.slow), "v4-64"])
 def test_mlp_train_step(libtpu, name):
   target = tpu.parse_target(name)
   B, sizes = 512, (1024, 2048, 1024)
@@ -314,6 +314,7 @@ def test_mlp_train_step(libtpu, name):
   assert target.name in tpu.format_report([r])
 
 
+@pytest.mark.slow    # make test: test_dry_run's FLOPs against the analytic count, every loop trip
 def test_loops_are_counted_trip_by_trip(libtpu):
   """The compiler's cost analysis counts a loop body once: a 5-trip fori_loop of a matmul reports one
   matmul. `loop_aware_cost` compiles the body once more and counts 5, as for the same 5 matmuls
