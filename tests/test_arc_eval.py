@@ -11,8 +11,10 @@ import textwrap
 import numpy as np
 import pytest
 
+from experiments.common import layout
 from experiments.common import workdir
 from experiments.trm import arc_eval
+from experiments.trm import evaluators
 from input_pipeline import sources
 from input_pipeline.puzzles import arc
 
@@ -126,6 +128,25 @@ def test_merge_over_two_hosts_equals_one_process(toy):
   assert arc_eval.merge(parts) == arc_eval.merge([single]) == single
   assert arc_eval.merge(parts[::-1]) == single
   assert arc_eval.finalize(meta, parts) == arc_eval.finalize(meta, [single])
+
+
+def test_the_scorer_merges_the_votes_of_its_layouts_hosts(toy, tmp_path):
+  """ArcPassAtK exchanges votes between the hosts of the layout it is given (here 2 hosts played by
+  one process: host 1 writes its votes, host 0 merges them with its own)."""
+  meta = toy["meta"]
+  preds, q, ids, test_index = _predict(toy, PLAN, Q_C_WRONG_FIRST)
+  cut = len(ids) // 3
+  half = lambda s: arc_eval.collect(meta, preds[s], q[s], ids[s], test_index[s])  # noqa: E731
+  host = lambda i: evaluators.ArcPassAtK(  # noqa: E731
+      meta, layout.of(8, devices_per_host=4, hosts=2, process_index=i))
+  two = str(tmp_path / "two")
+  assert host(1).finalize([half(slice(cut, None))], step=3, workdir=two, final=False) == {}
+  got = host(0).finalize([half(slice(0, cut))], step=3, workdir=two, final=False)
+  one = evaluators.ArcPassAtK(meta, layout.of(4, devices_per_host=4))
+  want = one.finalize([half(slice(None))], step=3, workdir=str(tmp_path / "one"), final=False)
+  assert got == want and got["num_votes"] == len(ids)
+  assert sorted(p.name for p in (tmp_path / "two" / "arc_eval" / "step_3").iterdir()) == [
+      "submission.json", "votes_0.json", "votes_1.json"]
 
 
 def test_padding_rows_are_ignored(toy):

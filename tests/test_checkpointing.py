@@ -4,6 +4,7 @@
 
 The 2-process save/restore check lives in tests/test_distributed.py.
 """
+import json
 import pathlib
 from typing import NamedTuple
 
@@ -16,6 +17,7 @@ import pytest
 
 from experiments.common import checkpointing
 from experiments.common import distributed
+from experiments.common import layout
 from experiments.common import parallel
 
 
@@ -203,6 +205,19 @@ def test_mismatched_templates_and_topology_are_clear_errors(ckpt_dir):
                                    restore_per_device=False)
   assert (step, none) == (1, None)
   _assert_bitwise(got, _expected_replicated(replicated))
+
+
+def test_device_counts_come_from_the_layout_and_the_format_is_kept(ckpt_dir):
+  run = layout.of_devices()
+  assert (run.hosts, run.devices_per_host, run.devices) == (1, 4, 4)
+  with checkpointing.CheckpointManager(ckpt_dir, layout=run, save_interval_steps=1) as ckpt:
+    assert ckpt.save(1, replicated={"w": np.zeros(2, np.float32)}, per_device=_per_device())
+    assert ckpt.restore(per_device_like=_per_device(), replicated_like={"w": np.zeros(2)})[0] == 1
+  assert json.loads((ckpt_dir / "1" / "meta" / "metadata").read_text()) == {
+      "format_version": 1, "step": 1, "process_count": 1, "local_device_count": 4,
+      "items": ["per_device", "replicated"]}
+  with pytest.raises(ValueError, match=r"layout of 8 devices \(2 x 4\) but this run's mesh has 4"):
+    checkpointing.CheckpointManager(ckpt_dir, layout=layout.of(8, devices_per_host=4, hosts=2))
 
 
 def test_bad_leaves_are_rejected_on_save(ckpt_dir):

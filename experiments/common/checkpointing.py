@@ -12,16 +12,20 @@ A checkpoint holds two pytrees:
   sharded over all devices of all processes, so every host writes its own rows, and each host gets
   its own `[local_device_count, ...]` rows back on restore.
 
+The device counts (those leading axes, the topology a checkpoint records and checks on restore)
+come from the run's `BatchLayout` (experiments/common/layout.py; the trainer passes its own), or
+`layout.of_devices()` when none is given.
+
 Synopsis (works unchanged on a laptop and on every host of a pod slice):
 
-  import jax, numpy as np
-  from experiments.common import checkpointing, distributed
+  import numpy as np
+  from experiments.common import checkpointing, distributed, layout
 
   distributed.initialize()
-  n = jax.local_device_count()
+  devices = layout.of_devices()              # a trainer passes its run's layout
   params = {"w": np.ones((3, 3), np.float32)}
-  carry = {"z": np.zeros((n, 8), np.float32)}
-  ckpt = checkpointing.CheckpointManager("/tmp/podlab_ckpt", max_to_keep=3,
+  carry = {"z": np.zeros((devices.devices_per_host, 8), np.float32)}
+  ckpt = checkpointing.CheckpointManager("/tmp/podlab_ckpt", layout=devices, max_to_keep=3,
                                          save_interval_steps=1000)
   ckpt.save(1000, replicated={"params": params, "step": np.int32(1000)}, per_device=carry)
   ckpt.save(1234, replicated={"params": params, "step": np.int32(1234)}, per_device=carry,
@@ -62,6 +66,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
 from experiments.common import errors
+from experiments.common import layout as layout_lib
 from experiments.common import lazy_import
 from experiments.common import parallel
 
@@ -237,6 +242,7 @@ class CheckpointManager:
       self,
       directory: str | os.PathLike[str],
       *,
+      layout: Optional[layout_lib.BatchLayout] = None,
       max_to_keep: Optional[int] = 3,
       save_interval_steps: int = 1000,
       enable_async: bool = True,
@@ -246,6 +252,8 @@ class CheckpointManager:
 
     Args:
       directory: local path (made absolute) or a `gs://` URL.
+      layout: the run's devices (processes x devices per process: the per-device rows and the
+        topology the metadata records); default `layout.of_devices()`, this run's devices.
       max_to_keep: newest checkpoints kept; older ones are deleted. None keeps all.
       save_interval_steps: `save` writes only when `step % save_interval_steps == 0` (or `force`:
         final and preemption saves).
@@ -261,7 +269,13 @@ class CheckpointManager:
     if max_to_keep is not None and max_to_keep < 1:
       raise ValueError(f"max_to_keep={max_to_keep}: must be >= 1 or None (keep all).")
     self._directory = directory
+    self._layout = layout or layout_lib.of_devices()
     self._mesh = parallel.global_mesh()
+    if self._mesh.devices.size != self._layout.devices:
+      raise ValueError(f"layout of {self._layout.devices} devices ({self._layout.hosts} x "
+                       f"{self._layout.devices_per_host}) but this run's mesh has "
+                       f"{self._mesh.devices.size}. Fix: pass the run's own layout "
+                       "(layout.batch_layout(config) or layout.of_devices()).")
     self._sharding = NamedSharding(self._mesh, PartitionSpec(parallel.AXIS))
     options = ocp.CheckpointManagerOptions(
         # Preemption saves are forced by the trainer (experiments.common.preemption), which
@@ -284,13 +298,13 @@ class CheckpointManager:
 
   def _to_global(self, name: str, x: Any) -> jax.Array:
     """A host-local `[local_device_count, ...]` leaf as a global array sharded over all devices."""
-    local = jax.local_device_count()
+    local = self._layout.devices_per_host
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
       raise CheckpointError(f"{name}: already a global array spanning other processes. Fix: pass "
                             "this host's `[local_device_count, ...]` rows.")
     value = np.asarray(x)
     _per_device_spec(name, value, local)
-    global_shape = (jax.process_count() * local,) + value.shape[1:]
+    global_shape = (self._layout.hosts * local,) + value.shape[1:]
     return jax.make_array_from_process_local_data(self._sharding, value, global_shape)
 
   def save(self, step: int, *, replicated: PyTree, per_device: PyTree, force: bool = False) -> bool:
@@ -320,8 +334,8 @@ class CheckpointManager:
     meta = {
         "format_version": _FORMAT_VERSION,
         "step": step,
-        "process_count": jax.process_count(),
-        "local_device_count": jax.local_device_count(),
+        "process_count": self._layout.hosts,
+        "local_device_count": self._layout.devices_per_host,
         "items": sorted(items),
     }
     items[_META] = ocp.args.JsonSave(meta)
@@ -399,20 +413,20 @@ class CheckpointManager:
                          ocp.ArrayRestoreArgs(sharding=s.sharding, global_shape=s.shape,
                                               dtype=s.dtype)), rep_specs),
           partial_restore=partial)
-    local = jax.local_device_count()
+    hosts, local = self._layout.hosts, self._layout.devices_per_host
     pd_specs = None
     if restore_per_device:
       pd_specs = jax.tree_util.tree_map_with_path(
           lambda p, x: _per_device_spec(_keystr(_PER_DEVICE, p), x, local), per_device_like)
     if jax.tree.leaves(pd_specs):
       require(_PER_DEVICE)
-      if meta["process_count"] * meta["local_device_count"] != jax.device_count():
+      if meta["process_count"] * meta["local_device_count"] != hosts * local:
         raise CheckpointError(
             f"checkpoint {path} holds per-device state of {meta['process_count']} processes x "
-            f"{meta['local_device_count']} devices, this run has {jax.process_count()} x {local}. "
+            f"{meta['local_device_count']} devices, this run has {hosts} x {local}. "
             "Fix: restore with restore_per_device=False and re-initialise the per-device state.")
       global_specs = jax.tree.map(
-          lambda s: jax.ShapeDtypeStruct((jax.device_count(),) + s.shape[1:], s.dtype,
+          lambda s: jax.ShapeDtypeStruct((hosts * local,) + s.shape[1:], s.dtype,
                                          sharding=self._sharding), pd_specs)
       args[_PER_DEVICE] = ocp.args.PyTreeRestore(
           global_specs,
@@ -468,7 +482,7 @@ class CheckpointManager:
                               per_device_like=per_device_like)
       except CheckpointError as e:
         error = e
-      if jax.process_count() > 1:   # every host must agree, or they would resume differently
+      if self._layout.hosts > 1:   # every host must agree, or they would resume differently
         ok = np.asarray(multihost_utils.process_allgather(np.int32(error is None))).reshape(-1)
         if error is None and not ok.all():
           error = CheckpointError(
@@ -495,7 +509,7 @@ class CheckpointManager:
     """Renames checkpoint `step` to `<step>.unreadable-<unix time>` (process 0; all wait)."""
     src = _step_dir(self._directory, step)
     stamp = int(time.time())
-    if jax.process_count() > 1:
+    if self._layout.hosts > 1:
       stamp = int(multihost_utils.broadcast_one_to_all(np.int32(stamp)))
     dest = f"{src}.unreadable-{stamp}"
     if jax.process_index() == 0:
@@ -508,7 +522,7 @@ class CheckpointManager:
         tf.io.gfile.rmtree(src)
       else:
         os.rename(src, dest)
-    if jax.process_count() > 1:
+    if self._layout.hosts > 1:
       multihost_utils.sync_global_devices(f"podlab_set_aside_{step}")
     self._manager.reload()
     return dest

@@ -4,10 +4,12 @@
 `devices_per_host`) and the machine (this run's JAX devices, or the devices of a compile target) and
 returns a `BatchLayout`, checking that the numbers divide. It is the only place that divides
 batches or counts devices per batch: the trainer, the experiments, the data pipeline
-(input_pipeline/pipeline.py, text.py: they take the layout), nanoGPT's replayed batch order, the dry
-run, the TPU compile and the tools all take their figures from it (per-host rows, steps per epoch,
-eval batches, updates per epoch). The batch fields' names live here too (`add_fields`, `set_batch`,
-`with_per_device_batch`, `check_no_accum`, `check_batch_multiple`): no other module reads them.
+(input_pipeline/pipeline.py, text.py: they take the layout), the checkpoint manager (per-device
+rows, the topology a checkpoint records), nanoGPT's replayed batch order, the dry run, the TPU
+compile and the tools all take their figures from it (per-host rows, steps per epoch, eval batches,
+updates per epoch); code without a run's layout takes `of_devices()`. The batch fields' names live
+here too (`add_fields`, `set_batch`, `with_per_device_batch`, `check_no_accum`,
+`check_batch_multiple`): no other module reads them.
 
 Glossary: a *micro-step* feeds `global_batch` examples (all devices of all hosts) through forward
 and backward; an *update* (optimizer step) accumulates `accum` micro-steps.
@@ -22,6 +24,7 @@ Synopsis:
   (l.hosts, l.per_host_batch, l.per_device_batch)                              # (8, 96, 24)
   l.steps_per_epoch(8000)                                                      # 10 per epoch
   layout.of(16, devices_per_host=2, hosts=2, process_index=1).host_rows        # (8, 16)
+  layout.of_devices().devices_per_host                                         # local devices
 """
 
 from __future__ import annotations
@@ -112,6 +115,12 @@ def of(global_batch: int, *, devices_per_host: int, hosts: int = 1, process_inde
   return batch_layout({BATCH_FIELD: global_batch, ACCUM_FIELD: accum},
                       devices=hosts * devices_per_host, devices_per_host=devices_per_host,
                       process_index=process_index, platform=platform, check_num_devices=False)
+
+
+def of_devices() -> BatchLayout:
+  """The layout of this run's devices (all processes), one example per device: the device counts
+  for code that has no run layout (the checkpoint manager outside a trainer, tools, tests)."""
+  return batch_layout({BATCH_FIELD: jax.device_count(), ACCUM_FIELD: 1}, check_num_devices=False)
 
 
 def set_batch(config: Any, global_batch: Optional[int] = None,

@@ -274,15 +274,15 @@ def _restore_own(ckpt: checkpointing.CheckpointManager, abstract: Tuple[Any, Any
 
 
 def load_init(experiment: Experiment, b: Build, config: ml_collections.ConfigDict,
-              path: str) -> Any:
+              path: str, *, layout: Optional[layout_lib.BatchLayout] = None) -> Any:
   """The model weights at `config.init_from`: a podlab checkpoint (a workdir, its checkpoints/
   folder or one step's folder) through the experiment's own state template, else the experiment's
-  reader of another format."""
+  reader of another format. `layout`: the run's (default: this run's devices)."""
   found = checkpointing.find_checkpoint(path)
   if found is None:
     return experiment.load_init(path, b, config)
   directory, step = found
-  manager = checkpointing.CheckpointManager(directory, save_interval_steps=1)
+  manager = checkpointing.CheckpointManager(directory, layout=layout, save_interval_steps=1)
   try:
     restored = manager.restore(step, replicated_like={STATE: abstract_state(b, config)[0]},
                                per_device_like={}, partial=True)
@@ -453,7 +453,7 @@ def restore_state(experiment: Experiment, config: ml_collections.ConfigDict, wor
   """(step, state, per-device state, build) of the newest checkpoint in `workdir`, restored with the
   run's templates (the per-device state needs the saving run's device count; `per_device=False`
   skips it: None); for samplers and exports (e.g. TRM's sharded puzzle table)."""
-  _, b = build(experiment, config)
+  layout, b = build(experiment, config)
   state_like, device_like = abstract_state(b, config)
   found = checkpointing.find_checkpoint(workdir)
   if found is None:
@@ -461,7 +461,7 @@ def restore_state(experiment: Experiment, config: ml_collections.ConfigDict, wor
                                  "workdir of a run that saved one")
   directory, step = found
   with_device = per_device and device_like is not None
-  manager = checkpointing.CheckpointManager(directory, save_interval_steps=1)
+  manager = checkpointing.CheckpointManager(directory, layout=layout, save_interval_steps=1)
   try:
     step, saved, device_state = manager.restore(
         step, replicated_like={STATE: _state_template(state_like)}, partial=True,
@@ -511,7 +511,7 @@ class _Run:
                                       compiler_options=self.b.compiler_options)
     self.device_index = parallel.shard(parallel.device_indices())
     self.ckpt = checkpointing.CheckpointManager(
-        wd.checkpoints, max_to_keep=config.keep_checkpoints,
+        wd.checkpoints, layout=layout, max_to_keep=config.keep_checkpoints,
         save_interval_steps=config.checkpoint_every_steps, enable_async=config.async_checkpoints)
     self.acc = metrics_lib.SumAccumulator()
     self.metric_keys = self._metric_keys()
@@ -541,7 +541,7 @@ class _Run:
       console.say(f"Resumed from {self.ckpt.directory} at step {step}")
       return step, saved[STATE], device_state if self.abstract[1] is not None else None, "resume"
     if config.init_from:
-      params = load_init(self.experiment, b, config, config.init_from)
+      params = load_init(self.experiment, b, config, config.init_from, layout=self.layout)
       state, device_state = b.weights.set(*init_state(b, config), params)
       console.say(f"init_from {config.init_from}: model weights loaded (step 0, fresh optimizer "
                   "state)")

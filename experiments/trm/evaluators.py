@@ -15,12 +15,13 @@ receive each batch's predictions from that same pass. `config.evaluators` names 
 Synopsis (the pass@K scorer's file exchange, on the toy metadata of experiments/trm/arc_eval.py):
 
   import tempfile, numpy as np
+  from experiments.common import layout
   from experiments.trm import arc_eval, evaluators
   from input_pipeline.puzzles import arc
   task = arc.Task("t1", [arc.Pair(np.array([[1, 2]], np.uint8), np.array([[2, 1]], np.uint8))],
                   [arc.Pair(np.array([[3, 4]], np.uint8), np.array([[4, 3]], np.uint8))])
   meta = arc.build_metadata([("toy", task)], arc.Variant("toy", ("toy",), "toy"), num_aug=3, seed=0)
-  scorer = evaluators.ArcPassAtK(meta)
+  scorer = evaluators.ArcPassAtK(meta, layout.of_devices())  # a run passes its own layout
   scores = scorer.finalize([], step=1, workdir=tempfile.mkdtemp(), final=True)
   scores["num_test_inputs"]                                  # 1.0 (no votes: nothing right)
 """
@@ -65,8 +66,9 @@ class ArcPassAtK:
   name = "arc_pass_at_k"
   needs_predictions = True
 
-  def __init__(self, meta: Any):
+  def __init__(self, meta: Any, layout: layout_lib.BatchLayout):
     self.meta = meta
+    self.layout = layout      # the hosts that vote, this host's place among them
 
   def collect(self, batch: Dict[str, np.ndarray], predictions: Dict[str, np.ndarray]) -> Any:
     """This host's votes from one batch (host rows [n, B, ...], predictions of the last ACT step)."""
@@ -79,12 +81,13 @@ class ArcPassAtK:
     metrics (pass@1..1000, counts), the others {}. A subset evaluation scores only the tasks it
     reached."""
     out_dir = f"{workdir.rstrip('/')}/arc_eval/step_{step}"
-    arc_eval.write_json(f"{out_dir}/votes_{jax.process_index()}.json", arc_eval.merge(host_parts))
-    if jax.process_count() > 1:
+    hosts, index = self.layout.hosts, self.layout.process_index
+    arc_eval.write_json(f"{out_dir}/votes_{index}.json", arc_eval.merge(host_parts))
+    if hosts > 1:
       multihost_utils.sync_global_devices(f"podlab_arc_eval_{step}")
-    if jax.process_index() != 0:
+    if index != 0:
       return {}
-    parts = [workdir_lib.read_json(f"{out_dir}/votes_{i}.json") for i in range(jax.process_count())]
+    parts = [workdir_lib.read_json(f"{out_dir}/votes_{i}.json") for i in range(hosts)]
     merged = arc_eval.merge(parts)
     tasks = None if full else arc_eval.voted_tasks(merged)
     metrics, submission = arc_eval.finalize(self.meta, [merged], tasks=tasks)
@@ -114,9 +117,10 @@ def names(config: Any) -> List[str]:
   return wanted
 
 
-def make_scorers(config: Any, meta_loader) -> List[Any]:
-  """The scorer objects of `config.evaluators`; `meta_loader(name)` gives a scorer's metadata."""
-  return [SCORERS[n](meta_loader(n)) for n in names(config) if n in SCORERS]
+def make_scorers(config: Any, meta_loader, layout: layout_lib.BatchLayout) -> List[Any]:
+  """The scorer objects of `config.evaluators` on the run's `layout`; `meta_loader(name)` gives a
+  scorer's metadata."""
+  return [SCORERS[n](meta_loader(n), layout) for n in names(config) if n in SCORERS]
 
 
 def scorer_columns(results: Dict[str, float]) -> Sequence[str]:
@@ -223,7 +227,7 @@ def test_evaluator(config: ml_collections.ConfigDict, layout: layout_lib.BatchLa
   ds = config.dataset
   scorers = make_scorers(
       config, lambda name: arc_agi.load_metadata(datasets.get_builder(
-          data().name, data().data_dir, data().builder_kwargs)))
+          data().name, data().data_dir, data().builder_kwargs)), layout)
   p_eval_step = functools.cache(lambda: parallel.pmap_step(
       make_eval_step(model, b, sharded=bool(config.shard_puzzle_table),
                      predictions=bool(scorers)),

@@ -19,12 +19,13 @@ Glossary: N table rows, E row width, D global devices, R rows per device, B per-
 
 Synopsis (4 fake CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=4):
 
-  import jax, numpy as np
-  from experiments.common import parallel
+  import numpy as np
+  from experiments.common import layout, parallel
   from experiments.trm import sharded_table
-  n, d = jax.local_device_count(), jax.device_count()
+  run = layout.of_devices()                                              # a run has its own
+  n = run.devices_per_host
   table = np.arange(10 * 3, dtype=np.float32).reshape(10, 3)             # [N, E]
-  shards = sharded_table.shard_host_table(table, d, n, jax.process_index())   # [n, R, E]
+  shards = sharded_table.shard_host_table(table, run.devices, n, run.process_index)  # [n, R, E]
   ids = np.arange(n * 2, dtype=np.int32).reshape(n, 2) % 10               # [n, B]
   look = parallel.pmap_step(
       lambda s, i, dev: sharded_table.lookup(s, i, dev, parallel.AXIS), out_axes=0)
