@@ -237,6 +237,13 @@ def update(text: str, begin: str, end: str, columns: Sequence[str], rows: Sequen
   return replace_block(text, begin, end, render(columns, out, runs), where)
 
 
+def check_markers(path: str, name: str, writer: str) -> None:
+  """ValueError now (before a long benchmark runs) when `path` lacks the table's markers."""
+  begin, end = markers(name, writer)
+  with open(path) as f:
+    block(f.read(), begin, end, path)
+
+
 def write_table(path: str, name: str, writer: str, *, command: str, columns: Sequence[str],
                 rows: Sequence[Row], key: Optional[Sequence[str]] = None, note: str = "",
                 device=None, root: str = REPO_ROOT) -> str:
