@@ -12,10 +12,11 @@ A doc holds a generated table between two HTML comments (invisible in the render
 `write_table` rewrites such a block: the command that wrote it, the commit (`git rev-parse --short
 HEAD`, "+dirty" when tracked files outside docs/ and README.md, which the writers change, have
 uncommitted changes), the machine (the CPU's model, usable cores and its native-bfloat16 flags; on
-an accelerator the device kind first), the date (UTC), then the table. With `key` (the columns that
-name a row's options, e.g. ("batch", "canvas")), the new rows replace the block's rows of the same
-key and the others stay: each run then gets a numbered line ("run 2: `COMMAND` at ...") and the
-table a last column `run` naming its row's run, so every figure keeps the command that produced it.
+an accelerator the device kind first; the load average), the date (UTC), then the table. With
+`key` (the columns that name a row's options, e.g. ("batch", "canvas")), the new rows replace the
+block's rows of the same key and the others stay: each run then gets a numbered line ("run 2:
+`COMMAND` at ...") and the table a last column `run` naming its row's run, so every figure keeps the
+command that produced it.
 The file is written atomically (a temporary file in its folder, then os.replace); a marker that is
 missing or appears twice is an error (ValueError) naming the marker and the file. `make tpu-check`'s
 table (experiments/tools/tpu_docs.py) uses the same markers and functions.
@@ -203,9 +204,14 @@ def render(columns: Sequence[str], rows: Sequence[Row], runs: Sequence[str]) -> 
 
 def describe_run(command: str, note: str = "", root: str = REPO_ROOT, device=None,
                  date: Optional[str] = None) -> str:
-  """One line: `COMMAND` at COMMIT on MACHINE (`machine(device)`), DATE. NOTE"""
+  """One line: `COMMAND` at COMMIT on MACHINE (`machine(device)`; the 1-minute load average as
+  the run ends: the machines are shared, and speeds drop under load), DATE. NOTE"""
   date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-  text = f"`{command}` at {commit(root)} on {machine(device)}, {date}."
+  try:
+    load = f" (load {os.getloadavg()[0]:.1f})"
+  except OSError:
+    load = ""
+  text = f"`{command}` at {commit(root)} on {machine(device)}{load}, {date}."
   return " ".join((text + " " + note).split())
 
 
