@@ -36,6 +36,7 @@ def test_write_replaces_the_block_and_names_command_commit_machine_date(tmp_path
   assert m, line
   assert re.fullmatch(r"([0-9a-f]{7,}(\+dirty)?|unknown)", m.group(1))
   assert "usable cores" in m.group(2) and "native bfloat16" in m.group(2)
+  assert re.search(r", load \d+\.\d$", m.group(2))
   assert [p.name for p in tmp_path.iterdir()] == ["bench.md"]        # no temporary file left
 
 

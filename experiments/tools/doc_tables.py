@@ -208,7 +208,7 @@ def describe_run(command: str, note: str = "", root: str = REPO_ROOT, device=Non
   the run ends: the machines are shared, and speeds drop under load), DATE. NOTE"""
   date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
   try:
-    load = f" (load {os.getloadavg()[0]:.1f})"
+    load = f", load {os.getloadavg()[0]:.1f}"
   except OSError:
     load = ""
   text = f"`{command}` at {commit(root)} on {machine(device)}{load}, {date}."
