@@ -16,7 +16,7 @@ COLS = ["variant", "ms"]
 
 
 def _doc(tmp_path, body="old text"):
-  path = tmp_path / "bench.md"
+  path = tmp_path / "bench.txt"
   path.write_text(f"# Title\n\nprose\n{BEGIN}\n{body}\n{END}\nafter\n")
   return path
 
@@ -37,7 +37,7 @@ def test_write_replaces_the_block_and_names_command_commit_machine_date(tmp_path
   assert re.fullmatch(r"([0-9a-f]{7,}(\+dirty)?|unknown)", m.group(1))
   assert "usable cores" in m.group(2) and "native bfloat16" in m.group(2)
   assert re.search(r", load \d+\.\d$", m.group(2))
-  assert [p.name for p in tmp_path.iterdir()] == ["bench.md"]        # no temporary file left
+  assert [p.name for p in tmp_path.iterdir()] == ["bench.txt"]        # no temporary file left
 
 
 def test_merge_by_key_keeps_each_rows_run(tmp_path):
@@ -69,9 +69,9 @@ def test_merge_by_key_keeps_each_rows_run(tmp_path):
 
 
 def test_missing_or_repeated_markers_are_refused_and_the_file_is_kept(tmp_path):
-  path = tmp_path / "bench.md"
+  path = tmp_path / "bench.txt"
   path.write_text("no markers here\n")
-  with pytest.raises(ValueError, match="not found in .*bench.md"):
+  with pytest.raises(ValueError, match="not found in .*bench.txt"):
     doc_tables.write_table(str(path), "demo", "`python -m demo --write_docs`", command="c",
                            columns=COLS, rows=[])
   path.write_text(f"{BEGIN}\n{END}\n{BEGIN}\n{END}\n")
@@ -84,7 +84,7 @@ def test_missing_or_repeated_markers_are_refused_and_the_file_is_kept(tmp_path):
 
 
 def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
-  path = tmp_path / "doc.md"
+  path = tmp_path / "doc.txt"
   path.write_text("old")
   os.chmod(path, 0o640)
 
@@ -93,7 +93,7 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
   monkeypatch.setattr(os, "replace", broken)
   with pytest.raises(OSError, match="disk full"):
     doc_tables.write_atomic(str(path), "new")
-  assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["doc.md"]
+  assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["doc.txt"]
   monkeypatch.undo()
   doc_tables.write_atomic(str(path), "new")
   assert path.read_text() == "new" and os.stat(path).st_mode & 0o777 == 0o640
@@ -105,12 +105,12 @@ def test_commit_is_dirty_with_uncommitted_tracked_changes(tmp_path):
   git("init", "-q")
   (tmp_path / "docs").mkdir()
   (tmp_path / "a.py").write_text("x = 1\n")
-  (tmp_path / "docs" / "b.md").write_text("doc\n")
+  (tmp_path / "docs" / "b.txt").write_text("doc\n")
   git("add", ".")
   git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
   clean = doc_tables.commit(str(tmp_path))
   assert re.fullmatch(r"[0-9a-f]{7,}", clean)
-  (tmp_path / "docs" / "b.md").write_text("written by a tool\n")     # the docs do not count
+  (tmp_path / "docs" / "b.txt").write_text("written by a tool\n")     # the docs do not count
   (tmp_path / "new.py").write_text("untracked\n")                     # nor untracked files
   assert doc_tables.commit(str(tmp_path)) == clean
   (tmp_path / "a.py").write_text("x = 2\n")

@@ -48,7 +48,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 Row = Dict[str, str]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BENCHMARKS_DOC = os.path.join(REPO_ROOT, "docs", "benchmarks.md")
+BENCHMARKS_DOC = os.path.join(REPO_ROOT, "docs/benchmarks.md")
 RUN_COLUMN = "run"
 _RUN_LINE = re.compile(r"^run (\d+): (.*)$")
 _SINGLE = "Written by "
