@@ -43,14 +43,16 @@ BENCH_ARGS ?=
 # and bfloat16, batch 64 and 256), alternating in one process: median ms, p10-p90, examples/s, peak
 # heap, podlab/reference speed; the header names the CPU and whether it has native bfloat16. Hours at
 # full size on a 2-core CPU: narrow it with BENCH_ARGS='--models=mlp --dtypes=float32 --batches=64
-# --steps=3', smoke test with BENCH_ARGS=--quick.
+# --steps=3', smoke test with BENCH_ARGS=--quick; add --write_docs to merge the table into
+# docs/benchmarks.md's trm-bench block (experiments/tools/doc_tables.py).
 bench: $(STAMP)
 	$(PY) -m experiments.trm.tools.bench_reference $(BENCH_ARGS)
 
 THROUGHPUT_ARGS ?=
 # podlab's step alone (the earlier `make bench`): compile s, ms/step, examples/s, RSS, compiled
 # memory, analytic FLOP/s vs the measured matmul peak, the largest batch that fits. Narrow it with
-# THROUGHPUT_ARGS='--models=mlp --dtypes=bfloat16 --batches=64', smoke test with THROUGHPUT_ARGS=--quick.
+# THROUGHPUT_ARGS='--models=mlp --dtypes=bfloat16 --batches=64', smoke test with THROUGHPUT_ARGS=--quick;
+# add --write_docs to merge the table into docs/benchmarks.md's trm-bench-throughput block.
 bench-throughput: $(STAMP)
 	$(PY) -m experiments.trm.tools.bench $(THROUGHPUT_ARGS)
 
@@ -105,7 +107,8 @@ diffucoder-train: $(STAMP)
 # run; MDM_WORKDIR=DIR points at another): forwards per token, tokens/s, agreement with the plain
 # sampler and the completions' likelihood under the plain model, for plain, blocks, prefix / dual
 # cache, threshold 0.9 and Fast-dLLM's exact loop (a few minutes). The random-model tables and the
-# 7.6B dry run: python -m experiments.diffucoder.tools.benchmark [--compare | --dry_run] (its docstring).
+# 7.6B dry run: python -m experiments.diffucoder.tools.benchmark [--compare | --dry_run] (its docstring;
+# --write_docs merges the random-model table into docs/benchmarks.md).
 diffucoder-bench: $(STAMP)
 	@test -f $(MDM_WORKDIR)/final_eval.json || $(MDM_TRAIN)
 	$(PY) -m experiments.diffucoder.tools.benchmark --trained=$(MDM_WORKDIR) $(DIFFUCODER_BENCH_ARGS)
@@ -124,7 +127,8 @@ gpt-run: $(STAMP)
 	    $(GPT_ARGS)
 	$(PY) -m experiments.nanogpt.sample --config=configs/shakespeare_char_cpu.py \
 	    --workdir=$(GPT_WORKDIR) --num_samples=2 $(GPT_ARGS) $(GPT_SAMPLE_ARGS)
-# ms/iteration of the CPU recipe's training step and KV-cache vs no-cache sampling of 500 tokens.
+# ms/iteration of the CPU recipe's training step and KV-cache vs no-cache sampling of 500 tokens;
+# GPT_BENCH_ARGS='--torch --skip_sampling --write_docs' writes the step table into docs/benchmarks.md.
 gpt-bench: $(STAMP)
 	$(PY) -m experiments.nanogpt.tools.bench $(GPT_BENCH_ARGS)
 

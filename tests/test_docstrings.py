@@ -13,7 +13,7 @@ RUNNABLE = ["modules.layers", "modules.trm", "experiments.common.parallel",
             "experiments.diffucoder.sampling", "experiments.diffucoder.model_sharding",
             "experiments.common.safetensors_io", "experiments.diffucoder.convert",
             "experiments.common.lazy_import", "experiments.common.chips",
-            "experiments.tools.gpu_measured"]
+            "experiments.tools.gpu_measured", "experiments.tools.doc_tables"]
 
 
 def synopsis(module_name: str) -> str:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-import subprocess
 import sys
 import time
 from typing import Any, Callable, List, Optional, Sequence
@@ -51,6 +50,7 @@ from experiments.common import distributed  # noqa: E402
 from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.diffucoder.tools import tpu_plan  # noqa: E402
 from experiments.nanogpt import train as nanogpt_train  # noqa: E402
+from experiments.tools import doc_tables  # noqa: E402
 from experiments.tools import dry_run  # noqa: E402
 from experiments.tools import gpu_measured  # noqa: E402
 from experiments.tools import tpu  # noqa: E402
@@ -174,14 +174,9 @@ def run_checks(checks: Sequence[Check], log=print, loop_aware: bool = True) -> L
 
 
 def commit() -> str:
-  """This checkout's short commit, with "+" when its tracked files outside the docs (which
-  --write_docs itself changes) have uncommitted changes."""
-  def git(*args):
-    return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          check=False).stdout.strip()
-  head = git("rev-parse", "--short", "HEAD") or "unknown"
-  return head + ("+" if git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                            ":!docs", ":!README.md") else "")
+  """This checkout's short commit ("+dirty" with uncommitted changes outside the docs, which
+  --write_docs itself changes): doc_tables.commit."""
+  return doc_tables.commit(REPO_ROOT)
 
 
 def doc_row(report: tpu.Report, at: str) -> tpu_docs.Row:
@@ -206,14 +201,13 @@ def write_docs(reports: Sequence[tpu.Report], root: str = REPO_ROOT) -> None:
   rows = tpu_docs.merge(tpu_docs.parse_table(doc), [doc_row(r, at) for r in reports])
   versions = ", ".join(sorted({r.libtpu_version for r in reports})) or tpu.libtpu_version()
   doc = tpu_docs.replace_block(doc, tpu_docs.TABLE_BEGIN, tpu_docs.TABLE_END,
-                               tpu_docs.table_block(rows, versions))
+                               tpu_docs.table_block(rows, versions), doc_path)
   with open(readme_path) as f:
     readme = f.read()
   readme = tpu_docs.replace_block(readme, tpu_docs.EXCERPT_BEGIN, tpu_docs.EXCERPT_END,
-                                  tpu_docs.excerpt(rows))
+                                  tpu_docs.excerpt(rows), readme_path)
   for path, text in ((doc_path, doc), (readme_path, readme)):
-    with open(path, "w") as f:
-      f.write(text)
+    doc_tables.write_atomic(path, text)
 
 
 def main(argv: Sequence[str]) -> None:

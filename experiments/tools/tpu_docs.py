@@ -3,7 +3,8 @@
 `python -m experiments.tools.tpu_check --write_docs` (what `make tpu-check` runs) turns each compiled
 program into one row of docs/tpu.md's table (between the markers TABLE_BEGIN and TABLE_END; rows of
 programs not compiled in this run are kept, each row names the commit it was compiled at) and
-rewrites the README's excerpt (between EXCERPT_BEGIN and EXCERPT_END) from that table.
+rewrites the README's excerpt (between EXCERPT_BEGIN and EXCERPT_END) from that table; the markers,
+the parsing and the atomic writing are experiments/tools/doc_tables.py's, shared with the bench tools.
 tests/test_tpu_docs.py checks, with no compile, that the README excerpt is what `excerpt` makes of
 docs/tpu.md's table, and that the measured-GPU cells are those of `gpu_measured`.
 
@@ -19,10 +20,11 @@ Synopsis:
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import List, Sequence
 
-TABLE_BEGIN = "<!-- tpu-check table: written by `make tpu-check`; do not edit -->"
-TABLE_END = "<!-- end of the tpu-check table -->"
+from experiments.tools import doc_tables
+
+TABLE_BEGIN, TABLE_END = doc_tables.markers("tpu-check", "`make tpu-check`")
 EXCERPT_BEGIN = ("<!-- tpu-check excerpt: written by `make tpu-check` from docs/tpu.md's table; "
                  "do not edit -->")
 EXCERPT_END = "<!-- end of the tpu-check excerpt -->"
@@ -35,52 +37,20 @@ COLUMNS = ["program", "slice", "commit", "temp GiB", "peak GiB", "usable GiB", "
 EXCERPT_COLUMNS = ["program", "slice", "HBM peak per device (margin)",
                    "bound (compiler estimate)", "speed at the bound", "measured GPU"]
 
-Row = Dict[str, str]
-
-
-def _cells(line: str) -> List[str]:
-  return [c.strip() for c in line.strip().strip("|").split("|")]
-
-
-def markdown(columns: Sequence[str], rows: Sequence[Row]) -> str:
-  """A markdown table of `rows` under `columns`."""
-  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-  lines += ["| " + " | ".join(r[c] for c in columns) + " |" for r in rows]
-  return "\n".join(lines)
-
-
-def block(text: str, begin: str, end: str) -> str:
-  """The text between the markers `begin` and `end` (ValueError naming the marker if absent)."""
-  if begin not in text:
-    raise ValueError(f"marker {begin!r} not found")
-  start = text.index(begin) + len(begin)
-  if end not in text[start:]:
-    raise ValueError(f"marker {end!r} not found after {begin!r}")
-  return text[start:text.index(end, start)]
-
-
-def replace_block(text: str, begin: str, end: str, content: str) -> str:
-  """`text` with the part between the markers replaced by "\\n" + content + "\\n"."""
-  old = block(text, begin, end)
-  start = text.index(begin) + len(begin)
-  return text[:start] + "\n" + content.strip("\n") + "\n" + text[start + len(old):]
+Row = doc_tables.Row
+markdown = doc_tables.markdown            # the shared writer's functions (experiments/tools/doc_tables.py)
+block = doc_tables.block
+replace_block = doc_tables.replace_block
 
 
 def parse_table(text: str, begin: str = TABLE_BEGIN, end: str = TABLE_END) -> List[Row]:
-  """The rows of the markdown table between the markers (the first table line is its header)."""
-  lines = [line for line in block(text, begin, end).splitlines() if line.strip().startswith("|")]
-  if not lines:
-    return []
-  header = _cells(lines[0])
-  return [dict(zip(header, _cells(line))) for line in lines[2:]]
+  """The rows of docs/tpu.md's table (or of the table between other markers)."""
+  return doc_tables.parse_table(text, begin, end)
 
 
 def merge(old: Sequence[Row], new: Sequence[Row]) -> List[Row]:
   """`old` with each row of the same (program, slice) replaced by `new`'s, new ones appended."""
-  key = lambda r: (r["program"], r["slice"])  # noqa: E731
-  fresh = {key(r): r for r in new}
-  out = [fresh.pop(key(r), r) for r in old]
-  return out + [r for r in new if key(r) in fresh]
+  return doc_tables.merge(old, new, ("program", "slice"))
 
 
 def table_block(rows: Sequence[Row], libtpu: str) -> str:

@@ -27,6 +27,15 @@ ms_step the median of `--timed_steps` steps after it; tokens_per_s = batch x new
 = batch / step time. The model (`--hidden/--layers/--heads/--kv_heads/--vocab`) is small so the table
 runs in a few minutes on a CPU; a TPU / GPU run of the 7.6B model uses the same code.
 
+`--write_docs` (mode 1) merges the table, as printed, into docs/benchmarks.md's diffucoder-benchmark
+block (experiments/tools/doc_tables.py: the command, commit, machine and date), its rows keyed by
+model, dtype, sampler, batch and canvas: a run with other options adds rows (and its own "run" line),
+one with the same options replaces them. The doc's rows: greedy and top-p at batch 1, canvas 256:
+
+  python -m experiments.diffucoder.tools.benchmark --batches=1 --canvases=256 --dtype=float32 --write_docs
+  python -m experiments.diffucoder.tools.benchmark --batches=1 --canvases=256 --dtype=float32 \
+      --temperature=0.2 --top_p=0.95 --write_docs
+
 Mode 2 decodes `--compare_prompts` random prompts (greedy, alg entropy unless `--alg`) with each
 option and reports agreement = the fraction of generated tokens identical to plain decoding, and
 agreement_vs = the same against the decoding the option approximates (a cache against block-wise
@@ -92,6 +101,7 @@ from experiments.diffucoder import convert  # noqa: E402
 from experiments.diffucoder import sampling  # noqa: E402
 from experiments.diffucoder import train  # noqa: E402
 from experiments.diffucoder.tools import tpu_plan  # noqa: E402
+from experiments.tools import doc_tables  # noqa: E402
 from experiments.tools import tpu  # noqa: E402
 from modules import dream  # noqa: E402
 
@@ -103,7 +113,7 @@ def _define_flags() -> None:
   global _BATCHES, _CANVASES, _TIMED, _HIDDEN, _LAYERS, _HEADS, _KV_HEADS, _VOCAB, _DTYPE, _ALG
   global _TEMPERATURE, _TOP_P, _COMPARE, _COMPARE_PROMPTS, _PROMPT_LEN, _NEW, _BLOCK, _THRESHOLD
   global _REPEATS, _LOGIT_SCALE, _DEVICES, _GLOBAL_BATCH, _CANVAS, _PROMPT_FRACTION, _MODEL_PARALLEL
-  global _JSON_OUT, _CHILD, _CHECKPOINT, _MASK_ID, _TRAINED, _STEPS
+  global _JSON_OUT, _CHILD, _CHECKPOINT, _MASK_ID, _TRAINED, _STEPS, _WRITE_DOCS
   _BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "16", "32"], "Batch sizes.")
   _CANVASES = flags.DEFINE_list("canvases", ["256", "512"], "Canvas lengths.")
   _TIMED = flags.DEFINE_integer("timed_steps", 3, "Timed steps per cell (median).")
@@ -141,6 +151,8 @@ def _define_flags() -> None:
   _CANVAS = flags.DEFINE_integer("canvas", 512, "Mode 3: canvas length (prompt + new tokens).")
   _PROMPT_FRACTION = flags.DEFINE_float("prompt_fraction", 0.25, "Prompt share of the canvas.")
   _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the rows as JSON.")
+  _WRITE_DOCS = flags.DEFINE_bool("write_docs", False, "Mode 1: merge the table into "
+                                  "docs/benchmarks.md's diffucoder-benchmark block.")
   _CHILD = flags.DEFINE_integer("dry_run_child", 0, "(internal) compile for this many devices.")
 
 GB = 1e9
@@ -205,14 +217,44 @@ def bench_cell(config, params, batch: int, canvas: int, opts, timed_steps: int,
               gflop_per_s=analytic_flops(config, batch, canvas) / step_s / 1e9)
 
 
+def _cell(v) -> str:
+  """A table cell as the tool prints it (floats to 3 decimals below 10, else 1)."""
+  if isinstance(v, float):
+    return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+  return str(v)
+
+
 def format_rows(rows: List[Dict[str, Any]], columns: Sequence[str]) -> str:
-  def fmt(v):
-    if isinstance(v, float):
-      return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
-    return str(v)
-  table = [list(columns)] + [[fmt(r[c]) for c in columns] for r in rows]
+  table = [list(columns)] + [[_cell(r[c]) for c in columns] for r in rows]
   widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
   return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table)
+
+
+TABLE_COLUMNS = ["model", "dtype", "sampler", "batch", "canvas", "new_tokens", "compile_s",
+                 "ms_step", "tokens_per_s", "gflop_step", "gflop_per_s"]
+"""Mode 1's table; its first five columns (TABLE_KEY) name a row's options."""
+TABLE_KEY = ("model", "dtype", "sampler", "batch", "canvas")
+DOC_TABLE = "diffucoder-benchmark"
+DOC_WRITER = "`python -m experiments.diffucoder.tools.benchmark --write_docs`"
+
+
+def setup_cells(config, opts) -> Dict[str, str]:
+  """The model, dtype and sampler cells of mode 1's rows (config: the small Dream; opts: its
+  SamplerOptions)."""
+  sampler = f"{opts.alg}, " + ("greedy" if opts.temperature == 0 else f"T {opts.temperature:g}")
+  sampler += f", top_p {opts.top_p:g}" if opts.top_p < 1 else ""
+  return {"model": f"{config.hidden_size} x {config.num_layers} layers, "
+                   f"{config.num_heads}/{config.num_kv_heads} heads, vocab {config.vocab_size}",
+          "dtype": config.dtype.name, "sampler": sampler}
+
+
+def write_docs(rows: Sequence[Dict[str, Any]], command: str, device=None,
+               path: str = doc_tables.BENCHMARKS_DOC) -> str:
+  """Merges mode 1's rows (cells as printed) into `path`'s diffucoder-benchmark block, keyed by
+  TABLE_KEY: a run with other options (e.g. a top-p sampler) adds its rows beside the others."""
+  cells = [{c: _cell(r[c]) for c in TABLE_COLUMNS} for r in rows]
+  return doc_tables.write_table(path, DOC_TABLE, DOC_WRITER, command=command, columns=TABLE_COLUMNS,
+                                rows=cells, key=TABLE_KEY, device=device)
 
 
 def run_table() -> List[Dict[str, Any]]:
@@ -225,15 +267,15 @@ def run_table() -> List[Dict[str, Any]]:
     opts = sampling.SamplerOptions(steps=new, alg=_ALG.value, temperature=_TEMPERATURE.value,
                                    top_p=_TOP_P.value)
     for batch in map(int, _BATCHES.value):
-      row = bench_cell(config, params, batch, canvas, opts, _TIMED.value, _PROMPT_FRACTION.value)
+      row = {**setup_cells(config, opts),
+             **bench_cell(config, params, batch, canvas, opts, _TIMED.value, _PROMPT_FRACTION.value)}
       rows.append(row)
       print(format_rows([row], list(row)).splitlines()[-1], file=sys.stderr, flush=True)
   print(f"small random Dream: {dream.count_params(config):,} parameters ({config.hidden_size} "
         f"hidden, {config.num_layers} layers, {config.num_heads}/{config.num_kv_heads} heads, "
         f"vocab {config.vocab_size}, {config.dtype.name}); sampler {_ALG.value}, temperature "
         f"{_TEMPERATURE.value}, top_p {_TOP_P.value}; steps = new tokens = 3/4 of the canvas")
-  print(format_rows(rows, ["batch", "canvas", "new_tokens", "compile_s", "ms_step", "tokens_per_s",
-                           "gflop_step", "gflop_per_s"]))
+  print(format_rows(rows, TABLE_COLUMNS))
   return rows
 
 
@@ -604,6 +646,11 @@ def main() -> None:
                                   ("--trained", bool(_TRAINED.value))) if on]
   if len(modes) > 1:
     raise errors.BadInput(f"{' and '.join(modes)}: two modes at once. Fix: pick one")
+  if _WRITE_DOCS.value and modes:
+    raise errors.BadInput(f"--write_docs with {modes[0]}: only mode 1's table (the random model's "
+                          "sampling speed) is written into the docs. Fix: drop --write_docs")
+  if _WRITE_DOCS.value:                  # the markers are there before the run, not after
+    doc_tables.check_markers(doc_tables.BENCHMARKS_DOC, DOC_TABLE, DOC_WRITER)
   if target and target != "cpu":
     opts = sampling.SamplerOptions(alg=_ALG.value, temperature=_TEMPERATURE.value,
                                    top_p=_TOP_P.value)
@@ -619,6 +666,10 @@ def main() -> None:
     rows = run_compare()
   else:
     rows = run_table()
+    if _WRITE_DOCS.value:
+      write_docs(rows, doc_tables.command_line("experiments.diffucoder.tools.benchmark",
+                                               sys.argv[1:]), jax.devices()[0])
+      print(f"merged the table into {doc_tables.BENCHMARKS_DOC}'s {DOC_TABLE} table", flush=True)
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "w") as f:
       json.dump(rows, f, indent=1)

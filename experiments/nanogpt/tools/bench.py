@@ -30,6 +30,11 @@ context; scaled, the argmax depends on the context, as a trained model's does).
   python -m experiments.nanogpt.tools.bench --sampling_only            # the sampling table alone
   python -m experiments.nanogpt.tools.bench --sampling_only --sample_workdir=workdirs/shakespeare_char_cpu
   make gpt-bench GPT_BENCH_ARGS="--torch"
+  make gpt-bench GPT_BENCH_ARGS="--torch --skip_sampling --write_docs"   # into docs/benchmarks.md
+
+`--write_docs` writes the step table, as printed, into docs/benchmarks.md's gpt-bench block
+(experiments/tools/doc_tables.py: the command, commit, machine and date above it); a run replaces the
+whole block, since its ratios compare variants timed in that one run.
 
 A variant is DTYPE[@ACTIVATIONS][:autodiff]: model.dtype, `@` model.activations (default "autocast";
 `bfloat16@float32`: bfloat16 matmul operands only, modules/gpt.py ACTIVATIONS), and `:autodiff` sets
@@ -58,6 +63,7 @@ from experiments.common import trainer
 from experiments.nanogpt import nanogpt_checkpoint
 from experiments.nanogpt import sampling
 from experiments.nanogpt import train
+from experiments.tools import doc_tables
 from modules import gpt
 
 REFERENCE_MS = (35.0, 38.0)          # the issue's uncontended nanoGPT figure on this machine
@@ -84,7 +90,13 @@ def main(argv=None) -> None:
                   help="without a workdir/ckpt: scale the initial weight matrices by this")
   ap.add_argument("--no_keep_heap", action="store_true",
                   help="do not keep XLA's scratch in the heap (glibc's default mmap behaviour)")
+  ap.add_argument("--write_docs", action="store_true",
+                  help="write the step table into docs/benchmarks.md's gpt-bench block")
   args = ap.parse_args(argv)
+  if args.write_docs and args.sampling_only:
+    ap.error("--write_docs writes the step table, which --sampling_only does not time")
+  if args.write_docs:                            # the markers are there before the run, not after
+    doc_tables.check_markers(doc_tables.BENCHMARKS_DOC, DOC_TABLE, DOC_WRITER)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   if args.xla_flags:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
@@ -111,27 +123,55 @@ def main(argv=None) -> None:
   n = jax.local_device_count()
   peak = mfu.peak_flops_per_device(c.peak_flops) * n
   torch_ms = float(np.median(runs[-1]["ms"])) if args.torch else None
-  print(f"recipe: {args.config}, {runs[0]['desc']}; {n} device(s); XLA_FLAGS="
-        f"{os.environ.get('XLA_FLAGS', '') or '(none)'}; glibc heap kept {'on' if keep_heap else 'off'}; "
-        f"{args.iters} iterations per variant in blocks of {args.block}; CPU matmul peak "
-        f"{peak / 1e9:.0f} GFLOP/s (measured)")
-  w = max(34, *(len(run["name"]) for run in runs))
-  head = (f"{'variant':<{w}} {'median ms':>9} {'p10-p90':>13} {'CPU ms':>7} {'tokens/s':>9} "
-          f"{'MFU':>6} {'/torch':>7} {'/35-38 ms':>10}")
-  print(head + "\n" + "-" * len(head))
-  for run in runs:
-    ms = float(np.median(run["ms"]))
-    vs_torch = f"{ms / torch_ms:.2f}x" if torch_ms else "-"
-    print(f"{run['name']:<{w}} {ms:9.2f} {np.percentile(run['ms'], 10):6.1f}-"
-          f"{np.percentile(run['ms'], 90):<6.1f} {np.median(run['cpu']):7.1f} "
-          f"{run['tokens'] / ms * 1000:9,.0f} {100 * run['flops'] / (ms / 1000) / peak:5.1f}% "
-          f"{vs_torch:>7} {ms / REFERENCE_MS[0]:.2f}-{ms / REFERENCE_MS[1]:.2f}x")
+  note = (f"recipe: {args.config}, {runs[0]['desc']}; {n} device(s); XLA_FLAGS="
+          f"{os.environ.get('XLA_FLAGS', '') or '(none)'}; glibc heap kept "
+          f"{'on' if keep_heap else 'off'}; {args.iters} iterations per variant in blocks of "
+          f"{args.block}; CPU matmul peak {peak / 1e9:.0f} GFLOP/s (measured)")
+  rows = step_rows(runs, peak, torch_ms)
+  print(note)
+  print(doc_tables.text_table(STEP_COLUMNS, rows))
   for run in runs:
     if run.get("scratch"):
       print(f"{run['name']}: step scratch {run['scratch'] / 2**20:.1f} MiB per execution, compile "
             f"{run['compile_s']:.2f} s")
+  if args.write_docs:
+    write_docs(rows, note, doc_tables.command_line("experiments.nanogpt.tools.bench",
+                                                   sys.argv[1:] if argv is None else argv),
+               jax.devices()[0])
+    print(f"wrote the step table into {doc_tables.BENCHMARKS_DOC}'s {DOC_TABLE} table",
+          flush=True)
   if not args.skip_sampling:
     _sampling(_sample_model(get_config(), args), args.new_tokens, args.sample_repeats)
+
+
+STEP_COLUMNS = ["variant", "median ms", "p10-p90", "CPU ms", "tokens/s", "MFU", "/torch",
+                "/35-38 ms"]
+DOC_TABLE = "gpt-bench"
+DOC_WRITER = "`make gpt-bench GPT_BENCH_ARGS=--write_docs`"
+
+
+def step_rows(runs, peak: float, torch_ms=None) -> list:
+  """The step table's rows (cells under STEP_COLUMNS) of the timed `runs` (dicts with name, ms and
+  cpu lists, tokens and flops per iteration); `peak`: FLOP/s; `torch_ms`: PyTorch's median."""
+  rows = []
+  for run in runs:
+    ms = float(np.median(run["ms"]))
+    rows.append({"variant": run["name"], "median ms": f"{ms:.2f}",
+                 "p10-p90": f"{np.percentile(run['ms'], 10):.1f}-{np.percentile(run['ms'], 90):.1f}",
+                 "CPU ms": f"{np.median(run['cpu']):.1f}",
+                 "tokens/s": f"{run['tokens'] / ms * 1000:,.0f}",
+                 "MFU": f"{100 * run['flops'] / (ms / 1000) / peak:.1f}%",
+                 "/torch": f"{ms / torch_ms:.2f}x" if torch_ms else "-",
+                 "/35-38 ms": f"{ms / REFERENCE_MS[0]:.2f}-{ms / REFERENCE_MS[1]:.2f}x"})
+  return rows
+
+
+def write_docs(rows, note: str, command: str, device=None,
+               path: str = doc_tables.BENCHMARKS_DOC) -> str:
+  """Writes the step table (this run's rows, all of them: the ratios compare within one run) into
+  `path`'s gpt-bench block; returns the block."""
+  return doc_tables.write_table(path, DOC_TABLE, DOC_WRITER, command=command, columns=STEP_COLUMNS,
+                                rows=rows, note=note, device=device)
 
 
 def _restore_workdir(config, workdir: str):

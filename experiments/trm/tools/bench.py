@@ -47,12 +47,18 @@ Command lines:
   python -m experiments.trm.tools.bench --pipeline                       # + tf.data input-pipeline examples/s
   python -m experiments.trm.tools.bench --quick                          # smoke run: hidden 32, tiny batches
   python -m experiments.trm.tools.bench --json_out=/tmp/bench.json       # rows as JSON too
+  make bench-throughput THROUGHPUT_ARGS='--models=mlp --batches=64 --write_docs'   # into the docs
+
+`--write_docs` merges the table, as printed, into docs/benchmarks.md's trm-bench-throughput block
+(experiments/tools/doc_tables.py: the command, commit, machine and date; rows keyed by model, dtype,
+batch and remat replace the block's rows of the same key, the others stay, each naming its run).
 
 Flags: --models=mlp,att  --dtypes=bfloat16,float32  --batches=64,max  --steps=3  --warmup_steps=0
   --hidden=0 (0 = the recipe's 512)  --memory_limit_gb=24  --max_candidates=64,128,256,384,512,768
   --remat=false  --matmul_size=2048  --matmul_reps=5  --pipeline  --pipeline_batch=768
   --pipeline_batches=20  --pipeline_train_size=4096  --data_dir= (default: a temporary folder)
   --isolate=auto|true|false (auto: each row in a fresh process on a CPU backend)  --json_out=
+  --write_docs
 
 Functions (tests call them at tiny sizes): `trm_config`, `analytic_flops`, `xla_net_call_flops`,
 `matmul_peak_flops`, `compile_step`, `find_max_batch`, `bench_row`, `run_benchmark`, `format_table`,
@@ -87,6 +93,7 @@ from experiments.common import distributed
 from experiments.common import layout as layout_lib
 from experiments.common import parallel
 from experiments.common import trainer
+from experiments.tools import doc_tables
 from experiments.trm import cpu_tuning
 from experiments.trm import flops
 from experiments.trm import train
@@ -498,6 +505,27 @@ def format_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str] = COLUMN
   return "\n".join(lines)
 
 
+DOC_TABLE = "trm-bench-throughput"
+DOC_WRITER = "`make bench-throughput THROUGHPUT_ARGS=--write_docs`"
+DOC_KEY = ("model", "dtype", "batch", "remat")
+"""The columns that name a row of the docs' table: a run's rows replace those of the same key."""
+
+
+def doc_rows(rows: Sequence[Dict[str, Any]], columns: Sequence[str]) -> List[Dict[str, str]]:
+  """`rows`' cells as `format_table` prints them."""
+  return [{c: _fmt(r.get(c, "")) for c in columns} for r in rows]
+
+
+def write_docs(rows: Sequence[Dict[str, Any]], command: str, note: str = "", device=None, *,
+               name: str = DOC_TABLE, writer: str = DOC_WRITER, columns: Sequence[str] = COLUMNS,
+               key: Sequence[str] = DOC_KEY, path: str = doc_tables.BENCHMARKS_DOC) -> str:
+  """Merges the table's rows, as printed, into `path`'s block `name` (experiments/tools/doc_tables.py:
+  keyed by `key`, each row's run named above the table); returns the block. bench_reference.py
+  writes its own block through this too."""
+  return doc_tables.write_table(path, name, writer, command=command, columns=columns,
+                                rows=doc_rows(rows, columns), key=key, note=note, device=device)
+
+
 def print_table(header: Sequence[str], rows: Sequence[Dict[str, Any]], columns: Sequence[str],
                 json_out: str = "") -> None:
   """Prints `header`'s lines and the table of `rows`; with `json_out`, writes {"header", "rows"}
@@ -592,6 +620,8 @@ def _define_flags() -> None:
                     "Smoke run: hidden 32, batches 2,max over 2,4,8, 1 step, 256^3 matmul, "
                     "pipeline batch 64 x 3 on 256 puzzles.")
   flags.DEFINE_string("json_out", "", "Also write the rows as JSON here.")
+  flags.DEFINE_bool("write_docs", False, "Merge the table into docs/benchmarks.md's "
+                    f"{DOC_TABLE} block (rows keyed by {', '.join(DOC_KEY)}).")
   flags.DEFINE_enum("isolate", "auto", ["auto", "true", "false"],
                     "Time each row in a fresh process (clean per-row peak RSS and compile time). "
                     "auto: on when JAX runs on the CPU (where RSS is the device memory), off on "
@@ -623,6 +653,10 @@ def main(argv: Sequence[str]) -> None:
   for b in batches:
     if b != "max" and not b.isdigit():
       raise app.UsageError(f"--batches: {b!r} is neither an integer nor 'max'")
+  if f.write_docs and (f.quick or f.hidden):
+    raise app.UsageError("--write_docs records the recipes' size: drop --quick and --hidden")
+  if f.write_docs:                              # before hours of benchmark, not after
+    doc_tables.check_markers(doc_tables.BENCHMARKS_DOC, DOC_TABLE, DOC_WRITER)
   isolate = f.isolate == "true" or (f.isolate == "auto" and jax.default_backend() == "cpu")
   _log(f"JAX {jax.__version__}, {jax.local_device_count()} x {jax.devices()[0].device_kind} "
        f"({jax.devices()[0].platform}); batches are per device; rows "
@@ -642,8 +676,9 @@ def main(argv: Sequence[str]) -> None:
                                train_size=p_train)
 
   print()
-  print(f"TRM training-step benchmark (Sudoku recipes; {jax.local_device_count()} x "
-        f"{jax.devices()[0].device_kind}; timings are medians of {steps} step(s) within this run)")
+  title = (f"TRM training-step benchmark (Sudoku recipes; {jax.local_device_count()} x "
+           f"{jax.devices()[0].device_kind}; timings are medians of {steps} step(s) within this run)")
+  print(title)
   print(format_table(rows))
   if search:
     print(f"\nMax-batch search (compile-only memory_analysis, limit {f.memory_limit_gb} GB on "
@@ -668,6 +703,11 @@ def main(argv: Sequence[str]) -> None:
     with open(f.json_out, "w") as fh:
       json.dump({"rows": rows, "search": search, "matmul_peak_flops": peaks, "pipeline": pipe,
                  "analytic": flop_lines}, fh, indent=1)
+  if f.write_docs:
+    peak_line = "matmul peak " + ", ".join(f"{d} {p / 1e9:.1f} GFLOP/s" for d, p in peaks.items())
+    write_docs(rows, doc_tables.command_line("experiments.trm.tools.bench", sys.argv[1:]),
+               f"{title}; {peak_line}", jax.devices()[0])
+    _log(f"merged the table into {doc_tables.BENCHMARKS_DOC}'s {DOC_TABLE} table")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,10 @@ Flags: --models=mlp,att  --dtypes=float32,bfloat16  --batches=64,256  --steps=3 
     uses)
   --json_out=PATH  --matmul_shapes=4096x512x2048 (the header's products, MxKxN, comma-separated)
   --rates_only (print the header, with its matmul rates, and stop)
+  --write_docs: merge the table, as printed, into docs/benchmarks.md's trm-bench block
+    (experiments/tools/doc_tables.py: the command, commit, machine, date and this header; rows
+    keyed by model, dtype and batch replace those of the same key, the others stay, each naming
+    its run): make bench BENCH_ARGS='--models=mlp --dtypes=bfloat16 --batches=64 --write_docs'
 At the recipe size one step takes 10-40 s per framework on a 2-core CPU: narrow the cells.
 """
 
@@ -75,6 +79,7 @@ from experiments.common import cpu_features  # noqa: E402
 from experiments.common import distributed  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
 from experiments.common import parallel  # noqa: E402
+from experiments.tools import doc_tables  # noqa: E402
 from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm import reference_checkpoint  # noqa: E402
 from experiments.trm import train  # noqa: E402
@@ -84,6 +89,8 @@ GB = 1e9
 COLUMNS = ("model", "dtype", "batch", "podlab_ms", "podlab_p10", "podlab_p90", "podlab_ex_s",
            "podlab_heap_GB", "ref_ms", "ref_p10", "ref_p90", "ref_ex_s", "ref_heap_GB",
            "speed_ratio", "rss_peak_GB")
+DOC_TABLE = "trm-bench"
+DOC_WRITER = "`make bench BENCH_ARGS=--write_docs`"
 
 
 def _log(msg: str) -> None:
@@ -370,7 +377,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                        f"{'x'.join(map(str, MATMUL_SHAPE))})")
   ap.add_argument("--rates_only", action="store_true",
                   help="print the header with its matmul rates and stop (no training steps)")
+  ap.add_argument("--write_docs", action="store_true",
+                  help=f"merge the table into docs/benchmarks.md's {DOC_TABLE} block (rows keyed "
+                       "by model, dtype and batch)")
   args = ap.parse_args(argv)
+  if args.write_docs and (args.quick or args.hidden or args.rates_only):
+    ap.error("--write_docs records the recipes' table: drop --quick, --hidden and --rates_only")
   if args.quick:
     bench.quick_defaults(args, argv, hidden=32, batches=["4"], steps=2, models=["mlp"],
                          dtypes=["float32"], warmup=1)
@@ -399,6 +411,8 @@ def main(argv: Sequence[str]) -> int:
   args = parse_args(argv)
   keep = (not args.no_keep_heap) and host_malloc.keep_heap()   # before the backends' threads
   torch, _ = _torch()
+  if args.write_docs:                          # before the benchmark's hours, not after
+    doc_tables.check_markers(doc_tables.BENCHMARKS_DOC, DOC_TABLE, DOC_WRITER)
   threads = cpu_features.usable_cores()
   torch.set_num_threads(threads)
   first, *more = args.matmul_shapes
@@ -427,6 +441,11 @@ def main(argv: Sequence[str]) -> int:
   forms = ("podlab CPU forms (--forms): "
            f"{'off (cpu_tuning False)' if args.no_fast_grad else args.forms}")
   bench.print_table(header + [forms], rows, COLUMNS, args.json_out)
+  if args.write_docs:
+    bench.write_docs(rows, doc_tables.command_line("experiments.trm.tools.bench_reference", argv),
+                     "; ".join(header + [forms]), jax.devices()[0], name=DOC_TABLE,
+                     writer=DOC_WRITER, columns=COLUMNS, key=("model", "dtype", "batch"))
+    _log(f"merged the table into {doc_tables.BENCHMARKS_DOC}'s {DOC_TABLE} table")
   return 0
 
 
