@@ -432,8 +432,13 @@ class GPTModel:
                                  cfg.dtype) for _ in range(cfg.n_layer)]
 
 
+@jax.checkpoint
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """Mean token cross-entropy in float32. logits [B, T, V], targets [B, T] int."""
+  """Mean token cross-entropy in float32. logits [B, T, V], targets [B, T] int.
+
+  Recomputed in the backward pass (jax.checkpoint): the gradient keeps the logits as given
+  (bfloat16 for a bfloat16 model), not a float32 log-softmax of [B, T, V] (GPT-2 124M on a v4-32:
+  0.6 GiB per device). The same operations, so the same numbers."""
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   return -jnp.mean(jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1))
 
