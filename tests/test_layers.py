@@ -244,6 +244,10 @@ def test_einsum_bfloat16_backward_runs_bfloat16_products(spec, a_shape, b_shape)
   # the float32 output gradient and float32 copies of the operands).
   dots = _dot_operand_dtypes(jax.grad(fn, argnums=(0, 1)), a, b)
   assert len(dots) == 3 and all(d == ("bfloat16", "bfloat16") for d in dots), dots
+  # a's gradient comes out of its product in bfloat16 (float32 accumulation), with no float32
+  # [a_shape] written first: the same value as the float32 result rounded once.
+  assert "preferred_element_type=bfloat16" in str(jax.make_jaxpr(jax.grad(fn, argnums=(0, 1)))(a, b))
+  np.testing.assert_array_equal(f64(da), bf16_round(want_da))
 
 
 # --------------------------------------------------------------------------------------------------
