@@ -7,7 +7,9 @@ r"""`make tpu-check`: every pod config compiled for its TPU target by the TPU co
 Rows: TRM's v4_64 pod config for each of the five recipes (v4-64), nanoGPT's v4_32 (GPT-2 124M on a
 v4-32, 5 accumulation steps as the recipe, and 1: the same micro-step without the accumulation loop, whose
 bound per token checks the loop count), GPT-2 XL finetuning (configs/finetune_shakespeare.py:gpt2-xl) on a v4-8 and a v5e-8
-(the recipe's replicated state, and `fsdp` with `model.remat`: docs/sharding.md), and
+(the recipe's replicated state, and `fsdp` with `model.remat`: docs/sharding.md), GPT-2 XL
+pretraining at GPT-2 124M's tokens per update on a v4-32 (v4_32.py:size=gpt2-xl), Dream 7B's
+masked-diffusion train step on a v5p-8 (experiments/diffucoder/configs/dream_7b_mdm.py, fsdp), and
 DiffuCoder / Dream 7.6B sampling (experiments/diffucoder/tools/tpu_plan.py: one sampler step at canvas 512)
 on a v2-8, v3-8, v5e-8 and v4-8 at batch 1, 8 and 32, with greedy decoding and with the instruct
 configs' sampler (temperature 0.4, top_p 0.95), each at the smallest model-parallel degree that fits
@@ -48,6 +50,7 @@ from absl import flags  # noqa: E402
 
 from experiments.common import distributed  # noqa: E402
 from experiments.common import layout as layout_lib  # noqa: E402
+from experiments.diffucoder import train as diffucoder_train  # noqa: E402
 from experiments.diffucoder.tools import tpu_plan  # noqa: E402
 from experiments.nanogpt import train as nanogpt_train  # noqa: E402
 from experiments.tools import doc_tables  # noqa: E402
@@ -120,6 +123,12 @@ CHECKS = [
             "experiments.nanogpt.configs.finetune_shakespeare", arg, target,
             overrides=_fsdp_remat)
       for arg, target in (("gpt2-xl,devices=4", "v4-8"), ("gpt2-xl,devices=8", "v5litepod-8"))],
+    # GPT-2 XL pretraining at GPT-2 124M's tokens per update (v4_32.py:size=gpt2-xl: fsdp, remat).
+    Check("nanogpt gpt2-xl pretraining fsdp remat", nanogpt_train.NanoGPT,
+          "experiments.nanogpt.configs.v4_32", "size=gpt2-xl"),
+    # Dream 7B's masked-diffusion train step (what its finetuning runs), state split over a v5p-8.
+    Check("diffucoder dream_7b mdm fsdp", diffucoder_train.MaskedDiffusion,
+          "experiments.diffucoder.configs.dream_7b_mdm", None),
 ]
 
 

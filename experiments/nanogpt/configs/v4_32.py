@@ -2,25 +2,38 @@
 
 Argument recipe=NAME picks the recipe (gpt2_124m, shakespeare_char, shakespeare_char_cpu); the global
 micro-batch is rounded up to a multiple of the 16 devices when needed (a deviation, printed by
---dry_run).
+--dry_run). size=gpt2-medium | gpt2-large | gpt2-xl trains that GPT-2 size on the recipe (its
+tokens per update unchanged: GPT-2 XL pretraining at GPT-2 124M's 491,520 tokens per update), with
+the state split over the chips and each block recomputed in the backward pass (`sharding=fsdp`,
+`model.remat`: docs/sharding.md), as GPT-2 XL's state (25 GB in float32 with AdamW) fills a chip.
 
   python -m experiments.nanogpt.main --config=configs/v4_32.py --dry_run
+  python -m experiments.nanogpt.main --config=configs/v4_32.py:size=gpt2-xl --dry_run
   launch/pod.sh NAME --bucket B --module experiments.nanogpt.main --config configs/v4_32.py
 """
 
 import importlib
 
 from experiments.common import config_utils
+from experiments.nanogpt.configs import finetune_shakespeare
 
 
 def get_config(arg=None):
-  args = config_utils.parse_arg(arg, recipe="gpt2_124m")
+  args = config_utils.parse_arg(arg, recipe="gpt2_124m", size="")
   try:
     recipe = importlib.import_module(f"experiments.nanogpt.configs.{args.recipe}")
   except ModuleNotFoundError:
     raise config_utils.ConfigError("arg:recipe", args.recipe, "no such recipe",
                                    "use gpt2_124m, shakespeare_char or shakespeare_char_cpu") from None
   c = recipe.get_config()
+  if args.size:
+    sizes = [n for n in finetune_shakespeare.SIZES if n.startswith("gpt2-")]
+    if args.size not in sizes:
+      raise config_utils.ConfigError("arg:size", args.size, "not a larger GPT-2 size",
+                                     f"use one of {', '.join(sizes)} (or no size: the recipe's own)")
+    c.model.n_layer, c.model.n_head, c.model.n_embd, _ = finetune_shakespeare.SIZES[args.size]
+    c.sharding = "fsdp"
+    c.model.remat = True
   c.num_devices = 16
   c.devices_per_host = 4
   c.global_batch_size = -(-c.global_batch_size // 16) * 16
