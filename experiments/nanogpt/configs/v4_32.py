@@ -2,10 +2,12 @@
 
 Argument recipe=NAME picks the recipe (gpt2_124m, shakespeare_char, shakespeare_char_cpu); the global
 micro-batch is rounded up to a multiple of the 16 devices when needed (a deviation, printed by
---dry_run). size=gpt2-medium | gpt2-large | gpt2-xl trains that GPT-2 size on the recipe (its
-tokens per update unchanged: GPT-2 XL pretraining at GPT-2 124M's 491,520 tokens per update), with
-the state split over the chips and each block recomputed in the backward pass (`sharding=fsdp`,
-`model.remat`: docs/sharding.md), as GPT-2 XL's state (25 GB in float32 with AdamW) fills a chip.
+--dry_run). size=gpt2-medium | gpt2-large | gpt2-xl trains that GPT-2 size on the recipe at its
+tokens per update (GPT-2 XL pretraining at GPT-2 124M's 480 sequences, 491,520 tokens), with the
+state split over the chips and each block recomputed in the backward pass (`sharding=fsdp`,
+`model.remat`: docs/sharding.md), one sequence per chip per micro-step (16 x 30 accumulation
+steps): GPT-2 XL's state is 25 GB in float32 with AdamW, and at the recipe's 6 sequences per chip
+the step needs 65.85 GiB per chip even so (docs/tpu.md).
 
   python -m experiments.nanogpt.main --config=configs/v4_32.py --dry_run
   python -m experiments.nanogpt.main --config=configs/v4_32.py:size=gpt2-xl --dry_run
@@ -26,6 +28,9 @@ def get_config(arg=None):
     raise config_utils.ConfigError("arg:recipe", args.recipe, "no such recipe",
                                    "use gpt2_124m, shakespeare_char or shakespeare_char_cpu") from None
   c = recipe.get_config()
+  c.num_devices = 16
+  c.devices_per_host = 4
+  c.global_batch_size = -(-c.global_batch_size // 16) * 16
   if args.size:
     sizes = [n for n in finetune_shakespeare.SIZES if n.startswith("gpt2-")]
     if args.size not in sizes:
@@ -34,9 +39,8 @@ def get_config(arg=None):
     c.model.n_layer, c.model.n_head, c.model.n_embd, _ = finetune_shakespeare.SIZES[args.size]
     c.sharding = "fsdp"
     c.model.remat = True
-  c.num_devices = 16
-  c.devices_per_host = 4
-  c.global_batch_size = -(-c.global_batch_size // 16) * 16
+    per_update = c.global_batch_size * c.grad_accum           # a multiple of 16 (above)
+    c.global_batch_size, c.grad_accum = 16, per_update // 16
   c.target = "v4-32"                             # `--dry_run` compiles for it (libtpu)
   c.dataset.prepare_if_missing = True
   return c
