@@ -2,11 +2,19 @@
 missing ARC folder skips the ARC rows with one line instead of losing the table, and the GPU
 measurements shown beside rows."""
 
+import importlib
 import os
 import re
 
+import jax
+import pytest
+
+from experiments.common import parallel
+from experiments.common import trainer
 from experiments.diffucoder.tools import tpu_plan
+from experiments.tools import dry_run
 from experiments.tools import gpu_measured
+from experiments.tools import tpu
 from experiments.tools import tpu_check
 
 
@@ -49,3 +57,26 @@ def test_gpu_measurements_name_rows_of_the_check():
   m = gpu_measured.for_row("trm v4_64 sudoku_mlp: train_step")
   assert gpu_measured.cell(m) == "H200 380.2 ms = 2,020 examples/s (02b0496)"
   assert gpu_measured.cell(None) == "-"
+
+
+@pytest.mark.parametrize("check", [c for c in tpu_check.CHECKS if "arc" not in c.label],
+                         ids=lambda c: f"{c.label} {c.target or ''}".strip())
+def test_every_row_builds_in_a_plain_clone(check):
+  """Each row's config is checked and built for its slice as `make tpu-check` builds it, with no
+  data prepared and no weights or tokenizer folder beside the clone (the finetune rows use GPT-2's
+  packaged vocabulary): the layout spans the slice and keeps the config's examples per update."""
+  config = importlib.import_module(check.config_module).get_config(check.arg)
+  check.overrides(config)
+  target = tpu.parse_target(check.target or config.target)
+  trainer.check_config(check.experiment(), config)
+  with parallel.use_sharding(config.sharding):
+    layout = dry_run.tpu_layout(config, target)
+    build = check.experiment().build(config, layout)
+  assert layout.devices == target.num_devices
+  assert layout.examples_per_update == config.global_batch_size * config.grad_accum
+  for x in jax.tree.leaves(build.example_batch):       # [host devices, (accum,) per device, ...]
+    assert x.shape[0] == layout.devices_per_host
+    if layout.accum > 1:
+      assert x.shape[1:3] == (layout.accum, layout.per_device_batch), x.shape
+    else:
+      assert layout.per_device_batch in x.shape[1:3], x.shape

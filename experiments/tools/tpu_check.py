@@ -53,6 +53,7 @@ from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.diffucoder import train as diffucoder_train  # noqa: E402
 from experiments.diffucoder.tools import tpu_plan  # noqa: E402
 from experiments.nanogpt import train as nanogpt_train  # noqa: E402
+from experiments.nanogpt.configs import finetune_shakespeare  # noqa: E402
 from experiments.tools import doc_tables  # noqa: E402
 from experiments.tools import dry_run  # noqa: E402
 from experiments.tools import gpu_measured  # noqa: E402
@@ -95,7 +96,12 @@ def missing_arc_reason(arc_dir: str) -> Optional[str]:
           "rows")
 
 
+def _finetune(c) -> None:
+  finetune_shakespeare.for_compile(c)          # GPT-2's packaged vocabulary for the data's metadata
+
+
 def _fsdp_remat(c) -> None:
+  _finetune(c)
   c.sharding = "fsdp"
   c.model.remat = True
 
@@ -114,9 +120,11 @@ CHECKS = [
           "experiments.nanogpt.configs.v4_32", None,
           overrides=lambda c: layout_lib.set_batch(c, accum=1)),
     Check("nanogpt finetune gpt2-xl", nanogpt_train.NanoGPT,
-          "experiments.nanogpt.configs.finetune_shakespeare", "gpt2-xl,devices=4", "v4-8"),
+          "experiments.nanogpt.configs.finetune_shakespeare", "gpt2-xl,devices=4", "v4-8",
+          overrides=_finetune),
     Check("nanogpt finetune gpt2-xl", nanogpt_train.NanoGPT,
-          "experiments.nanogpt.configs.finetune_shakespeare", "gpt2-xl,devices=8", "v5litepod-8"),
+          "experiments.nanogpt.configs.finetune_shakespeare", "gpt2-xl,devices=8", "v5litepod-8",
+          overrides=_finetune),
     # The same recipe with the state split over the chips and each block recomputed in the
     # backward pass (docs/sharding.md): what makes it fit both slices.
     *[Check("nanogpt finetune gpt2-xl fsdp remat", nanogpt_train.NanoGPT,

