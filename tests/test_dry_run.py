@@ -214,6 +214,7 @@ def test_tiny_dream_sampling_step_compiles_for_a_slice_replicated_and_sharded(ta
   assert 0.45 * weights < args[2] < 0.75 * args[1]
 
 
+@pytest.mark.slow        # the generate CLI's dry run as a program; the same compile in process: tpu_plan
 def test_generate_dry_run_prints_the_table_and_names_bad_degrees_and_targets():
   """`generate.py --dry_run --target=v4-8` on the tiny config compiles its sampler (exit 0, the step
   row fits); a degree that does not divide the heads and a missing target are one line, exit 2."""

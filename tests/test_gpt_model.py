@@ -355,6 +355,7 @@ def test_gelu_exact_matches_erf_formula():
   np.testing.assert_allclose(f64(g), want, atol=3e-6)
 
 
+@pytest.mark.slow        # make test: the autocast dtypes (test_bfloat16_autocast_activations_...)
 def test_bfloat16_gpt_is_autocast_style_and_close_to_float32():
   """dtype="bfloat16": bfloat16 matmul operands, float32 activations; logits and gradients stay
   close to the float32 model (same params), and kernels="xla_cpu" does not change float32

@@ -67,6 +67,7 @@ def _with_init(config, path):
   return c
 
 
+@pytest.mark.slow        # make test: ckpt.pt's tensors both ways (tests/test_nanogpt_checkpoint.py)
 def test_nanogpt_ckpt_pt_evaluates_to_the_podlab_checkpoints_val_loss(tmp_path):
   torch = pytest.importorskip("torch", reason="writing a ckpt.pt needs torch")
   config = shakespeare_char_cpu.get_config("smoke")
