@@ -284,3 +284,25 @@ def test_pod_launcher_runs_the_nanogpt_main(tmp_path):
   run = [l for l in proc.stdout.splitlines() if "-m experiments.nanogpt.main" in l]
   assert run and "--config=configs/v4_32.py" in run[0] and "--config.lr=3e-4" in run[0]
   assert os.path.exists(REPO / "experiments" / "nanogpt" / "configs" / "v4_32.py")
+
+
+def test_shapes_only_init_draws_no_torch_weights(monkeypatch):
+  """config.rng = "torch": the eager init is nanoGPT's torch draws; `jax.eval_shape` of it (dry
+  runs, TPU compiles, restore templates) gives the same tree, shapes and dtypes without drawing
+  them (GPT-2 XL's 1.56B weights filled the host's memory in `make tpu-check`)."""
+  pytest.importorskip("torch", reason="the torch init needs torch")
+  from experiments.nanogpt import torch_rng  # pylint: disable=g-import-not-at-top
+  config = shakespeare_char_cpu.get_config("smoke")
+  config.rng = "torch"
+  model = gpt.GPTConfig(block_size=16, vocab_size=13, n_layer=2, n_head=2, n_embd=32, bias=True)
+  eager = train.init_params(config, model, jax.random.key(0))
+  want = jax.tree.map(np.asarray, torch_rng.init_params(model, config.seed)[0])
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(want)))
+
+  def refuse(*a, **k):
+    raise AssertionError("the torch init ran under jax.eval_shape")
+  monkeypatch.setattr(torch_rng, "init_params", refuse)
+  shapes = jax.eval_shape(lambda r: train.init_params(config, model, r), jax.random.key(0))
+  assert jax.tree.structure(shapes) == jax.tree.structure(eager)
+  assert [(s.shape, s.dtype) for s in jax.tree.leaves(shapes)] == [
+      (x.shape, x.dtype) for x in jax.tree.leaves(eager)]

@@ -218,8 +218,11 @@ def run_model(config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout
 
 def init_params(config: ml_collections.ConfigDict, model: gpt.GPTConfig, rng: jax.Array) -> Any:
   """The initial weights: nanoGPT's own for config.rng = "torch" (torch_rng), else Haiku's init of
-  `rng` (also what init_from starts from before its weights replace them)."""
-  if config.rng == "torch" and not config.init_from:
+  `rng` (also what init_from starts from before its weights replace them). Traced for shapes only
+  (`jax.eval_shape`: restore templates, dry runs, TPU compiles) the torch init is not run: it draws
+  every weight on the host (GPT-2 XL: 1.56B floats), and Haiku's init has the same tree, shapes and
+  dtypes (tests/test_nanogpt_train.py)."""
+  if config.rng == "torch" and not config.init_from and not isinstance(rng, jax.core.Tracer):
     return jax.tree.map(jnp.asarray, torch_rng.init_params(model, config.seed)[0])
   return gpt.GPTModel(model).init(rng)
 
