@@ -364,6 +364,28 @@ def test_loops_are_counted_trip_by_trip(libtpu):
   assert "*" not in tpu.format_report([loop, plain, nest])
 
 
+def test_a_loop_body_too_big_alone_is_counted_once_with_a_note(libtpu):
+  """Under fsdp a step splits a 16 GiB weight over a v5e-4's chips (4 GiB each); its loop body
+  compiled alone would hold it whole on one 15.75 GiB chip. The report keeps the program's memory
+  and the compiler's one-trip count for that loop, with a note naming it (a "~" row), instead of
+  failing the whole check."""
+  target = tpu.parse_target("v5litepod-4")
+  w = jax.ShapeDtypeStruct((4 * 2 ** 30 // 4, 4), jnp.float32)           # 16 GiB, [2^30, 4]
+  x = jax.ShapeDtypeStruct((8,), jnp.float32)
+
+  def step(w, x):
+    y = jax.lax.fori_loop(0, 3, lambda i, y: y + jnp.sum(w[:8] * 2.0, axis=1), x)
+    return jax.lax.psum(jnp.sum(y), parallel.AXIS)
+  with parallel.use_sharding("fsdp"):
+    r = tpu.compile_report(tpu.lower_pmap(step, target, (w, x), replicated_in=(0,)),
+                           target=target, name="step",
+                           jaxpr=tpu.per_device_jaxpr(step, target, (w, x)))
+  assert r.compiled and r.fits and r.argument_bytes < 5 * 2 ** 30       # w split 4 ways
+  assert r.loops == () and "does not fit a v5litepod-4 chip" in r.loop_note
+  assert "3 trips are counted once" in r.loop_note
+  assert (r.loop_flops, r.loop_bytes) == (r.compiler_flops, r.compiler_bytes_accessed)
+
+
 def _big_input_step(remat):
   def step(w, x):                       # w replicated [D, D], x per device [B, D] float32
     loss = lambda w: jnp.mean(jnp.tanh(x @ w) ** 2)

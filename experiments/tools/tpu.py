@@ -508,7 +508,8 @@ def loop_aware_cost(jaxpr: Any, compiled: Any, target: Target) -> LoopAwareCost:
   body is compiled once for the target (nested loops inside their body's program). A while loop
   (a trip count known only when it runs) is counted once, as the compiler does, and named in
   `note`; so is a compiled program that holds fewer while loops than the jaxpr's scans (the
-  compiler unrolled one)."""
+  compiler unrolled one), and a loop whose body alone does not fit the chip (compiled alone, the
+  body holds whole what the program splits over the devices)."""
   notes: List[str] = []
   loops: List[Loop] = []
 
@@ -529,7 +530,16 @@ def loop_aware_cost(jaxpr: Any, compiled: Any, target: Target) -> LoopAwareCost:
       unroll = eqn.params.get("unroll", 1)
       counted = trips if unroll is True else min(max(int(unroll), 1), trips)
       body = eqn.params["jaxpr"]
-      body_compiled = _compile_jaxpr(body, target)
+      try:
+        body_compiled = _compile_jaxpr(body, target)
+      except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+          raise
+        # Alone, every device holds the body's whole inputs (an fsdp step's gathered weights
+        # among them), which the program itself splits: the loop keeps the compiler's one trip.
+        notes.append(f"{name}: its body compiled alone does not fit a {target.name} chip; its "
+                     f"{trips} trips are counted once")
+        continue
       body_cost = _cost_of(body_compiled)
       body_aware = aware(body.jaxpr, body_cost, body_compiled.as_text(), name)
       loops.append(Loop(name, trips, body_aware))
