@@ -120,6 +120,7 @@ def test_run_end_to_end_matches_single_prompt_decoding(tmp_path):
     assert not set(want) & set(stops)
 
 
+@pytest.mark.slow        # make test: sharded tokens equal unsharded (tests/test_dream_model_parallel.py)
 def test_model_parallel_run_equals_data_parallel(tmp_path):
   """--config.model_parallel=2 (a 2 x 2 mesh; the checkpoint streamed into the device blocks) writes
   the completions the data-parallel run writes."""

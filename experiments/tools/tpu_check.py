@@ -96,12 +96,8 @@ def missing_arc_reason(arc_dir: str) -> Optional[str]:
           "rows")
 
 
-def _finetune(c) -> None:
-  finetune_shakespeare.for_compile(c)          # GPT-2's packaged vocabulary for the data's metadata
-
-
 def _fsdp_remat(c) -> None:
-  _finetune(c)
+  finetune_shakespeare.for_compile(c)          # GPT-2's packaged vocabulary for the data's metadata
   c.sharding = "fsdp"
   c.model.remat = True
 
@@ -121,10 +117,10 @@ CHECKS = [
           overrides=lambda c: layout_lib.set_batch(c, accum=1)),
     Check("nanogpt finetune gpt2-xl", nanogpt_train.NanoGPT,
           "experiments.nanogpt.configs.finetune_shakespeare", "gpt2-xl,devices=4", "v4-8",
-          overrides=_finetune),
+          overrides=finetune_shakespeare.for_compile),
     Check("nanogpt finetune gpt2-xl", nanogpt_train.NanoGPT,
           "experiments.nanogpt.configs.finetune_shakespeare", "gpt2-xl,devices=8", "v5litepod-8",
-          overrides=_finetune),
+          overrides=finetune_shakespeare.for_compile),
     # The same recipe with the state split over the chips and each block recomputed in the
     # backward pass (docs/sharding.md): what makes it fit both slices.
     *[Check("nanogpt finetune gpt2-xl fsdp remat", nanogpt_train.NanoGPT,

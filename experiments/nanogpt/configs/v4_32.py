@@ -7,7 +7,7 @@ tokens per update (GPT-2 XL pretraining at GPT-2 124M's 480 sequences, 491,520 t
 state split over the chips and each block recomputed in the backward pass (`sharding=fsdp`,
 `model.remat`: docs/sharding.md), one sequence per chip per micro-step (16 x 30 accumulation
 steps): GPT-2 XL's state is 25 GB in float32 with AdamW, and at the recipe's 6 sequences per chip
-the step needs 65.85 GiB per chip even so (docs/tpu.md).
+the step needs 65.85 GiB per chip even so (docs/sharding.md).
 
   python -m experiments.nanogpt.main --config=configs/v4_32.py --dry_run
   python -m experiments.nanogpt.main --config=configs/v4_32.py:size=gpt2-xl --dry_run
