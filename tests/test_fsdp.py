@@ -351,3 +351,178 @@ def test_fsdp_gathers_the_weights_not_the_activations(monkeypatch):
   assert gathered, "no all-gather: the state is not split"
   assert all(s in shapes for s in gathered), (gathered, shapes)
   assert {(128, 384), (64, 128)} <= set(gathered)        # qkv_proj/w, wte (vocab 64 x C 128)
+
+
+# --------------------------------------------------------------------------------------------------
+# fsdp with a model axis (config.model_parallel > 1): data groups of m devices, the weights split
+# over the group's devices as well. Its numbers are those of data parallelism over the groups: the
+# same per-device program, rng and rows run once per group.
+
+def _megatron(module, name, ndim):
+  """The toy MLP's model split: the first layer by columns, the second by rows."""
+  del ndim
+  if module.endswith("in"):
+    return (None, parallel.MODEL_AXIS) if name == "w" else (parallel.MODEL_AXIS,)
+  return (parallel.MODEL_AXIS, None) if name == "w" else ()
+
+
+def test_fsdp_spec_keeps_the_model_split_and_takes_another_axis(monkeypatch):
+  monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 16)
+  m = parallel.MODEL_AXIS
+  assert parallel.fsdp_spec((64, 128), 2, (None, m)) == P(parallel.AXIS, m)
+  assert parallel.fsdp_spec((128, 64), 2, (m, None)) == P(m, parallel.AXIS)
+  assert parallel.fsdp_spec((64,), 2, (m,)) == P(m)                   # nothing left for AXIS
+  assert parallel.fsdp_spec((4, 2), 2, (None, m)) == P(None, m)       # under the floor: model only
+  with parallel.use_sharding("fsdp", model_parallel=2, model_spec=_megatron):
+    mesh = parallel.global_mesh()
+    assert dict(mesh.shape) == {parallel.AXIS: 2, m: 2}
+    assert parallel.local_rows() == jax.local_device_count() // 2
+    tree = {"mlp/~/in": {"w": np.zeros((16, 64)), "b": np.zeros(64)},
+            "mlp/~/out": {"w": np.zeros((64, 8))}}
+    # an optimizer moment of a parameter: the last two dict keys of its path name it
+    opt = optax.adam(1e-3).init(tree)
+    specs = jax.tree.map(lambda s: s.spec, parallel.fsdp_shardings((tree, opt)))
+    assert specs[0]["mlp/~/in"] == {"w": P(parallel.AXIS, m), "b": P(m)}
+    assert specs[0]["mlp/~/out"] == {"w": P(m, parallel.AXIS)}
+    assert specs[1][0].mu == specs[0] and specs[1][0].nu == specs[0]
+    assert specs[1][0].count == P()
+  with pytest.raises(ValueError, match="needs sharding='fsdp'"):
+    with parallel.use_sharding("replicated", model_parallel=2, model_spec=_megatron):
+      pass
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_a_model_axis_step_equals_data_parallelism_over_its_groups(monkeypatch, m):
+  """Ten AdamW updates of a toy MLP on the 4 devices as (4 / m) groups of m (fsdp over the groups,
+  weights split over each group's devices) against pmap over 4 / m devices (replicated state): the
+  same parameters to float32 rounding, the state split over both mesh axes."""
+  monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 64)
+  rng = np.random.RandomState(0)
+  params = {"mlp/~/in": {"w": rng.randn(16, 64).astype(np.float32), "b": np.zeros(64, np.float32)},
+            "mlp/~/out": {"w": rng.randn(64, 8).astype(np.float32)}}
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
+  groups = jax.local_device_count() // m
+  batch = {"x": rng.randn(groups, 8, 16).astype(np.float32),
+           "y": rng.randn(groups, 8, 8).astype(np.float32)}
+
+  def loss_fn(p, x, y):
+    h = jnp.tanh(x @ p["mlp/~/in"]["w"] + p["mlp/~/in"]["b"])          # [b, 64]
+    return jnp.mean((h @ p["mlp/~/out"]["w"] - y) ** 2)
+
+  def step(state, batch, device_index):
+    p, opt = state
+    p = parallel.gather_state(p)
+    loss, g = jax.value_and_grad(loss_fn)(p, batch["x"] * (1.0 + 0.01 * device_index), batch["y"])
+    g = parallel.constrain_state(jax.lax.pmean(g, parallel.AXIS))
+    updates, opt = tx.update(g, opt, p)
+    return (optax.apply_updates(p, updates), opt), jax.lax.pmean(loss, parallel.AXIS)
+  state0 = jax.device_get((params, tx.init(params)))
+
+  ref = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0),
+                           devices=jax.local_devices()[:groups])
+  state, index = state0, np.arange(groups, dtype=np.int32)
+  for _ in range(10):
+    state, _ = ref(state, batch, index)
+  want = parallel.unreplicate(state)
+
+  with parallel.use_sharding("fsdp", model_parallel=m, model_spec=_megatron):
+    p_step = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0), donate_argnums=(0,))
+    state = parallel.put_state(state0)
+    index, b = parallel.shard(parallel.device_indices()), parallel.shard(batch)
+    for _ in range(10):
+      state, loss = p_step(state, b, index)
+    assert loss.shape == (groups,)                                 # per group: the host's rows
+    w = state[0]["mlp/~/in"]["w"]
+    assert w.sharding.spec == P(parallel.AXIS, parallel.MODEL_AXIS)
+    assert w.addressable_shards[0].data.shape == (16 // groups, 64 // m)
+    got = parallel.unreplicate(state)
+  assert _relative(want, got) < 1e-6, _relative(want, got)
+  assert not np.allclose(want[0]["mlp/~/in"]["w"], params["mlp/~/in"]["w"])    # it trained
+
+
+def test_model_parallel_is_checked_against_the_layout_and_the_experiment():
+  from experiments.common import layout as layout_lib  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder import train as mdm_train  # pylint: disable=g-import-not-at-top
+  from experiments.diffucoder.configs import shakespeare_mdm  # pylint: disable=g-import-not-at-top
+  c = shakespeare_mdm.get_config("smoke")
+  c.model_parallel = 2
+  with pytest.raises(errors.ConfigError, match="model_parallel.*sharding=fsdp"):
+    config_utils.validate_run_config(c)               # replicated: no model axis
+  c.sharding = "fsdp"
+  config_utils.validate_run_config(c)
+  l = layout_lib.batch_layout(c)                      # 4 devices: 2 groups of 2, 4 rows each
+  assert (l.devices, l.devices_per_host, l.per_device_batch, l.chips) == (2, 2, 4, 4)
+  c.model_parallel = 3
+  with pytest.raises(errors.ConfigError, match="model_parallel.*divisor of the 4 devices"):
+    layout_lib.batch_layout(c)
+  c.model_parallel = 4                                # the smoke model has 2 KV heads
+  with pytest.raises(errors.ConfigError, match=r"model_parallel.*num_kv_heads=2.*\[1, 2\]"):
+    trainer.state_layout(mdm_train.MaskedDiffusion(), c)
+  t = cpu_demo.get_config("smoke")
+  t.sharding, t.model_parallel = "fsdp", 2
+  with pytest.raises(errors.ConfigError, match="model_parallel.*names no split.*use 1"):
+    trainer.state_layout(trm_train.TRM(), t)
+
+
+_MDM_DATA_PARALLEL = """
+import os, sys
+os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={sys.argv[1]} "
+                           + os.environ.get("PODLAB_TEST_XLA_OPT_FLAGS", ""))
+import numpy as np, jax
+from experiments.common import parallel, trainer
+from experiments.diffucoder import train
+sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+from test_fsdp import _mdm_model_axis_config
+c = _mdm_model_axis_config(sys.argv[2], "replicated", 1)
+train.train_and_evaluate(c, sys.argv[3])
+step, p = trainer.restore_params(train.MaskedDiffusion(), c, sys.argv[3])
+np.savez(sys.argv[4], *[np.asarray(x) for x in jax.tree.leaves(parallel.unreplicate(p))])
+print("trained", step, jax.device_count())
+"""
+
+
+def _mdm_model_axis_config(data_dir, sharding, model_parallel):
+  """shakespeare_mdm's smoke config with 4 KV heads (model_parallel 4 divides it), 10 updates."""
+  from experiments.diffucoder.configs import shakespeare_mdm  # pylint: disable=g-import-not-at-top
+  c = shakespeare_mdm.get_config("smoke")
+  c.dataset.data_dir = str(data_dir)
+  c.model.num_kv_heads, c.model.vocab_size = 4, 68
+  c.total_steps, c.async_checkpoints = 10, False
+  c.sharding, c.model_parallel = sharding, model_parallel
+  return c
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("m", [2, 4])
+def test_masked_diffusion_with_a_model_axis_trains_as_data_parallelism_over_its_groups(
+    tmp_path, monkeypatch, m):
+  """The small diffusion model, 10 updates on the 4 devices as (4 / m) x m (fsdp x model): the
+  parameters of a replicated run on 4 / m devices (a subprocess) to float32 rounding; its
+  checkpoint restores bitwise into the replicated and the 1-D fsdp layouts."""
+  from experiments.diffucoder import train as mdm_train  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
+  experiment = mdm_train.MaskedDiffusion()
+  c = _mdm_model_axis_config(tmp_path / "tfds", "fsdp", m)
+  workdir = str(tmp_path / f"model{m}")
+  mdm_train.train_and_evaluate(c, workdir)
+  with trainer.state_layout(experiment, c):
+    step, p = trainer.restore_params(experiment, c, workdir)
+    assert step == 10
+    qkv = [x for path, x in jax.tree_util.tree_leaves_with_path(p) if "qkv_proj" in str(path)
+           and x.ndim == 2][0]
+    assert parallel.MODEL_AXIS in qkv.sharding.spec        # the weights came back split over it
+    got = parallel.unreplicate(p)
+  for sharding in parallel.SHARDINGS:
+    c1 = _mdm_model_axis_config(tmp_path / "tfds", sharding, 1)
+    with trainer.state_layout(experiment, c1):
+      assert _relative(got, parallel.unreplicate(
+          trainer.restore_params(experiment, c1, workdir)[1])) == 0.0
+  out = str(tmp_path / "ref.npz")
+  proc = subprocess.run([sys.executable, "-c", _MDM_DATA_PARALLEL, str(4 // m),
+                         str(tmp_path / "tfds"), str(tmp_path / "ref"), out],
+                        cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"trained 10 {4 // m}" in proc.stdout
+  ref = np.load(out)
+  want = [ref[f"arr_{i}"] for i in range(len(ref.files))]
+  assert _relative(want, jax.tree.leaves(got)) < 1e-6, _relative(want, jax.tree.leaves(got))

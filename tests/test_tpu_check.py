@@ -9,7 +9,6 @@ import re
 import jax
 import pytest
 
-from experiments.common import parallel
 from experiments.common import trainer
 from experiments.diffucoder.tools import tpu_plan
 from experiments.tools import dry_run
@@ -69,10 +68,10 @@ def test_every_row_builds_in_a_plain_clone(check):
   check.overrides(config)
   target = tpu.parse_target(check.target or config.target)
   trainer.check_config(check.experiment(), config)
-  with parallel.use_sharding(config.sharding):
+  with trainer.state_layout(check.experiment(), config):
     layout = dry_run.tpu_layout(config, target)
     build = check.experiment().build(config, layout)
-  assert layout.devices == target.num_devices
+  assert layout.chips == target.num_devices
   assert layout.examples_per_update == config.global_batch_size * config.grad_accum
   for x in jax.tree.leaves(build.example_batch):       # [host devices, (accum,) per device, ...]
     assert x.shape[0] == layout.devices_per_host

@@ -271,11 +271,12 @@ class CheckpointManager:
     self._directory = directory
     self._layout = layout or layout_lib.of_devices()
     self._mesh = parallel.global_mesh()
-    if self._mesh.devices.size != self._layout.devices:
+    if self._mesh.shape[parallel.AXIS] != self._layout.devices:
       raise ValueError(f"layout of {self._layout.devices} devices ({self._layout.hosts} x "
                        f"{self._layout.devices_per_host}) but this run's mesh has "
-                       f"{self._mesh.devices.size}. Fix: pass the run's own layout "
-                       "(layout.batch_layout(config) or layout.of_devices()).")
+                       f"{self._mesh.shape[parallel.AXIS]} on its {parallel.AXIS!r} axis. Fix: "
+                       "pass the run's own layout (layout.batch_layout(config) or "
+                       "layout.of_devices()).")
     self._sharding = NamedSharding(self._mesh, PartitionSpec(parallel.AXIS))
     options = ocp.CheckpointManagerOptions(
         # Preemption saves are forced by the trainer (experiments.common.preemption), which
@@ -529,8 +530,10 @@ class CheckpointManager:
 
   @staticmethod
   def _to_local(x: jax.Array) -> np.ndarray:
-    """This process' rows of a global array sharded over `global_mesh()`, in row order."""
-    shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+    """This process' rows of a global array sharded over `global_mesh()`, in row order (one copy
+    of each: a data group's devices hold the same rows)."""
+    shards = sorted((s for s in x.addressable_shards if s.replica_id == 0),
+                    key=lambda s: s.index[0].start or 0)
     return np.concatenate([np.asarray(s.data) for s in shards], axis=0)
 
   @staticmethod

@@ -216,6 +216,9 @@ def run_config(**overrides: Any) -> ml_collections.ConfigDict:
   # of it: data parallelism) or "fsdp" (parameters, gradients and optimizer state split over the
   # devices of all hosts; docs/architecture.md). The numbers are the same to float32 rounding.
   c.sharding = "replicated"
+  # With "fsdp": JAX devices per data group (> 1: the weights are also split over the group's
+  # devices, the `model` mesh axis, where the experiment names a split: Dream; docs/sharding.md).
+  c.model_parallel = 1
   for key, value in overrides.items():
     c[key] = value
   return c
@@ -234,6 +237,13 @@ def validate_run_config(config: Any) -> None:
     raise ConfigError("sharding", config.sharding, f"must be one of {parallel.SHARDINGS}",
                       "use 'replicated' (data parallelism) or 'fsdp' (state split over the devices, "
                       "for models whose state does not fit one device)")
+  m = config.get("model_parallel", 1)
+  if not isinstance(m, int) or m < 1:
+    raise ConfigError("model_parallel", m, "must be a positive integer", "use 1 (no model axis)")
+  if m > 1 and config.sharding != "fsdp":
+    raise ConfigError("model_parallel", m, f"splits the weights over a model axis of the 'fsdp' "
+                      f"layout, and sharding is {config.sharding!r}",
+                      "add --config.sharding=fsdp, or use model_parallel=1")
   if int(config.profile_steps) < 0:
     raise ConfigError("profile_steps", config.profile_steps, "must be >= 0", "use 0 (off) or 5")
 

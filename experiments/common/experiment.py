@@ -205,6 +205,15 @@ class Experiment:
   def build(self, config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout) -> Build:
     raise NotImplementedError(f"{type(self).__name__} must define build()")
 
+  def model_axis_spec(self, config: ml_collections.ConfigDict
+                      ) -> Optional[Callable[[str, str, int], Sequence[Optional[str]]]]:
+    """How the model's weights split over the `model` mesh axis under config.model_parallel > 1:
+    spec(module, name, ndim) -> per-axis mesh axis names of a Haiku parameter
+    (`parallel.use_sharding`'s model_spec), or None (the default): the experiment has no model
+    axis, and model_parallel > 1 is a ConfigError (`trainer.state_layout`)."""
+    del config
+    return None
+
   def fit_variants(self, config: ml_collections.ConfigDict
                    ) -> Sequence[Tuple[str, str, Callable[[ml_collections.ConfigDict], None]]]:
     """Ways to make the training step fit a TPU's HBM, tried by `--dry_run` in order when the

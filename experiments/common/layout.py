@@ -43,12 +43,19 @@ class BatchLayout:
   """The batch of one micro-step, split over hosts and devices."""
   global_batch: int          # examples per micro-step, all devices of all hosts
   accum: int                 # micro-steps per update (gradient accumulation)
-  devices: int               # JAX devices of the run (all hosts)
+  devices: int               # data-parallel devices of the run (all hosts): JAX devices, or data
+                             # groups of `model_parallel` chips each (the step's per-device rows)
   hosts: int                 # processes
-  devices_per_host: int      # JAX devices per process
+  devices_per_host: int      # data-parallel devices per process
   process_index: int         # this process
   platform: str              # the platform the program is compiled for: "cpu", "tpu", "gpu"
   cpu_tuning: bool = False   # CPU-only speed-ups are on (config.cpu_tuning and platform == "cpu")
+  model_parallel: int = 1    # JAX devices per data group (config.model_parallel; parallel.MODEL_AXIS)
+
+  @property
+  def chips(self) -> int:
+    """JAX devices of the run (all hosts): devices x model_parallel."""
+    return self.devices * self.model_parallel
 
   @property
   def per_host_batch(self) -> int:
@@ -93,8 +100,10 @@ class BatchLayout:
 
   def describe(self) -> str:
     accum = f" x {self.accum} accumulation steps" if self.accum > 1 else ""
+    groups = (f" data group(s) of {self.model_parallel} {self.platform} devices"
+              if self.model_parallel > 1 else f" {self.platform} device(s)")
     return (f"global batch {self.global_batch}{accum} = {self.hosts} host(s) x "
-            f"{self.devices_per_host} {self.platform} device(s) x {self.per_device_batch}")
+            f"{self.devices_per_host}{groups} x {self.per_device_batch}")
 
 
 BATCH_FIELD, ACCUM_FIELD = "global_batch_size", "grad_accum"
@@ -216,14 +225,22 @@ def batch_layout(config: Any, *, devices: Optional[int] = None,
         f"process(es) x {devices_per_host} {platform} device(s))",
         f"run it on a matching slice, or override with --config.num_devices={devices} (check "
         f"global_batch_size={batch} too), or compile it here with --dry_run")
-  if batch % devices:
+  m = int(config.get("model_parallel", 1))
+  if m < 1 or devices_per_host % m:
+    raise errors.ConfigError(
+        "model_parallel", m, f"must be a positive divisor of the {devices_per_host} devices per "
+        "host (a data group's devices are on one host)",
+        f"use one of {[d for d in range(1, devices_per_host + 1) if devices_per_host % d == 0]}")
+  groups = devices // m
+  if batch % groups:
+    what = f"{groups} data groups of model_parallel={m}" if m > 1 else f"{devices} devices"
     raise errors.ConfigError(
         "global_batch_size", batch,
-        f"not divisible by the {devices} devices" + (f" of {slice_}" if target else ""),
-        f"use a multiple of {devices}, e.g. "
+        f"not divisible by the {what}" + (f" of {slice_}" if target else ""),
+        f"use a multiple of {groups}, e.g. "
         + ("--config.global_batch_size=" if target else "")
-        + f"{max(devices, batch // devices * devices)}")
+        + f"{max(groups, batch // groups * groups)}")
   cpu_tuning = bool(config.get("cpu_tuning", False)) and platform == "cpu"
-  return BatchLayout(global_batch=batch, accum=accum, devices=devices, hosts=hosts,
-                     devices_per_host=devices_per_host, process_index=process_index,
-                     platform=platform, cpu_tuning=cpu_tuning)
+  return BatchLayout(global_batch=batch, accum=accum, devices=devices // m, hosts=hosts,
+                     devices_per_host=devices_per_host // m, process_index=process_index,
+                     platform=platform, cpu_tuning=cpu_tuning, model_parallel=m)

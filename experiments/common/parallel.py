@@ -59,6 +59,12 @@ AXIS = "data"
 """The one mesh axis of podlab's data parallelism: pmapped steps' collectives, `global_mesh()`,
 `local_mesh()` and the checkpoints' per-device arrays all use it."""
 
+MODEL_AXIS = "model"
+"""The second mesh axis: a model's weights split over the chips of a data group (Megatron style).
+Dream's sampler runs on it by hand (experiments/diffucoder/model_sharding.py); the trainer's "fsdp"
+layout with `model_parallel > 1` splits state leaves over it as the experiment names
+(`Experiment.model_axis_spec`) and leaves the collectives to XLA's partitioner."""
+
 SHARDINGS = ("replicated", "fsdp")
 """The layouts of a step's state (`use_sharding`; `config.sharding` in experiments/common/config_utils.py)."""
 
@@ -66,7 +72,13 @@ FSDP_MIN_ELEMENTS = 2 ** 14
 """State leaves with fewer elements stay whole on every device under "fsdp" (norm scales, biases,
 scalars): splitting them saves little memory and costs a gather each."""
 
+ModelSpec = Callable[[str, str, int], Optional[Sequence[Optional[str]]]]
+"""model_spec(module, name, ndim) -> per-axis mesh axis names of a Haiku parameter (None: not
+split over the model axis); e.g. `dream.param_partition_spec`."""
+
 _sharding = "replicated"
+_model_parallel = 1
+_model_spec: Optional[ModelSpec] = None
 
 
 def sharding() -> str:
@@ -74,31 +86,69 @@ def sharding() -> str:
   return _sharding
 
 
+def model_parallel() -> int:
+  """Chips per data group now (`use_sharding`): 1, or the size of the `MODEL_AXIS` mesh axis."""
+  return _model_parallel
+
+
 @contextlib.contextmanager
-def use_sharding(name: str) -> Iterator[None]:
+def use_sharding(name: str, model_parallel: int = 1,
+                 model_spec: Optional[ModelSpec] = None) -> Iterator[None]:
   """Within the block, `pmap_step` and `put_state` use the state layout `name` (one of SHARDINGS).
-  The trainer wraps a run in it (config.sharding); experiments never choose the layout."""
-  global _sharding
+  The trainer wraps a run in it (config.sharding, config.model_parallel; `trainer.state_layout`);
+  experiments never choose the layout.
+
+  `model_parallel` > 1 (with "fsdp" only): the devices form a (devices / m) x m mesh of axes
+  (AXIS, MODEL_AXIS); the per-device step runs once per data group of m chips, and every state
+  leaf is split over MODEL_AXIS where `model_spec(module, name, ndim)` says (the last two dict keys
+  of its path: a Haiku parameter, or an optimizer moment of one) and over AXIS as "fsdp" splits."""
+  global _sharding, _model_parallel, _model_spec
   if name not in SHARDINGS:
     raise ValueError(f"sharding={name!r}: must be one of {SHARDINGS}")
-  previous, _sharding = _sharding, name
+  if not isinstance(model_parallel, (int, np.integer)) or model_parallel < 1:
+    raise ValueError(f"model_parallel={model_parallel!r}: must be a positive integer")
+  if model_parallel > 1 and (name != "fsdp" or model_spec is None):
+    raise ValueError(f"model_parallel={model_parallel} needs sharding='fsdp' and a model_spec "
+                     f"(got sharding={name!r}, model_spec={model_spec!r})")
+  previous = _sharding, _model_parallel, _model_spec
+  _sharding, _model_parallel, _model_spec = name, int(model_parallel), model_spec
   try:
     yield
   finally:
-    _sharding = previous
+    _sharding, _model_parallel, _model_spec = previous
+
+
+def step_mesh(devices: Sequence[Any]) -> Mesh:
+  """The mesh of a step over `devices` (in order): 1-D (AXIS,), or with `model_parallel()` m > 1
+  (devices / m, m) of axes (AXIS, MODEL_AXIS), a data group being m consecutive devices (the same
+  host: m must divide the devices per host)."""
+  devices = np.array(list(devices))
+  m = _model_parallel
+  if m == 1:
+    return Mesh(devices, (AXIS,))
+  if devices.size % m:
+    raise ValueError(f"model_parallel={m} does not divide the {devices.size} devices; use a "
+                     "divisor of the devices per host")
+  return Mesh(devices.reshape(devices.size // m, m), (AXIS, MODEL_AXIS))
 
 
 def global_mesh() -> Mesh:
-  """1-D mesh over all devices of all processes, ordered by (process index, device id), so each
-  process owns one contiguous block: row `i` of a host-local `[local_device_count, ...]` array is
-  global row `process_index * local_device_count + i` when sharded `P(AXIS)`."""
-  devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-  return Mesh(np.array(devices), (AXIS,))
+  """Mesh over all devices of all processes, ordered by (process index, device id), so each
+  process owns one contiguous block: row `i` of a host-local `[local rows, ...]` array is global row
+  `process_index * local rows + i` when sharded `P(AXIS)`. 1-D, or (data groups, model_parallel())
+  (`step_mesh`)."""
+  return step_mesh(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
 
 
 def local_mesh() -> Mesh:
-  """1-D mesh over this process's devices (the devices a pmapped step runs on)."""
-  return Mesh(np.array(jax.local_devices()), (AXIS,))
+  """The mesh over this process's devices (the devices a pmapped step runs on), as `step_mesh`."""
+  return step_mesh(jax.local_devices())
+
+
+def local_rows() -> int:
+  """Rows of this process in a per-device argument: its devices, or data groups under
+  model_parallel() > 1."""
+  return jax.local_device_count() // _model_parallel
 
 
 def replicate(tree: Any) -> Any:
@@ -106,25 +156,55 @@ def replicate(tree: Any) -> Any:
   return jax.device_put(tree, NamedSharding(local_mesh(), PartitionSpec()))
 
 
-def fsdp_spec(shape: Sequence[int], devices: int) -> PartitionSpec:
-  """Where "fsdp" splits a leaf of `shape` over `devices`: its largest axis that `devices` divides
-  (the first of equal ones), or nowhere (P()) for a leaf under `FSDP_MIN_ELEMENTS` elements or
-  with no such axis."""
+def fsdp_spec(shape: Sequence[int], devices: int,
+              model: Sequence[Optional[str]] = ()) -> PartitionSpec:
+  """Where "fsdp" splits a leaf of `shape` over `devices` (the AXIS size): its largest axis that
+  `devices` divides (the first of equal ones), or nowhere for a leaf under `FSDP_MIN_ELEMENTS`
+  elements or with no such axis. `model`: the leaf's split over MODEL_AXIS (per-axis names, as
+  `use_sharding`'s model_spec returns), kept; AXIS then takes another axis."""
+  model = tuple(model) + (None,) * (len(shape) - len(model))
   if int(np.prod(shape, dtype=np.int64)) < FSDP_MIN_ELEMENTS:
-    return PartitionSpec()
-  axes = [i for i, n in enumerate(shape) if n % devices == 0]
+    return PartitionSpec(*model) if any(model) else PartitionSpec()
+  axes = [i for i, n in enumerate(shape) if n % devices == 0 and model[i] is None]
   if not axes:
-    return PartitionSpec()
+    return PartitionSpec(*model) if any(model) else PartitionSpec()
   axis = max(axes, key=lambda i: (shape[i], -i))
-  return PartitionSpec(*[AXIS if i == axis else None for i in range(len(shape))])
+  return PartitionSpec(*[AXIS if i == axis else model[i] for i in range(len(shape))])
+
+
+def _model_axes(path: Sequence[Any], shape: Sequence[int], mesh: Mesh) -> tuple:
+  """The MODEL_AXIS split of the state leaf at `path` on `mesh` (() when the mesh has no model
+  axis or the spec names none); a split that the model axis does not divide is a ValueError."""
+  if MODEL_AXIS not in mesh.shape or _model_spec is None:
+    return ()
+  keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+  if len(keys) < 2:
+    return ()
+  spec = tuple(_model_spec(str(keys[-2]), str(keys[-1]), len(shape)) or ())
+  m = mesh.shape[MODEL_AXIS]
+  for i, axis in enumerate(spec):
+    if axis is not None and shape[i] % m:
+      raise ValueError(f"{keys[-2]}/{keys[-1]}: axis {i} of shape {tuple(shape)} is split over "
+                       f"model_parallel={m}, which does not divide it; use a divisor of {shape[i]}")
+  return spec
 
 
 def fsdp_shardings(tree: Any, mesh: Optional[Mesh] = None) -> Any:
   """`NamedSharding` of every leaf of `tree` (arrays or ShapeDtypeStructs) under "fsdp" on `mesh`
-  (default `global_mesh()`)."""
+  (default `global_mesh()`), model-axis splits included."""
   mesh = global_mesh() if mesh is None else mesh
   size = mesh.shape[AXIS]
-  return jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(np.shape(x), size)), tree)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: NamedSharding(mesh, fsdp_spec(np.shape(x), size,
+                                                    _model_axes(path, np.shape(x), mesh))), tree)
+
+
+def model_shardings(tree: Any, mesh: Mesh) -> Any:
+  """`NamedSharding` of every leaf of `tree` split over MODEL_AXIS only (whole over AXIS): what
+  `gather_state` makes of the state inside a step."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: NamedSharding(mesh, PartitionSpec(*_model_axes(path, np.shape(x), mesh))),
+      tree)
 
 
 def state_shardings(tree: Any, mesh: Optional[Mesh] = None) -> Any:
@@ -160,14 +240,14 @@ def constrain_state(tree: Any) -> Any:
 
 def gather_state(tree: Any) -> Any:
   """Inside a step traced for "fsdp": `tree` (state-shaped values, e.g. the parameters a
-  micro-batch's forward pass reads) whole on every device, so XLA all-gathers the split weights
+  micro-batch's forward pass reads) whole on every device (split only over MODEL_AXIS where the
+  model spec says), so XLA all-gathers the split weights
   and keeps the per-device batch on its device (without it the partitioner may instead gather
   the activations of every device's batch and compute with the split weights). Anywhere else
   `tree` unchanged."""
   if _tracing_mesh is None:
     return tree
-  whole = NamedSharding(_tracing_mesh, PartitionSpec())
-  return jax.lax.with_sharding_constraint(tree, jax.tree.map(lambda _: whole, tree))
+  return jax.lax.with_sharding_constraint(tree, model_shardings(tree, _tracing_mesh))
 
 
 def put_state(tree: Any) -> Any:
@@ -188,7 +268,8 @@ def put_state(tree: Any) -> Any:
 
 
 def shard(tree: Any) -> Any:
-  """Puts host arrays with leading axis `local_device_count` onto the local devices, one slice each."""
+  """Puts host arrays with leading axis `local_rows()` onto the local devices, one slice each (one
+  per data group, on each of its chips, under model_parallel() > 1)."""
   return jax.device_put(tree, NamedSharding(local_mesh(), PartitionSpec(AXIS)))
 
 
@@ -269,8 +350,7 @@ class _FsdpStep:
     self._vmapped = jax.vmap(fn, in_axes=in_axes, out_axes=out_axes, axis_name=AXIS)
     self._in_axes, self._out_axes = in_axes, out_axes
     self._donate = tuple(donate_argnums)
-    self._mesh = (global_mesh() if devices is None
-                  else Mesh(np.array(list(devices)), (AXIS,)))
+    self._mesh = global_mesh() if devices is None else step_mesh(devices)
     self.compiler_options = dict(compiler_options)
     self._compiled = {}
 
@@ -360,11 +440,12 @@ def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_
 
 
 def device_indices() -> np.ndarray:
-  """Global index of each local device ([local_device_count] int32), passed INTO pmapped steps.
+  """Global index of each local device ([local_rows()] int32: data groups under model_parallel()
+  > 1), passed INTO pmapped steps.
 
   Follows jaxline: the host and device ids are inputs of the step (for per-device RNG), not read inside.
   """
-  n = jax.local_device_count()
+  n = local_rows()
   return (jax.process_index() * n + np.arange(n)).astype(np.int32)
 
 

@@ -102,6 +102,18 @@ def build(experiment: Experiment, config: ml_collections.ConfigDict, *,
   return layout, experiment.build(config, layout)
 
 
+def state_layout(experiment: Experiment, config: ml_collections.ConfigDict):
+  """The context every run, dry run and compile of `config` runs in: `parallel.use_sharding` with
+  config.sharding and config.model_parallel (> 1: the experiment's `model_axis_spec`; an
+  experiment without one is a ConfigError naming the field)."""
+  m = int(config.get("model_parallel", 1))
+  spec = experiment.model_axis_spec(config) if m > 1 else None
+  if m > 1 and spec is None:
+    raise errors.ConfigError("model_parallel", m, f"the {experiment.name} experiment names no "
+                             "split of its weights over a model axis", "use 1")
+  return parallel.use_sharding(config.sharding, model_parallel=m, model_spec=spec)
+
+
 def init_rng(config: ml_collections.ConfigDict) -> jax.Array:
   """The key `Build.init` gets: jax.random.key(config.seed)."""
   return jax.random.key(int(config.seed))
@@ -431,7 +443,7 @@ def train_and_evaluate(experiment: Experiment, config: ml_collections.ConfigDict
   with _cleanup_on_bad_input(workdir, existed):
     workdir_lib.check_writable(workdir)
     with (_owned_workdir(wd, config) as lock, preemption.PreemptionGuard() as guard,
-          parallel.use_sharding(config.sharding)):
+          state_layout(experiment, config)):
       return _Run(experiment, config, layout, wd, guard, lock=lock).train()
 
 
@@ -444,7 +456,7 @@ def evaluate(experiment: Experiment, config: ml_collections.ConfigDict,
   existed = workdir_lib.exists(workdir)
   with _cleanup_on_bad_input(workdir, existed):
     workdir_lib.check_writable(workdir)
-    with preemption.PreemptionGuard() as guard, parallel.use_sharding(config.sharding):
+    with preemption.PreemptionGuard() as guard, state_layout(experiment, config):
       return _Run(experiment, config, layout, workdir_lib.Workdir(workdir), guard).evaluate()
 
 
@@ -616,7 +628,8 @@ class _Run:
       for ev in b.evaluators:
         if ev.at_start:
           evals.run(ev, state, device_state, 0, final=False)
-    split = (f"; state split over {layout.devices} devices (fsdp)"
+    split = (f"; state split over {layout.chips} devices (fsdp"
+             + (f" x model_parallel={layout.model_parallel})" if layout.model_parallel > 1 else ")")
              if parallel.sharding() == "fsdp" else "")
     console.say(f"Training from step {start_step} to {total} ({layout.describe()}{split})")
     pending = None              # (step, metric sums): checked one step late (no host sync)

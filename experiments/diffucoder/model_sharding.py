@@ -33,11 +33,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from experiments.common.parallel import AXIS
-
-MODEL_AXIS = "model"
-"""The mesh axis that model-parallel weights are split over (`mesh_2d`); collectives of a sharded
-layer (`lax.psum` of row-split matmuls) run over it."""
+from experiments.common.parallel import AXIS, MODEL_AXIS    # noqa: F401  (MODEL_AXIS: `mesh_2d`'s
+                                                            # second axis; a sharded layer's psums)
 
 
 def mesh_2d(data: int, model: int, devices: Optional[Sequence[Any]] = None) -> Mesh:

@@ -327,6 +327,23 @@ class MaskedDiffusion(experiment.Experiment):
   def prepare(self, config: ml_collections.ConfigDict) -> None:
     pipeline.DataSource.from_config(config.dataset, seed=config.seed)   # prepares when asked
 
+  def model_axis_spec(self, config: ml_collections.ConfigDict):
+    """Dream's Megatron split (`dream.param_partition_spec`) over `parallel.MODEL_AXIS` for
+    config.model_parallel > 1 (with sharding="fsdp"): embedding and lm_head by vocabulary, the
+    fused qkv and gate_up columns, o_proj and down_proj rows. XLA's partitioner places the
+    collectives; the fused columns are split contiguously (generation reorders them per device
+    instead, modules/dream.py `model_parallel_layout`), so the partitioner regroups them at the
+    head split."""
+    m = int(config.model_parallel)
+    try:
+      dream.check_model_degree(model_config(config), m)
+    except ValueError as e:
+      raise errors.ConfigError("model_parallel", m, str(e).split(";")[0],
+                               f"use one of {dream.valid_model_degrees(model_config(config))}"
+                               ) from None
+    return lambda module, name, ndim: tuple(
+        dream.param_partition_spec(module, name, parallel.MODEL_AXIS))
+
   def build(self, config: ml_collections.ConfigDict,
             layout: layout_lib.BatchLayout) -> experiment.Build:
     model, L = model_config(config), int(config.seq_len)

@@ -169,7 +169,7 @@ def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collection
   trainer.check_config(experiment, config)
   layout = tpu_layout(config, target)
   reports = []
-  with parallel.use_sharding(config.sharding):     # the config's state layout (a fix may change it)
+  with trainer.state_layout(experiment, config):   # the config's state layout (a fix may change it)
     b = experiment.build(config, layout)
     for pname, p in programs(experiment, b, config, layout).items():
       if only is not None and pname not in only:
@@ -297,7 +297,7 @@ def run(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict
   """Compiles the config's programs for the target in the config's state layout
   (`config.sharding`); returns the report (see the module doc)."""
   target = resolve_target(config, target)
-  with parallel.use_sharding(config.sharding):
+  with trainer.state_layout(experiment, config):
     if target == "cpu":
       if search_batch:
         raise errors.ConfigError("target", target, "--search_batch needs a TPU target",

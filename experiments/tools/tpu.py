@@ -360,7 +360,7 @@ def lower_pmap(fn: Callable[..., Any], target: Target, args: Sequence[Any], *,
     replicated_in, out_axes, donate_argnums: as for `parallel.pmap_step`.
   """
   devices = target_devices(target)
-  n = len(devices)
+  n = len(devices) // parallel.model_parallel()
 
   def with_device_axis(x):
     return jax.ShapeDtypeStruct((n,) + tuple(x.shape), x.dtype)

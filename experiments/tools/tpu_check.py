@@ -9,7 +9,8 @@ v4-32, 5 accumulation steps as the recipe, and 1: the same micro-step without th
 bound per token checks the loop count), GPT-2 XL finetuning (configs/finetune_shakespeare.py:gpt2-xl) on a v4-8 and a v5e-8
 (the recipe's replicated state, and `fsdp` with `model.remat`: docs/sharding.md), GPT-2 XL
 pretraining at GPT-2 124M's tokens per update on a v4-32 (v4_32.py:size=gpt2-xl), Dream 7B's
-masked-diffusion train step on a v5p-8 (experiments/diffucoder/configs/dream_7b_mdm.py, fsdp), and
+masked-diffusion train step on a v5p-8 (experiments/diffucoder/configs/dream_7b_mdm.py, fsdp) and a
+v4-32 (`:slice=v4-32`: fsdp x model_parallel=4), and
 DiffuCoder / Dream 7.6B sampling (experiments/diffucoder/tools/tpu_plan.py: one sampler step at canvas 512)
 on a v2-8, v3-8, v5e-8 and v4-8 at batch 1, 8 and 32, with greedy decoding and with the instruct
 configs' sampler (temperature 0.4, top_p 0.95), each at the smallest model-parallel degree that fits
@@ -133,6 +134,9 @@ CHECKS = [
     # Dream 7B's masked-diffusion train step (what its finetuning runs), state split over a v5p-8.
     Check("diffucoder dream_7b mdm fsdp", diffucoder_train.MaskedDiffusion,
           "experiments.diffucoder.configs.dream_7b_mdm", None),
+    # The same step on a v4-32: fsdp over 8 data groups x the model axis over each group's 4 chips.
+    Check("diffucoder dream_7b mdm fsdp x model_parallel=4", diffucoder_train.MaskedDiffusion,
+          "experiments.diffucoder.configs.dream_7b_mdm", "slice=v4-32"),
 ]
 
 

@@ -4,6 +4,7 @@ on a TPU v5p-8: the train step of finetuning Dream-v0-Base-7B, its state split o
   python -m experiments.diffucoder.main --config=configs/dream_7b_mdm.py --dry_run
   python -m experiments.diffucoder.main --config=configs/dream_7b_mdm.py \
       --config.init_from=/ckpt/Dream-v0-Base-7B --workdir=workdirs/dream_7b_mdm
+  python -m experiments.diffucoder.main --config=configs/dream_7b_mdm.py:slice=v4-32 --dry_run
 
 What changes from the base recipe: the model is modules/dream.py's DREAM_7B (28 layers x 3584,
 28/4 heads, SwiGLU 18944, vocab 152064) with float32 parameters and AdamW moments and bfloat16
@@ -13,16 +14,24 @@ matmuls; mask_id is Dream's <|mask|> (151666, what its config.json says); window
 AdamW moments (7.6B x 16 bytes = 122 GB in all) split over the 4 chips (docs/sharding.md).
 `--config.init_from` takes the Hugging Face folder (or a converted one, or a podlab workdir).
 
+Argument `slice`: "v5p-8" (the default, above) or "v4-32": 16 chips on 4 hosts as 4 data groups of
+4 (`model_parallel = 4`: each weight also split over a group's chips, Megatron style; fsdp over the
+groups), two windows per group x 4 accumulation steps (the same 32 windows per update).
+
 The data is the base recipe's shakespeare_char (character ids 0..64 fed as token ids): enough to
 size and run the step, not text in Dream's own Qwen2 BPE, which this repository does not prepare.
 """
 
+from experiments.common import config_utils
 from experiments.diffucoder.configs import shakespeare_mdm
 from modules import dream
 
 
 def get_config(arg=None):
-  del arg                                        # no arguments
+  args = config_utils.parse_arg(arg, slice="v5p-8")
+  if args.slice not in ("v5p-8", "v4-32"):
+    raise config_utils.ConfigError("arg:slice", args.slice, "not a slice of this recipe",
+                                   "use slice=v5p-8 or slice=v4-32")
   c = shakespeare_mdm.get_config()
   model = dream.DREAM_7B.to_dict()
   model["param_dtype"] = "float32"               # float32 master weights; bfloat16 matmuls (dtype)
@@ -41,4 +50,6 @@ def get_config(arg=None):
   c.devices_per_host = 4
   c.target = "v5p-8"                             # `--dry_run` compiles for it (libtpu)
   c.sharding = "fsdp"
+  if args.slice == "v4-32":
+    c.num_devices, c.target, c.model_parallel = 16, "v4-32", 4
   return c

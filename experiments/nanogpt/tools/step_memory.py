@@ -22,7 +22,7 @@ from experiments.common import console
 
 console.quiet_native_logs()
 
-from experiments.common import parallel  # noqa: E402
+from experiments.common import trainer  # noqa: E402
 from experiments.nanogpt import train  # noqa: E402
 from experiments.nanogpt.configs import finetune_shakespeare  # noqa: E402
 from experiments.tools import dry_run  # noqa: E402
@@ -52,7 +52,7 @@ def main(argv) -> None:
     node[last] = (value.lower() in ("1", "true") if isinstance(old, bool) else type(old)(value))
   tpu.load_libtpu()
   t0 = time.time()
-  with parallel.use_sharding(c.sharding):
+  with trainer.state_layout(train.NanoGPT(), c):
     layout = dry_run.tpu_layout(c, target)
     build = train.NanoGPT().build(c, layout)
     p = dry_run.programs(train.NanoGPT(), build, c, layout)["train_step"]
