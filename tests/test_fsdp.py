@@ -526,3 +526,39 @@ def test_masked_diffusion_with_a_model_axis_trains_as_data_parallelism_over_its_
   ref = np.load(out)
   want = [ref[f"arr_{i}"] for i in range(len(ref.files))]
   assert _relative(want, jax.tree.leaves(got)) < 1e-6, _relative(want, jax.tree.leaves(got))
+
+
+@pytest.mark.slow
+def test_a_model_axis_across_two_processes_trains_as_one_device_per_process(tmp_path):
+  """launch/local.sh: 2 processes x 2 devices as one data group of 2 per process (fsdp x
+  model_parallel=2, the groups' rows and state blocks converted host-local <-> global) against 2
+  processes x 1 device replicated: the same parameters to float32 rounding and the same held-out
+  loss."""
+  from experiments.diffucoder import train as mdm_train  # pylint: disable=g-import-not-at-top
+  experiment = mdm_train.MaskedDiffusion()
+  common = ["--module", "experiments.diffucoder.main", "--config", "configs/shakespeare_mdm.py:smoke"]
+  extra = ["--config.total_steps=10", "--config.model.num_kv_heads=4", "--config.model.vocab_size=68",
+           f"--config.dataset.data_dir={tmp_path / 'tfds'}"]
+  runs = {"2x2 model": ("2", ["--config.sharding=fsdp", "--config.model_parallel=2"]),
+          "2x1": ("1", [])}
+  for name, (devices, flags) in runs.items():
+    workdir = tmp_path / name.replace(" ", "_")
+    proc = subprocess.run(
+        ["bash", "launch/local.sh", "-n", "2", "-d", devices, *common, "--workdir", str(workdir),
+         "--log-dir", str(tmp_path / f"logs_{devices}"), "--", *extra, *flags],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  c = _mdm_model_axis_config(tmp_path / "tfds", "replicated", 1)
+  params = {name: parallel.unreplicate(trainer.restore_params(
+      experiment, c, str(tmp_path / name.replace(" ", "_")))[1]) for name in runs}
+  assert _relative(params["2x1"], params["2x2 model"]) < 1e-6
+  evals = [_final_eval(tmp_path / name.replace(" ", "_")) for name in runs]
+  np.testing.assert_allclose(evals[0]["eval"]["masked_ce"], evals[1]["eval"]["masked_ce"],
+                             rtol=1e-6)
+
+
+def _final_eval(workdir):
+  """The run's final_eval.json."""
+  import json  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(workdir, "final_eval.json"), encoding="utf-8") as f:
+    return json.load(f)
