@@ -289,6 +289,7 @@ def test_benchmark_compare_decodings_on_given_params():
   assert rows[2]["forwards"] == 2 * 4              # per block: the refresh + 3 cached forwards
 
 
+@pytest.mark.slow                      # 23 s: two interpreters start; make test-slow
 def test_benchmark_cli_is_an_entry_program_with_one_line_errors():
   """benchmark.py runs on entry.run_program: two modes at once, or a global batch that does not
   split over a TPU slice's devices, is one line and exit 2 (checked before any compile)."""

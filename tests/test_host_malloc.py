@@ -69,6 +69,7 @@ def test_keep_heap_reuses_a_freed_80_mib_block_without_page_faults():
   assert faults > 0.9 * pages           # glibc's default: mmap + munmap every time, 20,480 faults
 
 
+@pytest.mark.slow                      # 21 s (1.5 GiB faulted in three times); make test-slow
 @pytest.mark.skipif(not host_malloc.is_glibc(), reason="host_malloc only acts on glibc (Linux)")
 def test_keep_heap_never_trims_a_freed_block_over_1_gib():
   """TRM's per-step scratch at the recipe size is ~10 GB: with a finite trim threshold (1 GiB

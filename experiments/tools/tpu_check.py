@@ -209,9 +209,11 @@ def doc_row(report: tpu.Report, at: str) -> tpu_docs.Row:
           "measured GPU": gpu_measured.cell(gpu_measured.for_row(report.name))}
 
 
-def write_docs(reports: Sequence[tpu.Report], root: str = REPO_ROOT) -> None:
-  """Merges the reports' rows into docs/tpu.md's table and rewrites the README's excerpt."""
-  at = commit()
+def write_docs(reports: Sequence[tpu.Report], root: str = REPO_ROOT,
+               at: Optional[str] = None) -> None:
+  """Merges the reports' rows into docs/tpu.md's table and rewrites the README's excerpt; `at`:
+  the commit the rows were compiled at (default: this checkout's now)."""
+  at = at or commit()
   doc_path, readme_path = os.path.join(root, "docs/tpu.md"), os.path.join(root, "README.md")
   with open(doc_path) as f:
     doc = f.read()
@@ -232,6 +234,7 @@ def main(argv: Sequence[str]) -> None:
   console.quiet_libraries()
   distributed.choose_platforms()          # the host backend is the CPU; libtpu only compiles
   tpu.load_libtpu()
+  at = commit()                           # what is compiled: edits during the run do not count
   log = lambda line: print(line, file=sys.stderr, flush=True)
   reports = run_checks([c for c in CHECKS if _ONLY.value in c.label], log=log)
   reports += run_program_checks([c for c in PROGRAM_CHECKS if _ONLY.value in c.label], log=log)
@@ -239,7 +242,7 @@ def main(argv: Sequence[str]) -> None:
   print(tpu.format_report(reports, extra={"measured GPU": gpu} if any(c != "-" for c in gpu)
                           else None), flush=True)
   if _WRITE_DOCS.value and reports:
-    write_docs(reports)
+    write_docs(reports, at=at)
     log("wrote docs/tpu.md's table and the README's excerpt")
 
 
