@@ -562,3 +562,32 @@ def _final_eval(workdir):
   import json  # pylint: disable=g-import-not-at-top
   with open(os.path.join(workdir, "final_eval.json"), encoding="utf-8") as f:
     return json.load(f)
+
+
+@pytest.mark.usefixtures("libtpu")
+def test_a_model_axis_step_compiles_for_a_tpu_slice_with_its_blocks_per_chip():
+  """The toy step compiled for a v4-8 (4 chips) under fsdp x model_parallel=2 (tpu.lower_pmap, as
+  `--dry_run --target` does): per-device arguments get one row per data group (2), and each chip's
+  argument bytes are the state's / 4 (split over both axes) plus the rows."""
+  from experiments.tools import tpu  # pylint: disable=g-import-not-at-top
+  params = {"mlp/~/in": {"w": jax.ShapeDtypeStruct((256, 512), jnp.float32)},
+            "mlp/~/out": {"w": jax.ShapeDtypeStruct((512, 256), jnp.float32)}}
+  tx = optax.adam(1e-3)
+
+  def step(state, x):
+    p, opt = state
+    p = parallel.gather_state(p)
+    g = jax.grad(lambda p: jnp.mean((jnp.tanh(x @ p["mlp/~/in"]["w"]) @ p["mlp/~/out"]["w"]) ** 2))(p)
+    g = parallel.constrain_state(jax.lax.pmean(g, parallel.AXIS))
+    updates, opt = tx.update(g, opt, p)
+    return optax.apply_updates(p, updates), opt
+  state = (params, jax.eval_shape(tx.init, params))
+  target = tpu.parse_target("v4-8")
+  with parallel.use_sharding("fsdp", model_parallel=2, model_spec=_megatron):
+    lowered = tpu.lower_pmap(step, target, (state, jax.ShapeDtypeStruct((8, 256), jnp.float32)),
+                             replicated_in=(0,), out_axes=None, donate_argnums=(0,))
+    assert lowered.args_info[0][1].shape == (2, 8, 256)                     # 2 data groups
+    report = tpu.compile_report(lowered, target=target, name="toy")
+  state_bytes = 3 * 2 * 256 * 512 * 4                # params and two Adam moments, float32
+  assert report.compiled and report.fits
+  assert state_bytes / 4 <= report.argument_bytes < state_bytes / 4 + 2 ** 16, report.argument_bytes
