@@ -20,8 +20,9 @@ Synopsis:
   w, s = p_step(w, x)                              # w: replicated [3]; s: [local_devices]
   parallel.unreplicate(w)                          # host numpy copy of the replicated value
 
-Model parallelism (a model's weights split over a second mesh axis) serves Dream / DiffuCoder only:
-experiments/diffucoder/model_sharding.py.
+Model parallelism (a model's weights split over a second mesh axis, `MODEL_AXIS`): in training,
+"fsdp" with `model_parallel` > 1 (below); Dream's sampler runs it by hand with `shard_map`
+(experiments/diffucoder/model_sharding.py).
 
 State sharding (`SHARDINGS`): `pmap_step` runs the same per-device program in one of two layouts of
 the state that its `replicated_in` arguments carry, chosen per run (`use_sharding`, set by the
@@ -35,7 +36,14 @@ trainer from `config.sharding`), never by experiment code:
   XLA's SPMD partitioner reduces each gradient onto its owner's shard (reduce-scatters, or
   all-reduces and a slice). Where the step reads the state whole (`gather_state`, which
   `trainer.accumulated_update` applies to the parameters) XLA all-gathers the split leaves;
-  elsewhere the partitioner chooses, and may gather the devices' activations instead. Per-device arguments and outputs keep pmap's host-local `[local devices, ...]` form.
+  elsewhere the partitioner chooses, and may gather the devices' activations instead. Per-device
+  arguments and outputs keep pmap's host-local `[local devices, ...]` form.
+- "fsdp" with `model_parallel` m > 1 (`use_sharding(..., model_parallel=m, model_spec=...)`): the
+  mesh is (devices / m, m) of axes (AXIS, MODEL_AXIS); `fn` runs once per data group of m devices
+  (per-device arguments: `[local_rows(), ...]`), each state leaf is also split over MODEL_AXIS as
+  `model_spec` names, and `gather_state` gathers over AXIS only: XLA's partitioner splits the
+  group's matmuls and places their collectives. The numbers are those of "replicated" on the
+  groups.
 
   with parallel.use_sharding("fsdp"):
     p_step = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0))
