@@ -493,25 +493,32 @@ def _load(path: str, argv=()):
   return fv.config
 
 
-@pytest.mark.parametrize("experiment, path, overrides, expect", [
+@pytest.mark.parametrize("experiment, path, overrides, per_host, expect", [
     # nanoGPT at the reference's float32: remat and bfloat16 alone, fsdp alone and with each.
-    (nanogpt_train.NanoGPT, "experiments/nanogpt/configs/shakespeare_char_cpu.py:smoke", (),
+    (nanogpt_train.NanoGPT, "experiments/nanogpt/configs/shakespeare_char_cpu.py:smoke", (), None,
      [REMAT, BF16, FSDP, f"{FSDP} {REMAT}", f"{FSDP} {BF16}"]),
     # GPT-2 XL finetuning (bfloat16, replicated, issue 45): remat, fsdp, fsdp + remat.
     (nanogpt_train.NanoGPT, "experiments/nanogpt/configs/finetune_shakespeare.py:gpt2-xl,devices=4",
-     (), [REMAT, FSDP, f"{FSDP} {REMAT}"]),
+     (), None, [REMAT, FSDP, f"{FSDP} {REMAT}"]),
     (nanogpt_train.NanoGPT, "experiments/nanogpt/configs/finetune_shakespeare.py:gpt2-xl,devices=4",
-     (FSDP, REMAT), []),                                   # nothing left to try but the batch
-    (trm_train.TRM, "experiments/trm/configs/cpu_demo.py:smoke", (),
+     (FSDP, REMAT), None, []),                             # nothing left to try but the batch
+    (trm_train.TRM, "experiments/trm/configs/cpu_demo.py:smoke", (), None,
      [REMAT, FSDP, f"{FSDP} {REMAT}"]),
-    (trm_train.TRM, "experiments/trm/configs/cpu_demo.py:smoke", (FSDP,), [REMAT]),
-    (diffusion_train.MaskedDiffusion, "experiments/diffucoder/configs/shakespeare_mdm.py", (),
+    (trm_train.TRM, "experiments/trm/configs/cpu_demo.py:smoke", (FSDP,), None, [REMAT]),
+    (diffusion_train.MaskedDiffusion, "experiments/diffucoder/configs/shakespeare_mdm.py", (), None,
      [FSDP]),
+    # On a slice with 4 chips per host: the model axis too, at the degrees the model splits into
+    # (2 KV heads: 2, not 4); none for an experiment without a model split.
+    (diffusion_train.MaskedDiffusion, "experiments/diffucoder/configs/shakespeare_mdm.py", (), 4,
+     [FSDP, f"{FSDP} --config.model_parallel=2"]),
+    (diffusion_train.MaskedDiffusion, "experiments/diffucoder/configs/dream_7b_mdm.py", (), 4,
+     ["--config.model_parallel=2", "--config.model_parallel=4"]),
+    (trm_train.TRM, "experiments/trm/configs/cpu_demo.py:smoke", (FSDP,), 4, [REMAT]),
 ])
-def test_the_fixes_in_order_and_their_flags_as_typed(experiment, path, overrides, expect):
+def test_the_fixes_in_order_and_their_flags_as_typed(experiment, path, overrides, per_host, expect):
   config = _load(path, overrides)
   before = config.to_dict()
-  variants = dry_run.fit_variants(experiment(), config)
+  variants = dry_run.fit_variants(experiment(), config, per_host)
   assert [v[1] for v in variants] == expect
   for label, flag_text, apply in variants:
     assert label and "\n" not in label

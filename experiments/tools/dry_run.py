@@ -197,8 +197,8 @@ FSDP_LABEL = ("fsdp (parameters, gradients and optimizer state split over the ch
 FSDP_FLAGS = "--config.sharding=fsdp"
 
 
-def fit_variants(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict
-                 ) -> List[Tuple[str, str, Any]]:
+def fit_variants(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict,
+                 devices_per_host: Optional[int] = None) -> List[Tuple[str, str, Any]]:
   """(label, flags a user types, apply(config)) of the fixes tried, in order, when the training step
   does not fit the chip; ordered by what each adds to the run:
   1. the experiment's own variants (`Experiment.fit_variants`: remat, then bfloat16 for nanoGPT),
@@ -206,7 +206,11 @@ def fit_variants(experiment: experiment_lib.Experiment, config: ml_collections.C
   2. for a replicated state: fsdp alone, then fsdp with each of those variants: communication (the
      weights all-gathered once per update, each micro-batch's gradient reduce-scattered:
      ~P/2 + accum x P bytes per chip against replicated's ~2P all-reduce), state / N per chip;
-  3. half the per-device batch (the global batch halved): a deviation from the recipe, last."""
+  3. with `devices_per_host` (the slice's) and an experiment that names a model split
+     (`Experiment.model_axis_spec`), no model axis yet: fsdp x model_parallel=m for each m > 1
+     dividing the chips per host that the model takes, smallest first (the weights also split over
+     each group's m chips; the numbers are those of data parallelism over the groups);
+  4. half the per-device batch (the global batch halved; `_fixes`): a deviation from the recipe, last."""
   own = list(experiment.fit_variants(config))
   out = list(own)
   if config.sharding == "replicated":
@@ -219,6 +223,20 @@ def fit_variants(experiment: experiment_lib.Experiment, config: ml_collections.C
     out.append((FSDP_LABEL, FSDP_FLAGS, fsdp))
     out += [(f"fsdp + {label}", f"{FSDP_FLAGS} {flags}", functools.partial(fsdp, also=apply))
             for label, flags, apply in own]
+  if devices_per_host and int(config.get("model_parallel", 1)) == 1:
+    for m in range(2, devices_per_host + 1):
+      if devices_per_host % m:
+        continue
+      c = _with(config, lambda c, m=m: c.update({"sharding": "fsdp", "model_parallel": m}))
+      try:
+        if experiment.model_axis_spec(c) is None:
+          break                                        # the experiment has no model axis
+      except errors.ConfigError:
+        continue                                       # the model does not split m ways
+      flags = ("" if config.sharding == "fsdp" else f"{FSDP_FLAGS} ") + f"--config.model_parallel={m}"
+      out.append((f"fsdp x model_parallel={m} (each weight also split over a group of {m} chips; "
+                  f"one step per group: a replicated run's numbers on 1/{m} of the chips)", flags,
+                  lambda c, m=m: c.update({"sharding": "fsdp", "model_parallel": m})))
   return out
 
 
@@ -226,7 +244,7 @@ def _fixes(experiment, config, target: tpu.Target):
   """(label, flags, compile_fn) variants tried when the training step does not fit: `fit_variants`,
   then half the per-device batch."""
   out = []
-  for label, flags, apply in fit_variants(experiment, config):
+  for label, flags, apply in fit_variants(experiment, config, target.devices_per_host):
     c = _with(config, apply)
     out.append((label, flags, lambda c=c: compile_for_tpu(experiment, c, target,
                                                           only=("train_step",),
