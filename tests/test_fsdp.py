@@ -517,6 +517,9 @@ def test_masked_diffusion_with_a_model_axis_trains_as_data_parallelism_over_its_
     with trainer.state_layout(experiment, c1):
       assert _relative(got, parallel.unreplicate(
           trainer.restore_params(experiment, c1, workdir)[1])) == 0.0
+  # A tool restoring with the run's own config outside its layout (a sampler, a benchmark) reads
+  # the arrays whole.
+  assert _relative(got, parallel.unreplicate(trainer.restore_params(experiment, c, workdir)[1])) == 0
   out = str(tmp_path / "ref.npz")
   proc = subprocess.run([sys.executable, "-c", _MDM_DATA_PARALLEL, str(4 // m),
                          str(tmp_path / "tfds"), str(tmp_path / "ref"), out],

@@ -249,10 +249,9 @@ def constrain_state(tree: Any) -> Any:
 def gather_state(tree: Any) -> Any:
   """Inside a step traced for "fsdp": `tree` (state-shaped values, e.g. the parameters a
   micro-batch's forward pass reads) whole on every device (split only over MODEL_AXIS where the
-  model spec says), so XLA all-gathers the split weights
-  and keeps the per-device batch on its device (without it the partitioner may instead gather
-  the activations of every device's batch and compute with the split weights). Anywhere else
-  `tree` unchanged."""
+  model spec says), so XLA all-gathers the split weights and keeps the per-device batch on its
+  device (without it the partitioner may instead gather the activations of every device's batch
+  and compute with the split weights). Anywhere else `tree` unchanged."""
   if _tracing_mesh is None:
     return tree
   return jax.lax.with_sharding_constraint(tree, model_shardings(tree, _tracing_mesh))

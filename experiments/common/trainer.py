@@ -464,7 +464,13 @@ def restore_state(experiment: Experiment, config: ml_collections.ConfigDict, wor
                   per_device: bool = True) -> Tuple[int, Any, Any, Build]:
   """(step, state, per-device state, build) of the newest checkpoint in `workdir`, restored with the
   run's templates (the per-device state needs the saving run's device count; `per_device=False`
-  skips it: None); for samplers and exports (e.g. TRM's sharded puzzle table)."""
+  skips it: None); for samplers and exports (e.g. TRM's sharded puzzle table). The arrays come in
+  the layout in use (`parallel.use_sharding`): outside a run's `state_layout`, whole, whatever
+  config.model_parallel the run had."""
+  check_config(experiment, config)
+  if int(config.get("model_parallel", 1)) != parallel.model_parallel():
+    config = config.copy_and_resolve_references()
+    config.model_parallel = parallel.model_parallel()
   layout, b = build(experiment, config)
   state_like, device_like = abstract_state(b, config)
   found = checkpointing.find_checkpoint(workdir)
