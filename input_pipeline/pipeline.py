@@ -76,7 +76,7 @@ from input_pipeline import errors
 from input_pipeline import prepare
 from input_pipeline import puzzles
 from input_pipeline import text
-from input_pipeline.datasets import text_corpus
+from input_pipeline.builders import text_corpus
 from input_pipeline.puzzles import augment
 
 _ALG = "philox"

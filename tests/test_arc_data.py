@@ -17,7 +17,7 @@ import tensorflow_datasets as tfds
 from experiments.common import layout as layout_lib
 from input_pipeline import sources
 from input_pipeline.puzzles import arc
-from input_pipeline.datasets import arc_agi
+from input_pipeline.builders import arc_agi
 
 RNG = np.random.default_rng(0)
 

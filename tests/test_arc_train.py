@@ -15,7 +15,7 @@ from experiments.trm import sizes
 from experiments.trm import train
 from experiments.trm.configs import arc1_att
 from input_pipeline import datasets
-from input_pipeline.datasets import arc_agi
+from input_pipeline.builders import arc_agi
 
 
 @pytest.mark.slow    # ~90-120 s on 2 cores: the evaluation of 838 sequences of 902 tokens

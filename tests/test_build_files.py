@@ -2,7 +2,8 @@
 
 Fails when a Python module, test, package or launch script has no BUILD target, when a target lists a
 file that does not exist, when a target imports a project module without depending on the target
-that owns it, or when a test's `slow` flag disagrees with its pytest markers. Each failure prints the
+that owns it, when a test's `slow` flag disagrees with its pytest markers, or when the targets'
+deps form a cycle (which Bazel refuses before running anything; named as Bazel names it). Each failure prints the
 BUILD stanza to add. The BUILD files are read by executing them as Python with stand-ins for the
 rules (they are Starlark, a subset of Python); the source tree is the real checkout (resolved path),
 also under `bazel test`, so new files show up there too.
@@ -410,6 +411,86 @@ def test_the_drift_checks_catch_a_missing_and_an_extra_file(tmp_path, monkeypatc
     test_every_source_file_is_listed_by_a_target()
   with pytest.raises(AssertionError, match="gone.py"):
     test_every_listed_file_exists()
+
+
+def find_cycle(targets: Sequence[Target]) -> Optional[List[str]]:
+  """A dependency cycle among `targets` as labels, first label repeated at the end (or None).
+
+  Edges are `deps` and the `data` entries that name a rule; a label no target defines (a pip
+  comment, an external `@repo`, a plain file) ends a path. Depth-first, in BUILD-file order, so
+  the same graph always reports the same cycle.
+  """
+  by_label = {t.label: t for t in targets}
+  edges: Dict[str, List[str]] = {}
+  for t in targets:
+    if not t.name:
+      continue
+    out = []
+    for d in t.deps + t.data:
+      if d.startswith("@"):
+        continue
+      label = normalize(t.package, d)
+      if label in by_label and label not in out:
+        out.append(label)
+    edges[t.label] = out
+  state: Dict[str, int] = {}            # 1: on the current path, 2: done
+  path: List[str] = []
+
+  def visit(label: str) -> Optional[List[str]]:
+    state[label] = 1
+    path.append(label)
+    for nxt in edges.get(label, ()):
+      if state.get(nxt) == 1:
+        return path[path.index(nxt):] + [nxt]
+      if nxt not in state:
+        found = visit(nxt)
+        if found:
+          return found
+    path.pop()
+    state[label] = 2
+    return None
+
+  for label in edges:
+    if label not in state:
+      found = visit(label)
+      if found:
+        return found
+  return None
+
+
+def cycle_message(cycle: Sequence[str]) -> str:
+  """One line naming a cycle as Bazel's analysis does: `cycle in dependency graph: //a -> //b -> //a`."""
+  return "cycle in dependency graph: " + " -> ".join(cycle)
+
+
+def test_the_build_graph_has_no_cycle():
+  """Bazel refuses a cyclic graph before it runs any test; this finds the cycle without Bazel. The
+  usual cause: a package `__init__.py` that imports its own modules, which (as every module of a
+  package does) depend on that `__init__.py`. Fix the imports: keep `__init__.py` import-free."""
+  cycle = find_cycle(all_targets())
+  assert cycle is None, cycle_message(cycle)
+
+
+def test_a_cycle_between_two_build_files_is_named(tmp_path, monkeypatch):
+  """The cycle check on a temporary tree of two BUILD files whose targets depend on each other."""
+  for pkg in ("a", "b"):
+    (tmp_path / "modules" / pkg).mkdir(parents=True)
+  (tmp_path / "modules" / "a" / "BUILD").write_text(
+      'podlab_py_library(name = "x", srcs = ["x.py"], deps = ["//modules/b:y", "# pip: numpy"])\n'
+      'podlab_py_library(name = "free", srcs = ["free.py"])\n')
+  (tmp_path / "modules" / "b" / "BUILD").write_text(
+      'podlab_py_library(name = "y", srcs = ["y.py"], deps = [":z"])\n'
+      'podlab_py_library(name = "z", srcs = ["z.py"], deps = ["//modules/a:x", "//modules/a:free"])\n')
+  monkeypatch.setattr(sys.modules[__name__], "REPO_ROOT", tmp_path)
+  with pytest.raises(AssertionError) as raised:
+    test_the_build_graph_has_no_cycle()
+  assert str(raised.value).splitlines()[0] == (
+      "cycle in dependency graph: //modules/a:x -> //modules/b:y -> //modules/b:z -> //modules/a:x")
+  # Cut the edge back to a: the same check passes.
+  (tmp_path / "modules" / "b" / "BUILD").write_text(
+      'podlab_py_library(name = "y", srcs = ["y.py"], deps = [":z"])\n'
+      'podlab_py_library(name = "z", srcs = ["z.py"], deps = ["//modules/a:free"])\n')
+  test_the_build_graph_has_no_cycle()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from input_pipeline import datasets
 from input_pipeline import gpt2_bpe
 from input_pipeline import prepare
-from input_pipeline.datasets import text_corpus
+from input_pipeline.builders import text_corpus
 
 regex = pytest.importorskip("regex", reason="the reference pre-tokeniser needs `regex` "
                                             "(pip install '.[test]')")

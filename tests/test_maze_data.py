@@ -22,8 +22,8 @@ from input_pipeline.puzzles import augment
 from input_pipeline.puzzles import maze
 from input_pipeline import pipeline
 from input_pipeline import prepare
-from input_pipeline.datasets import maze_generated
-from input_pipeline.datasets import maze_hard
+from input_pipeline.builders import maze_generated
+from input_pipeline.builders import maze_hard
 
 GEN_KWARGS = {"train_size": 24, "test_size": 8, "seed": 0}
 D8_KWARGS = dict(GEN_KWARGS, dihedral=True)

@@ -21,8 +21,8 @@ from input_pipeline import pipeline
 from input_pipeline import prepare
 from input_pipeline.puzzles import augment
 from input_pipeline.puzzles import sudoku
-from input_pipeline.datasets import sudoku_extreme
-from input_pipeline.datasets import sudoku_generated
+from input_pipeline.builders import sudoku_extreme
+from input_pipeline.builders import sudoku_generated
 
 GEN_KWARGS = {"givens": 30, "train_size": 64, "test_size": 20, "seed": 0}
 PUZZLE = "4.....8.5.3..........7......2.....6.....8.4......1.......6.3.7.5..2.....1.4......"

@@ -19,7 +19,7 @@ from input_pipeline import errors
 from input_pipeline import prepare
 from input_pipeline import sources
 from input_pipeline import text
-from input_pipeline.datasets import text_corpus
+from input_pipeline.builders import text_corpus
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -47,7 +47,7 @@ from modules import gpt
 
 # The data libraries (TensorFlow, TFDS) load where a split is read (lazy_import).
 pipeline = lazy_import.module("input_pipeline.pipeline")
-text_corpus = lazy_import.module("input_pipeline.datasets.text_corpus")
+text_corpus = lazy_import.module("input_pipeline.builders.text_corpus")
 
 PREFIX = "_orig_mod."
 

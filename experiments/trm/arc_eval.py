@@ -102,7 +102,7 @@ def collect(meta: arc.ArcMetadata, predictions: np.ndarray, q_halt_logits: np.nd
   """Votes of one host's (or one batch's) test-split predictions.
 
   Args:
-    meta: the prepared dataset's metadata (`input_pipeline.datasets.arc_agi.load_metadata`).
+    meta: the prepared dataset's metadata (`input_pipeline.builders.arc_agi.load_metadata`).
     predictions: predicted tokens [..., 900] (argmax of the last ACT step's logits).
     q_halt_logits: [...] q_halt logits of the last ACT step.
     puzzle_identifiers: [...] the examples' `puzzle_identifiers` feature.

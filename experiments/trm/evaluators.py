@@ -50,7 +50,7 @@ from experiments.trm import sharded_table
 from modules import trm
 
 datasets = lazy_import.module("input_pipeline.datasets")
-arc_agi = lazy_import.module("input_pipeline.datasets.arc_agi")
+arc_agi = lazy_import.module("input_pipeline.builders.arc_agi")
 
 RATIO_METRICS = ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")
 LOSS_METRICS = ("lm_loss", "q_halt_loss")

@@ -1,6 +1,6 @@
 """ARC-AGI in pure numpy: the Kaggle files, the TRM encoding, augmentations and puzzle identifiers.
 
-Everything the ARC dataset builder (`input_pipeline.datasets.arc_agi`) and the ARC evaluator
+Everything the ARC dataset builder (`input_pipeline.builders.arc_agi`) and the ARC evaluator
 (`experiments.trm.arc_eval`) share lives here, without TensorFlow, following the TRM reference
 (docs/trm.md sections 3 and 6).
 
@@ -233,7 +233,7 @@ SEQ_LEN = MAX_SIZE * MAX_SIZE     # 900
 IGNORE_LABEL_ID = puzzles.IGNORE_LABEL_ID
 
 # The metadata every ARC dataset shares (num_puzzle_identifiers depends on the prepared data: see
-# input_pipeline.datasets.arc_agi.prepared_metadata).
+# input_pipeline.builders.arc_agi.prepared_metadata).
 METADATA: dict = dict(
     vocab_size=VOCAB_SIZE,
     seq_len=SEQ_LEN,

@@ -1,7 +1,7 @@
 """Maze-Hard in numpy/Python: encoding, BFS, pair validation, CSV reader, dihedral maps, generator.
 
 Everything the Maze datasets need lives here, so it can be used (and tested) without TF: the TFDS
-builders `maze_hard` and `maze_generated` in `input_pipeline.datasets` are built on these functions.
+builders `maze_hard` and `maze_generated` in `input_pipeline.builders` are built on these functions.
 The one TF part, the on-the-fly tf.data augmentation `augment_dihedral_batch`, imports TensorFlow
 when it is called and is checked against the numpy transforms.
 

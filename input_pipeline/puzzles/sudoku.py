@@ -1,7 +1,7 @@
 """Sudoku in pure numpy/Python: encoding, exact solver, puzzle generator, CSV reader, augmentation.
 
 Everything the Sudoku datasets need that is not TensorFlow lives here, so it can be used (and
-tested) without TF: the TFDS builders in `input_pipeline.datasets` and the tf.data augmentation in
+tested) without TF: the TFDS builders in `input_pipeline.builders` and the tf.data augmentation in
 `input_pipeline.pipeline` are checked against these functions.
 
 Grids and tokens:

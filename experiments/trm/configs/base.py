@@ -24,7 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
   c = config_utils.run_config(seed=0, global_batch_size=768, log_every_steps=100,
                               checkpoint_every_steps=1000, keep_checkpoints=3)
 
-  # Data. `name` is a TFDS builder of input_pipeline.datasets; builder_kwargs select its options.
+  # Data. `name` is a TFDS builder of input_pipeline.builders; builder_kwargs select its options.
   c.dataset = ml_collections.ConfigDict()
   c.dataset.name = "sudoku_extreme"
   c.dataset.data_dir = DEFAULT_DATA_DIR          # local path or gs://bucket/tfds

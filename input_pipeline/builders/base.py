@@ -1,9 +1,9 @@
-"""What every podlab TFDS builder shares (input_pipeline/datasets/*.py derive from it).
+"""What every podlab TFDS builder shares (input_pipeline/builders/*.py derive from it).
 
 Synopsis:
 
   import tensorflow_datasets as tfds
-  from input_pipeline.datasets import base
+  from input_pipeline.builders import base
 
   class MyData(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
     ...

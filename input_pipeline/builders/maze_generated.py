@@ -32,7 +32,7 @@ scalar (the transform applied to the stored maze), `dihedral_augment` bool scala
 stream may transform it). Token arrays are zlib-compressed on disk.
 
 Synopsis:
-  from input_pipeline.datasets import maze_generated
+  from input_pipeline.builders import maze_generated
   builder = maze_generated.MazeGenerated(
       data_dir="/tmp/tfds", config=maze_generated.make_config(train_size=200, test_size=50))
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
@@ -47,7 +47,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from input_pipeline.puzzles import maze
-from input_pipeline.datasets import base
+from input_pipeline.builders import base
 
 METADATA: dict = dict(maze.METADATA)
 

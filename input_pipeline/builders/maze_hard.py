@@ -38,8 +38,8 @@ import tensorflow_datasets as tfds
 
 from input_pipeline import errors
 from input_pipeline.puzzles import maze
-from input_pipeline.datasets import maze_generated
-from input_pipeline.datasets import base
+from input_pipeline.builders import maze_generated
+from input_pipeline.builders import base
 
 METADATA: dict = dict(maze.METADATA)
 

@@ -10,7 +10,7 @@ Synopsis:
 
 from __future__ import annotations
 
-from input_pipeline.datasets import text_corpus
+from input_pipeline.builders import text_corpus
 
 METADATA: dict = dict(text_corpus.METADATA, vocab_size=65)
 ShakespeareChar = text_corpus.ShakespeareChar

@@ -1,7 +1,9 @@
 """The dataset registry: TFDS builders by name, their metadata, and builder construction.
 
-Importing this package registers the TFDS builders `sudoku_extreme`, `sudoku_generated`,
-`maze_hard` and `maze_generated`.
+Importing this module registers the TFDS builders of `input_pipeline/builders/` (`sudoku_extreme`,
+`sudoku_generated`, `maze_hard`, `maze_generated`, `arc_agi`, `shakespeare_char`, `text_corpus`).
+The builders live in their own package, which imports none of this module, so the import graph
+(and Bazel's) has no cycle.
 `builder_kwargs` (what configs carry) is either `{"config": "<preset name>"}` or the builder
 config's knobs, e.g. `{"givens": 28, "train_size": 5000}`; `num_workers` is passed through.
 
@@ -18,13 +20,13 @@ from typing import Any, Mapping, Optional
 
 import tensorflow_datasets as tfds
 
-from input_pipeline.datasets import arc_agi
-from input_pipeline.datasets import maze_generated
-from input_pipeline.datasets import maze_hard
-from input_pipeline.datasets import shakespeare_char
-from input_pipeline.datasets import sudoku_extreme
-from input_pipeline.datasets import sudoku_generated
-from input_pipeline.datasets import text_corpus
+from input_pipeline.builders import arc_agi
+from input_pipeline.builders import maze_generated
+from input_pipeline.builders import maze_hard
+from input_pipeline.builders import shakespeare_char
+from input_pipeline.builders import sudoku_extreme
+from input_pipeline.builders import sudoku_generated
+from input_pipeline.builders import text_corpus
 
 _MODULES = {
     "sudoku_extreme": sudoku_extreme,

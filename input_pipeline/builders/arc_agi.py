@@ -52,7 +52,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from input_pipeline.puzzles import arc
-from input_pipeline.datasets import base
+from input_pipeline.builders import base
 
 METADATA: dict = dict(arc.METADATA)
 
@@ -130,7 +130,7 @@ def load_metadata(builder: tfds.core.DatasetBuilder) -> arc.ArcMetadata:
     record = builder.info.metadata["arc"]
   except KeyError:
     raise ValueError(f"{builder.data_dir}: metadata.json has no 'arc' record; re-prepare the "
-                     "dataset with this version of input_pipeline/datasets/arc_agi.py") from None
+                     "dataset with this version of input_pipeline/builders/arc_agi.py") from None
   return arc.ArcMetadata.from_json(record)
 
 

@@ -30,8 +30,8 @@ import tensorflow_datasets as tfds
 
 from input_pipeline import errors
 from input_pipeline.puzzles import sudoku
-from input_pipeline.datasets import base
-from input_pipeline.datasets import sudoku_generated
+from input_pipeline.builders import base
+from input_pipeline.builders import sudoku_generated
 
 METADATA: dict = dict(sudoku.METADATA)
 

@@ -15,7 +15,7 @@ Features (shared with `sudoku_extreme`): `inputs` int32 [81] puzzle tokens (1 bl
 (row in the split, examples are stored in generation order).
 
 Synopsis:
-  from input_pipeline.datasets import sudoku_generated
+  from input_pipeline.builders import sudoku_generated
   builder = sudoku_generated.SudokuGenerated(
       data_dir="/tmp/tfds", config=sudoku_generated.make_config(givens=28, train_size=2000))
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
@@ -30,7 +30,7 @@ from typing import Optional
 import numpy as np
 import tensorflow_datasets as tfds
 
-from input_pipeline.datasets import base
+from input_pipeline.builders import base
 from input_pipeline.puzzles import sudoku
 
 METADATA: dict = dict(sudoku.METADATA)

@@ -26,7 +26,7 @@ Synopsis:
   python -m input_pipeline.prepare --dataset=text_corpus --data_dir=data/tfds \
       --builder_kwargs='{"level": "bpe", "tokenizer_dir": "/models/gpt2"}'
 
-  from input_pipeline.datasets import text_corpus
+  from input_pipeline.builders import text_corpus
   builder = text_corpus.ShakespeareChar(data_dir="data/tfds")
   train = text_corpus.load_tokens(builder, "train")           # int32 [1003854]
   vocab = text_corpus.vocab_of(builder)                       # "\\n !$&',-.3:;?ABC..."
@@ -45,7 +45,7 @@ from input_pipeline import errors
 from input_pipeline import gpt2_bpe
 from input_pipeline import sources
 from input_pipeline import text
-from input_pipeline.datasets import base
+from input_pipeline.builders import base
 
 CHUNK = 1 << 20
 _VERSION = tfds.core.Version("1.0.0")

@@ -1,0 +1,1 @@
+"""podlab's TFDS builders, one module each (their registry by name: `input_pipeline.datasets`)."""
