@@ -251,7 +251,7 @@ def check_config(config: ml_collections.ConfigDict) -> Tuple[sandbox.Limits, int
   limits = sandbox.Limits(timeout_s=float(ce.timeout_s), memory_mb=int(ce.memory_mb),
                           file_mb=int(ce.file_mb), processes=int(ce.processes),
                           open_files=int(ce.open_files), grace_s=float(ce.grace_s),
-                          namespaces=bool(ce.namespaces))
+                          namespaces=bool(ce.namespaces), site_packages=bool(ce.site_packages))
   try:
     limits.check()
   except ValueError as e:

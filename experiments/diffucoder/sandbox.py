@@ -1,8 +1,8 @@
 r"""Runs untrusted Python programs (a model's completions with their tests) in sandboxed subprocesses.
 
-Each program runs in its own interpreter (`python -I -S`: no site-packages, no PYTHONPATH, the
-standard library only) started in a new session, in a fresh temporary working directory that is
-deleted afterwards, with:
+Each program runs in its own interpreter (`python -I`: no PYTHONPATH, no user site; with
+`site_packages=False` also `-S`: the standard library only) started in a new session, in a fresh
+temporary working directory that is deleted afterwards, with:
 
 * **limits** (resource.setrlimit): address space (`memory_mb`), CPU seconds (the timeout + 1),
   file size (`file_mb`, SIGXFSZ beyond it), no core files, open files, and processes of the user
@@ -33,7 +33,7 @@ Synopsis:
   (out.passed, out.result)                          # (True, 'passed')
   sandbox.run("while True: pass", sandbox.Limits(timeout_s=0.5)).result        # 'timed out'
 
-This file is also the child: `python -I -S sandbox.py` reads its header (JSON) on stdin and runs
+This file is also the child: `python -I [-S] sandbox.py` reads its header (JSON) on stdin and runs
 `program.py` of its working directory; it imports only the standard library.
 """
 
@@ -71,6 +71,7 @@ class Limits:
   open_files: int = 256
   grace_s: float = 10.0       # after the timeout, until the session is killed (interpreter start)
   namespaces: bool = True     # try network + PID namespaces (False: the Python guard only)
+  site_packages: bool = True  # the environment's packages, as the in-process reference harness
 
   def check(self) -> None:
     """Raises ValueError naming a field that is not positive."""
@@ -149,7 +150,8 @@ def run(source: str, limits: Limits = Limits()) -> Outcome:
     env = {"PATH": "/usr/bin:/bin", "HOME": folder, "TMPDIR": folder, "LC_ALL": "C.UTF-8",
            MARKER: nonce}
     with open(os.path.join(folder, STDERR), "wb") as err:
-      proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__)],
+      flags = ["-I"] if limits.site_packages else ["-I", "-S"]
+      proc = subprocess.Popen([sys.executable, *flags, os.path.abspath(__file__)],
                               cwd=folder, env=env, stdin=subprocess.PIPE,
                               stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     killed = ""

@@ -78,6 +78,7 @@ def base_config(*, model: dream.DreamConfig, tokens: dict, max_new_tokens: int, 
       samples=1,                # completions per problem: pass@1, and pass@10/100 when n allows
       timeout_s=3.0, memory_mb=2048, file_mb=64, processes=32, open_files=256, grace_s=10.0,
       namespaces=True,          # network + PID namespaces where the kernel allows them
+      site_packages=True,       # programs may import installed packages (False: stdlib only)
       workers=0))               # programs at a time (0: one per CPU)
   c.checkpoint = checkpoint
   c.tokenizer_dir = ""
