@@ -162,6 +162,9 @@ MISBEHAVING = {
     "fills the disk": ("with open('big', 'wb') as f:\n  while True:\n    f.write(b'x' * (1 << 20))",
                        "failed: OSError: [Errno 27] File too large"),
     "os.fork": ("import os\nos.fork()", "failed: TypeError"),
+    "segfaults": ("import ctypes\nctypes.string_at(0)", "failed: killed by SIGSEGV"),
+    "exits with 3": ("import os, sys\nsys.stderr.write('boom\\n')\nsys.stderr.flush()\nos._exit(3)",
+                     "failed: exited with code 3 before its tests finished (stderr: boom)"),
 }
 
 

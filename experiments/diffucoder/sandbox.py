@@ -173,10 +173,22 @@ def run(source: str, limits: Limits = Limits()) -> Outcome:
       code = proc.returncode
       result = (f"failed: killed by {signal.Signals(-code).name}" if code < 0 else
                 f"failed: exited with code {code} before its tests finished")
+      result += _last_line(os.path.join(folder, STDERR))
     return Outcome(passed=result == "passed", result=result,
                    seconds=round(time.perf_counter() - t0, 4), isolation=isolation)
   finally:
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _last_line(path: str) -> str:
+  """" (stderr: <its last line>)" of a child's stderr file, or ""."""
+  try:
+    with open(path, "rb") as f:
+      f.seek(max(os.path.getsize(path) - 4096, 0))
+      lines = f.read().decode("utf-8", "replace").strip().splitlines()
+  except OSError:
+    return ""
+  return f" (stderr: {lines[-1][:200]})" if lines else ""
 
 
 def _read_result(folder: str, nonce: str):
@@ -247,7 +259,16 @@ def _namespaces(wanted: bool) -> str:
       pid = os.fork()
       if pid:
         _, status = os.waitpid(pid, 0)
-        os._exit(os.waitstatus_to_exitcode(status) % 256)  # pylint: disable=protected-access
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:                                # end as it ended: by the same signal, no core
+          import resource  # pylint: disable=g-import-not-at-top  (the child only)
+          resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+          try:
+            signal.signal(-code, signal.SIG_DFL)
+          except (OSError, ValueError):
+            pass
+          os.kill(os.getpid(), -code)
+        os._exit(code % 256)                        # pylint: disable=protected-access
       return name
   return "python guard"
 
