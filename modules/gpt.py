@@ -309,14 +309,14 @@ class CausalSelfAttention(hk.Module):
     drop = is_training and self.dropout_rate > 0
     # The projections run on [B S, D] rows: XLA CPU differentiates 2-D matmuls much faster.
     mm = self.matmul_dtype
-    qkv = layers.Linear(3 * H * Dh, with_bias=self.with_bias, dtype=mm, output_dtype=self.dtype,
-                        w_init=self.qkv_w_init, name="qkv_proj", kernels=self.kernels)(
-                            x.reshape(B * S, D)).reshape(B, S, 3, H, Dh)   # [B, S, 3, H, Dh]
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]           # [B, S, H, Dh]
-    ops = dispatch.ops(self.kernels, self.dtype, self.attention)
+    qkv_proj = layers.Linear(3 * H * Dh, with_bias=self.with_bias, dtype=mm,
+                             output_dtype=self.dtype, w_init=self.qkv_w_init, name="qkv_proj",
+                             kernels=self.kernels)
+    ops = dispatch.ops(self.kernels, mm, self.attention)
     if kv_cache is None and ops.attention_used(dropout=self.dropout_rate if drop else 0.0) != "xla":
-      out = ops.attention(q, k, v, causal=True).astype(self.dtype)   # [B, S, H, Dh]
-      return _project_out(self, out, B, S, D, drop)
+      return _kernel_attention(self, qkv_proj, ops, x, drop)
+    qkv = qkv_proj(x.reshape(B * S, D)).reshape(B, S, 3, H, Dh)   # [B, S, 3, H, Dh]
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]           # [B, S, H, Dh]
     if kv_cache is None:
       mask = jnp.tril(jnp.ones((S, S), bool))                    # [S, S]
     else:
@@ -337,6 +337,29 @@ class CausalSelfAttention(hk.Module):
                      preferred_element_type=jnp.float32).astype(self.dtype)  # [B, S, H, Dh]
     out = _project_out(self, out, B, S, D, drop)
     return out if kv_cache is None else (out, kv_cache)
+
+
+def _kernel_attention(attn: CausalSelfAttention, qkv_proj: layers.Linear, ops: dispatch.Ops,
+                      x: jax.Array, drop: bool) -> jax.Array:
+  """The attention kernel's path (no cache, no dropout on the probabilities): q, k, v projected
+  head-major [B, H, S, Dh] straight from the fused weight, the kernel, and o_proj from its
+  head-major output: the same parameters and products as the XLA path, without the layout copies
+  between them. A function, not a method, so the projections keep their names (attn/qkv_proj)."""
+  B, S, D = x.shape
+  H, Dh, act = attn.num_heads, attn.head_dim, attn.dtype
+  qkv = ops.heads_projection(x, qkv_proj.weight(D), 3, H)        # [3, B, H, S, Dh] float32
+  qkv = qkv.astype(act)
+  if attn.with_bias:
+    qkv = qkv + qkv_proj.bias().astype(act).reshape(3, 1, H, 1, Dh)
+  out = ops.attention_heads(qkv[0], qkv[1], qkv[2], causal=True)  # [B, H, S, Dh]
+  o_proj = layers.Linear(D, with_bias=attn.with_bias, dtype=attn.matmul_dtype, output_dtype=act,
+                         w_init=attn.out_w_init, name="o_proj", kernels=attn.kernels)
+  y = ops.heads_out_projection(out.astype(act), o_proj.weight(H * Dh)).astype(act)  # [B, S, D]
+  if attn.with_bias:
+    y = y + o_proj.bias().astype(act)
+  if drop:
+    y = dropout(y, attn.dropout_rate, hk.next_rng_key())
+  return y
 
 
 def _project_out(attn: CausalSelfAttention, out: jax.Array, B: int, S: int, D: int,

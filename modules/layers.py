@@ -124,6 +124,11 @@ class Linear(hk.Module):
     return hk.get_parameter("w", [fan_in, self.output_size], self.param_dtype,
                             init=self.w_init or fan_in_init(fan_in))
 
+  def bias(self) -> jax.Array:
+    """The parameter `b` [output_size] (with_bias; created at init), for a caller that computes the
+    projection itself."""
+    return hk.get_parameter("b", [self.output_size], self.param_dtype, init=self.b_init)
+
   def __call__(self, x: jax.Array) -> jax.Array:                # [..., D] -> [..., output_size]
     fan_in = x.shape[0] if self.feature_major else x.shape[-1]
     w = self.weight(fan_in)
@@ -133,8 +138,7 @@ class Linear(hk.Module):
     else:                                                        # [..., D] -> [..., output_size]
       y = ops.projection(x, w)
     if self.with_bias:
-      b = hk.get_parameter("b", [self.output_size], self.param_dtype, init=self.b_init)
-      b = b.astype(self.output_dtype)
+      b = self.bias().astype(self.output_dtype)
       y = y.astype(self.output_dtype) + (b[:, None] if self.feature_major else b)
     return y.astype(self.output_dtype)
 

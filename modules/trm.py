@@ -51,6 +51,7 @@ import jax.numpy as jnp
 
 from modules import kernels as kernels_lib
 from modules import layers
+from modules.kernels import dispatch
 from modules.kernels import xla_cpu
 
 Batch = Dict[str, jax.Array]
@@ -82,6 +83,13 @@ class TRMConfig:
     dtype, among them the [S, B, D] recursion of mlp_t models, the unrolled cycle with gradient and
     the cycles without gradient in chunks of the batch). The trainer sets "xla_cpu" for a CPU
     target only (`layout.cpu_tuning`). The same function; results agree to float32 rounding.
+  attention: "xla" | "splash" | "cudnn" (modules/kernels/dispatch.py): the attention kernel of
+    attention models; the trainer picks it for the target platform (splash on a TPU). TRM's
+    attention has no mask, so every kernel takes it; the same function (float32 rounding).
+  The cycle with gradient is written out (its n z_L updates unrolled, no loop) on every target:
+  a loop's autodiff stacks each update's residuals into [n, ...] buffers (the TPU compiler counted
+  23.0 GB for Sudoku-MLP's v4-64 step, 17.6 GB unrolled); only xla_cpu's tuning tools loop it
+  (the `unroll` form off).
   """
   seq_len: int
   vocab_size: int
@@ -103,6 +111,7 @@ class TRMConfig:
   halt_exploration_prob: float = 0.1
   remat: bool = False
   kernels: str = "default"
+  attention: str = "xla"
 
   def __post_init__(self):
     def bad(field, value, fix):
@@ -123,6 +132,8 @@ class TRMConfig:
       bad("halt_exploration_prob", self.halt_exploration_prob, "must be in [0, 1]")
     if self.kernels not in kernels_lib.KERNELS:
       bad("kernels", self.kernels, f"use one of {kernels_lib.KERNELS}")
+    if self.attention not in dispatch.ATTENTIONS:
+      bad("attention", self.attention, f"use one of {dispatch.ATTENTIONS}")
     if self.emb_ndim > self.prefix_len * self.hidden_size:
       bad("puzzle_emb_len", self.puzzle_emb_len,
           f"P * hidden_size must hold puzzle_emb_ndim={self.emb_ndim}")
@@ -186,7 +197,8 @@ class TRMBlock(hk.Module):
       h = layers.rms_norm(h + mixed, axis=1, eps=eps)            # normalise over the SEQUENCE axis
     else:
       attn = layers.Attention(num_heads=cfg.num_heads, head_dim=cfg.head_dim, causal=False,
-                              dtype=cfg.dtype, name="self_attn", kernels=cfg.kernels)
+                              dtype=cfg.dtype, name="self_attn", kernels=cfg.kernels,
+                              attention=cfg.attention)
       h = layers.rms_norm(h + attn(h, rope=rope), eps=eps)
     mlp = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp",
                         kernels=cfg.kernels)
@@ -322,7 +334,8 @@ class TRMInner(hk.Module):
       # stored and nothing flows back through these cycles.
       with hk.custom_getter(_stop_gradient_getter):
         z_H, z_L = self.cycles_without_gradient(z_H, z_L, jax.lax.stop_gradient(x), rope)
-    z_H, z_L = self.latent_recursion(z_H, z_L, x, rope, unroll=cfg.forms.unroll)  # WITH gradient
+    unroll = cfg.forms.unroll if cfg.kernels == "xla_cpu" else True   # TRMConfig's doc
+    z_H, z_L = self.latent_recursion(z_H, z_L, x, rope, unroll=unroll)  # WITH gradient
     if cfg.seq_first:
       logits = jnp.swapaxes(self.lm_head(z_H[cfg.prefix_len:]), 0, 1)  # [L, B, V] -> [B, L, V]
       q = self.q_head(z_H[0]).astype(jnp.float32)                # [B, 2]

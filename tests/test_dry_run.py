@@ -111,7 +111,8 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
 
 def test_compiler_flops_against_the_analytic_count_with_every_loop_trip():
   """GPT's step has no loops: the compiler's FLOPs are within 10% of 6N + attention (measured +3.7%:
-  the compiler also counts the elementwise work), and the loop-aware counts are the compiler's own.
+  the compiler also counts the elementwise work, and the fused head's recomputation, which its
+  kernels report), and the loop-aware counts are the compiler's own.
   TRM's step loops over its cycles: the compiler counts each body once (BELOW the analytic count);
   with every trip counted (each loop body compiled once) it is within 0% to +10% of the analytic
   count (measured +5.0%). GPT with grad_accum=5 (a 5-trip scan of micro-steps) against 1: the same
@@ -127,7 +128,8 @@ def test_compiler_flops_against_the_analytic_count_with_every_loop_trip():
   assert trm.while_loops > 0 and trm.compiler_flops < trm.analytic_flops
   assert trm.loop_aware and trm.loop_note is None and len(trm.loops) >= 2
   assert 1.0 <= trm.total_flops / trm.analytic_flops < 1.10
-  assert trm.bytes_accessed > 1.5 * trm.compiler_bytes_accessed
+  # (the cycle with gradient is written out; the cycles without gradient still loop)
+  assert trm.bytes_accessed > 1.05 * trm.compiler_bytes_accessed
   accum = _gpt()
   accum.grad_accum = 5
   (gpt5,), _ = dry_run.compile_for_tpu(gpt_train.NanoGPT(), accum, t, only=("train_step",))

@@ -79,6 +79,13 @@ def test_splash_bfloat16_within_bfloat16_rounding():
 def test_attention_choice_by_target_and_its_fallbacks():
   assert dispatch.attention_for("tpu", "bfloat16") == "splash"
   assert dispatch.attention_for("tpu", "float32") == "splash"
+  assert dispatch.attention_for("tpu", "bfloat16", seq_len=916) == "splash"    # TRM's mazes
+  assert dispatch.attention_for("tpu", "bfloat16", seq_len=97) == "xla"        # Sudoku: small scores
+  # Under fsdp the step is partitioned by XLA (jit of vmap), which cannot split a Pallas kernel.
+  assert dispatch.attention_for("tpu", "bfloat16", partitioned=True) == "xla"
+  assert dispatch.loss_for("tpu", partitioned=True) == "xla" and dispatch.loss_for("tpu") == "pallas"
+  with pytest.raises(ValueError, match=r"model.attention='splash' with sharding='fsdp'.*Fix"):
+    dispatch.attention_for("tpu", "bfloat16", "splash", partitioned=True)
   assert dispatch.attention_for("gpu", "bfloat16") == "cudnn"
   assert dispatch.attention_for("gpu", "float32") == "xla"       # cuDNN's fused attention: 16-bit
   assert dispatch.attention_for("cpu", "bfloat16") == "xla"

@@ -98,8 +98,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 def model_config(config: ml_collections.ConfigDict, vocab_size: int,
                  kernels: str = "default", platform: str = "cpu") -> gpt.GPTConfig:
   """GPTConfig of the config's model fields; `kernels` "xla_cpu" for a CPU target
-  (layout.cpu_tuning); model.attention "auto" resolved for the target `platform`."""
+  (layout.cpu_tuning); model.attention and model.loss "auto" resolved for the target `platform`
+  and the state layout (kernels only in a replicated one: dispatch.PARTITIONED_NOTE)."""
   m = config.model
+  partitioned = config.get("sharding", "replicated") != "replicated"
   try:
     return gpt.GPTConfig(block_size=m.block_size,
                          vocab_size=m.vocab_size if m.vocab_size > 0 else vocab_size,
@@ -108,8 +110,10 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int,
                          kernels=kernels, gelu="exact" if m.gelu == "auto" else m.gelu,
                          remat=bool(m.remat),
                          attention=dispatch.attention_for(platform, m.dtype,
-                                                          m.get("attention", "auto")),
-                         loss=dispatch.loss_for(platform, m.get("loss", "auto")))
+                                                          m.get("attention", "auto"),
+                                                          seq_len=m.block_size,
+                                                          partitioned=partitioned),
+                         loss=dispatch.loss_for(platform, m.get("loss", "auto"), partitioned))
   except ValueError as e:
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 
@@ -283,8 +287,9 @@ def make_train_step(model: gpt.GPTModel, tx: optax.GradientTransformation,
   dropout = model.config.dropout > 0
 
   def loss_fn(params, batch, rng):
+    # is_training: dropout (when > 0) and model.remat apply; with dropout 0 no rng is drawn.
     return model.loss(params, batch["x"], batch["y"], rng if dropout else None,
-                      is_training=dropout), {}
+                      is_training=True), {}
 
   def train_step(state: TrainState, device_state, batch, rng):
     u = trainer.accumulated_update(loss_fn, tx, state.params, state.opt_state,

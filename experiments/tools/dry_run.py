@@ -161,11 +161,12 @@ def _per_device(p: experiment_lib.Program) -> tuple:
 
 def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict,
                     target: tpu.Target, *, only: Optional[Sequence[str]] = None,
-                    loop_aware: bool = True) -> Tuple[List[tpu.Report], int]:
+                    loop_aware: bool = True,
+                    breakdown: bool = False) -> Tuple[List[tpu.Report], int]:
   """(the reports of the config's programs (or `only` those) compiled for `target` in the config's
   state layout (`config.sharding`), the run's updates). `loop_aware`: count loops trip by trip
   (tpu.loop_aware_cost: each loop body compiled too); the fit searches, which need only the memory,
-  turn it off."""
+  turn it off; `breakdown`: each report's bytes per operation (tpu.compile_report)."""
   trainer.check_config(experiment, config)
   layout = tpu_layout(config, target)
   reports = []
@@ -181,7 +182,8 @@ def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collection
           lowered, target=target, name=pname,
           analytic_flops_per_device=p.flops / target.num_devices if p.flops else None,
           items_per_step=p.items or None, item_name=b.display.item_name,
-          jaxpr=tpu.per_device_jaxpr(p.fn, target, args) if loop_aware else None))
+          jaxpr=tpu.per_device_jaxpr(p.fn, target, args) if loop_aware else None,
+          breakdown=breakdown))
   return reports, int(b.total_steps)
 
 

@@ -222,7 +222,7 @@ def source_of(op_name: str) -> str:
 
 _CATEGORIES = (
     ("logits/loss", ("cross_entropy", "log_softmax", "logsumexp", "attend", "lm_head", "loss",
-                     "logits", "take_along_axis", "rematted_computation")),
+                     "logits", "take_along_axis", "fused_ce")),
     ("projections", ("qkv_proj", "o_proj")),
     ("attention", ("attn/", "attention", "splash", "flash")),
     ("norm", ("ln_", "layer_norm", "rms_norm", "layernorm", "rsqrt")),

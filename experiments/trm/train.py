@@ -18,6 +18,8 @@ Synopsis (tests call it with a tiny config):
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 from typing import Any, Dict, NamedTuple, Optional
 
@@ -44,6 +46,7 @@ from experiments.trm import sharded_table
 from experiments.trm import sizes
 from experiments.trm.configs import base as base_config
 from modules import trm
+from modules.kernels import dispatch
 
 # The data and metric libraries (TensorFlow, TFDS, CLU) load where data is read and the parameter
 # table written, not with the step (lazy_import).
@@ -96,13 +99,20 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 
 
 def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any],
-                 kernels: str = "default") -> trm.TRMConfig:
+                 kernels: str = "default", platform: str = "cpu") -> trm.TRMConfig:
   """TRMConfig from the config's model fields and the dataset's metadata; `kernels` from the
-  target (`cpu_tuning.kernels(layout.cpu_tuning)`)."""
+  target (`cpu_tuning.kernels(layout.cpu_tuning)`), model.attention "auto" for the target
+  `platform` (modules/kernels/dispatch.py)."""
+  fields = config.model.to_dict()
   try:
-    return trm.TRMConfig(seq_len=int(metadata["seq_len"]), vocab_size=int(metadata["vocab_size"]),
-                         num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]),
-                         kernels=kernels, **config.model.to_dict())
+    choice = fields.pop("attention", "auto")
+    config_ = trm.TRMConfig(seq_len=int(metadata["seq_len"]), vocab_size=int(metadata["vocab_size"]),
+                            num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]),
+                            kernels=kernels, **fields)
+    attention = dispatch.attention_for(
+        platform, config_.forward_dtype, choice, seq_len=config_.total_len,
+        partitioned=config.get("sharding", "replicated") != "replicated")
+    return dataclasses.replace(config_, attention=attention)
   except ValueError as e:   # TRMConfig names the field, the value and the fix
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 
@@ -344,7 +354,8 @@ class TRM(experiment.Experiment):
             layout: layout_lib.BatchLayout) -> experiment.Build:
     n_local, b = layout.devices_per_host, layout.per_device_batch
     meta, num_train = sizes.dataset_sizes(config)
-    model = trm.TRMModel(model_config(config, meta, cpu_tuning.kernels(layout.cpu_tuning)))
+    model = trm.TRMModel(model_config(config, meta, cpu_tuning.kernels(layout.cpu_tuning),
+                                      layout.platform))
     if num_train is None:      # a dry run of an unprepared dataset without size knobs
       total_steps, eval_every = max(int(config.total_steps), 0), 1
     else:

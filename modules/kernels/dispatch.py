@@ -14,8 +14,9 @@ implementation at one place):
              attention, no scores in HBM.
              "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`: a GPU's fused
              attention (bfloat16/float16 only).
-             "auto" (configs only): `attention_for(platform, dtype)` picks by the TARGET platform:
-             splash on a TPU, cudnn on a GPU for a low-precision model, xla otherwise.
+             "auto" (configs only): `attention_for(platform, dtype, seq_len=S)` picks by the
+             TARGET platform: splash on a TPU for long sequences, cudnn on a GPU for a
+             low-precision model, xla otherwise.
   A kernel that cannot compute a call (a padding mask, dropout on the probabilities, a KV cache)
   leaves it to "xla": `Ops.attention` says which ran through `Ops.attention_used`.
 
@@ -79,12 +80,24 @@ def check_loss(name: str, field: str = "loss") -> str:
   return name
 
 
-def loss_for(platform: str, choice: str = "auto") -> str:
+PARTITIONED_NOTE = ("a Pallas kernel cannot run under the SPMD partitioner that sharding='fsdp' "
+                    "uses (the step is jit(vmap), not shard_map)")
+
+
+def _check_unpartitioned(name: str, field: str, partitioned: bool, kernels: Tuple[str, ...]):
+  if partitioned and name in kernels:
+    raise ValueError(f"{field}={name!r} with sharding='fsdp': {PARTITIONED_NOTE}. Fix: "
+                     f"{field}='auto' (xla under fsdp) or sharding='replicated'")
+
+
+def loss_for(platform: str, choice: str = "auto", partitioned: bool = False) -> str:
   """The head-and-loss implementation of a program compiled for `platform`: `choice`, or for
-  "auto" pallas on a TPU and xla elsewhere."""
+  "auto" pallas on a TPU and xla elsewhere; xla in a `partitioned` (fsdp) step, where a named
+  kernel is an error (PARTITIONED_NOTE)."""
   if choice != "auto":
-    return check_loss(choice)
-  return "pallas" if platform == "tpu" else "xla"
+    _check_unpartitioned(check_loss(choice), "model.loss", partitioned, ("pallas",))
+    return choice
+  return "pallas" if platform == "tpu" and not partitioned else "xla"
 
 
 def head_loss_rows(name: str, x: jax.Array, w: jax.Array, targets: jax.Array, *, dtype,
@@ -99,13 +112,19 @@ def head_loss_rows(name: str, x: jax.Array, w: jax.Array, targets: jax.Array, *,
                             interpret=splash.interpreting())
 
 
-def attention_for(platform: str, dtype, choice: str = "auto") -> str:
+def attention_for(platform: str, dtype, choice: str = "auto", seq_len: int = 0,
+                  partitioned: bool = False) -> str:
   """The attention a program compiled for `platform` ("cpu", "tpu", "gpu") runs: `choice` itself,
-  or for "auto" splash on a TPU, cudnn on a GPU for a bfloat16/float16 model, else xla."""
+  or for "auto" splash on a TPU for sequences of at least `splash.MIN_AUTO_LENGTH` (`seq_len`; 0 =
+  unknown, long), cudnn on a GPU for a bfloat16/float16 model, else xla. A `partitioned` (fsdp)
+  step takes xla; splash named there is an error (PARTITIONED_NOTE)."""
   if choice != "auto":
-    return check_attention(choice)
+    _check_unpartitioned(check_attention(choice), "model.attention", partitioned, ("splash",))
+    return choice
+  if partitioned:
+    return "xla"
   if platform == "tpu":
-    return "splash"
+    return "splash" if not seq_len or seq_len >= splash.MIN_AUTO_LENGTH else "xla"
   if platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
     return "cudnn"
   return "xla"
@@ -130,6 +149,15 @@ class Ops:
     if x.ndim == 2 and self.forms.fast_grad:
       return xla_cpu.matmul(x, w, self.dtype.name, w_transposed)
     return xla.matmul(x, w, self.dtype, w_transposed)
+
+  def heads_projection(self, x: jax.Array, w: jax.Array, parts: int, heads: int) -> jax.Array:
+    """x [B, S, D] @ w [D, parts * heads * Dh] -> float32 [parts, B, heads, S, Dh] (head-major
+    q|k|v for an attention kernel)."""
+    return xla.heads_projection(x, w, parts, heads, self.dtype)
+
+  def heads_out_projection(self, o: jax.Array, w: jax.Array) -> jax.Array:
+    """o [B, H, S, Dh] @ w [H * Dh, D] -> float32 [B, S, D]."""
+    return xla.heads_out_projection(o, w, self.dtype)
 
   def wt_matmul(self, w: jax.Array, x: jax.Array) -> jax.Array:       # [I, N] -> [O, N]
     if x.ndim == 2 and self.forms.fast_grad:
@@ -170,6 +198,15 @@ class Ops:
         self.dtype in (jnp.bfloat16, jnp.float16):
       return "cudnn"
     return "xla"
+
+  def attention_heads(self, qh: jax.Array, kh: jax.Array, vh: jax.Array, *,
+                      causal: bool = False) -> jax.Array:
+    """The kernel's attention on head-major qh [B, H, S, Dh], kh, vh [B, K, S, Dh] -> [B, H, S,
+    Dh] (splash; another choice transposes to `attention`'s layout and back)."""
+    if self.attention_used() == "splash" and qh.shape[2] % splash.BLOCK == 0:
+      return splash.attention_heads(qh, kh, vh, causal=causal, interpret=splash.interpreting())
+    t = lambda a: jnp.swapaxes(a, 1, 2)                         # noqa: E731
+    return t(self.attention(t(qh), t(kh), t(vh), causal=causal))
 
   def attention(self, q: jax.Array, k: jax.Array, v: jax.Array, *,
                 mask: Optional[jax.Array] = None, causal: bool = False) -> jax.Array:

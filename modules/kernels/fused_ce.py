@@ -185,8 +185,8 @@ def _forward(xc, wc, targets, logits_dtype, interpret):
       out_shape=[jax.ShapeDtypeStruct((Np, 1), jnp.float32)] * 2,
       scratch_shapes=[pltpu.VMEM((bn, LANES), jnp.float32)] * 3,
       compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
-      cost_estimate=_cost(2 * Np * Vp * C, Np * Vp,
-                          Np * C * item + (Np // bn) * Vp * C * item + 3 * Np * 4),
+      cost_estimate=_cost(2 * N * V * C, N * V,
+                          N * C * item + (Np // bn) * V * C * item + 3 * N * 4),
       interpret=interpret,
       name="fused_ce_forward",
   )(xp, wc, tp)
@@ -215,8 +215,8 @@ def _backward(xc, wc, targets, lse, g_rows, logits_dtype, interpret):
       out_specs=pl.BlockSpec((bn, C), lambda i, j: (i, 0)),
       out_shape=jax.ShapeDtypeStruct((Np, C), jnp.float32),
       compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
-      cost_estimate=_cost(4 * Np * Vp * C, Np * Vp,
-                          Np * C * item + (Np // bn) * Vp * C * item + Np * C * 4 + 3 * Np * 4),
+      cost_estimate=_cost(4 * N * V * C, N * V,
+                          N * C * item + (Np // bn) * V * C * item + N * C * 4 + 3 * N * 4),
       interpret=interpret,
       name="fused_ce_dx",
   )(xp, wc, sp)[:N]
@@ -234,8 +234,8 @@ def _backward(xc, wc, targets, lse, g_rows, logits_dtype, interpret):
       out_specs=pl.BlockSpec((dbv, C), lambda j, i: (j, 0)),
       out_shape=jax.ShapeDtypeStruct((V, C), jnp.float32),     # the last block's rows past V dropped
       compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
-      cost_estimate=_cost(4 * Nq * Vq * C, Nq * Vq,
-                          Vq * C * item + (Vq // dbv) * Nq * C * item + Vq * C * 4 + 3 * Nq * 4),
+      cost_estimate=_cost(4 * N * V * C, N * V,
+                          V * C * item + (Vq // dbv) * N * C * item + V * C * 4 + 3 * N * 4),
       interpret=interpret,
       name="fused_ce_dw",
   )(wc, xq, _pad_to(stats.T, 1, dbn))

@@ -41,6 +41,12 @@ import numpy as np
 BLOCK = 128
 """Sequence lengths are padded to a multiple of this (the kernel's smallest block)."""
 
+MIN_AUTO_LENGTH = 512
+"""`dispatch.attention_for`'s "auto" takes splash on a TPU from this sequence length on. Below it
+the scores are small and XLA's attention moves fewer bytes than the kernel with its padding and
+transposes (TRM Sudoku-Att, 97 positions, v4-64 step by the TPU compiler: 22.96 GB accessed with
+XLA's attention, 31.19 GB with splash)."""
+
 MAX_BLOCK = 512
 """The largest block of queries or keys a kernel step takes (maxtext's default for v4/v5)."""
 
@@ -118,6 +124,23 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
     out = jax.vmap(jax.vmap(kernel))(qg, kh, vh).reshape(B, H, sq, Dh)
   out = jnp.transpose(out, (0, 2, 1, 3))[:, :Sq]                 # [B, Sq, H, Dh]
   return out.astype(q.dtype)
+
+
+def attention_heads(qh: jax.Array, kh: jax.Array, vh: jax.Array, *, causal: bool = False,
+                    interpret: bool = False) -> jax.Array:
+  """`attention` on head-major operands: qh [B, H, S, Dh], kh, vh [B, K, S, Dh] (S a multiple of
+  128) -> [B, H, S, Dh]; no transposes around the kernel."""
+  B, H, S, Dh = qh.shape
+  K, Sk = kh.shape[1], kh.shape[2]
+  if S % BLOCK or Sk % BLOCK:
+    raise ValueError(f"splash.attention_heads: lengths {S}, {Sk} must be multiples of {BLOCK}")
+  qh = (qh.astype(jnp.float32) * (1.0 / math.sqrt(Dh))).astype(qh.dtype)
+  if K == H:
+    return jax.vmap(_kernel(H, S, Sk, S, Sk, causal, False, interpret))(qh, kh, vh)
+  G = H // K
+  out = jax.vmap(jax.vmap(_kernel(G, S, Sk, S, Sk, causal, True, interpret)))(
+      qh.reshape(B, K, G, S, Dh), kh, vh)
+  return out.reshape(B, H, S, Dh)
 
 
 def check_shapes(q_shape, k_shape) -> Optional[str]:

@@ -111,6 +111,20 @@ def wt_matmul(w: jax.Array, x: jax.Array, dtype) -> jax.Array:
                              preferred_element_type=jnp.float32)
 
 
+def heads_projection(x: jax.Array, w: jax.Array, parts: int, heads: int, dtype) -> jax.Array:
+  """x [B, S, D] @ w [D, parts * heads * Dh] -> float32 [parts, B, heads, S, Dh]: a fused q|k|v
+  projection written head-major (what an attention kernel reads), `einsum`'s products."""
+  D = x.shape[-1]
+  w4 = w.reshape(D, parts, heads, -1)                             # [D, P, H, Dh]
+  return einsum("bsc,cphd->pbhsd", x, w4, dtype)
+
+
+def heads_out_projection(o: jax.Array, w: jax.Array, dtype) -> jax.Array:
+  """o [B, H, S, Dh] (head-major) @ w [H * Dh, D] -> float32 [B, S, D], `einsum`'s products."""
+  H, Dh = o.shape[1], o.shape[3]
+  return einsum("bhsd,hdc->bsc", o, w.reshape(H, Dh, -1), dtype)
+
+
 def qkv_parts(qkv: jax.Array, H: int, K: int) -> Tuple[jax.Array, jax.Array, jax.Array]:
   """q, k, v = the [B, S, H | K | K, Dh] parts of qkv."""
   return qkv[:, :, :H], qkv[:, :, H:H + K], qkv[:, :, H + K:]

@@ -56,6 +56,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.halt_exploration_prob = 0.1
   c.shard_puzzle_table = True                   # podlab: rows split over all devices, not replicated
   c.model.remat = False                          # podlab option: recompute activations (same numbers)
+  # Attention models' kernel (modules/kernels/dispatch.py): "auto" = splash on a TPU, cudnn on a
+  # GPU (bfloat16), xla on a CPU; or name one. The same function (float32 rounding).
+  c.model.attention = "auto"
   # podlab option: the training step's forward and backward passes run on this many slices of each
   # device's batch in turn, gradients summed: the same step in about a slice's activation memory
   # (weight gradients summed in another order). 1 = the reference's whole batch at once; 0 =

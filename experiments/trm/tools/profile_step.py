@@ -12,7 +12,8 @@ GPU (the kernels, memcpys and memsets on the device's `Stream #N` lines of the s
   (`sm90_xmma_gemm_f32f32_tf32f32_...`: float32 operands on TF32 cores; `..._bf16bf16_...`: bf16;
   `?`: a GEMM whose name shows none), its HLO op and that op's JAX source; the header gives kernel
   ms and launches per step, the device's span and idle time, and GEMM ms by dtype.
-TPU (`--tpu=v5litepod-1`: compiled here by libtpu, as `--dry_run` does; nothing runs): op counts,
+TPU (`--tpu=v5litepod-1`: compiled here by libtpu, as `--dry_run` does; nothing runs): the bytes
+  each operation accesses (experiments/tools/hlo_bytes.py, loop trips counted), op counts,
   instructions outside fusions, matmuls with a float32 operand and those that are bfloat16
   products run in float32 (a bf16 operand or one converted from bf16: autodiff's transpose of a
   bf16 matmul with a float32 cotangent), scatters (the token embedding's gradient is one), the
@@ -91,6 +92,7 @@ from experiments.common import host_malloc  # noqa: E402
 from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.common import trainer  # noqa: E402
 from experiments.tools import dry_run  # noqa: E402
+from experiments.tools import hlo_bytes  # noqa: E402
 from experiments.tools import tpu  # noqa: E402
 from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm import train  # noqa: E402
@@ -619,6 +621,10 @@ def tpu_hlo_report(lowered, compiled, title: str, top: int = 12) -> str:
   if mem is not None:
     lines.append(f"  per device: temp {mem.temp_size_in_bytes / 1e9:.3f} GB, arguments "
                  f"{mem.argument_size_in_bytes / 1e9:.3f} GB")
+  # Where the bytes go: the optimized program's operations by bytes (loop trips counted).
+  lines.append(hlo_bytes.format_breakdown(hlo_bytes.breakdown(compiled.as_text()), top=top,
+                                          compiler_bytes=cost.get("bytes accessed"),
+                                          title=f"{title}, bytes by operation"))
   return "\n".join(lines)
 
 def _setup(args: argparse.Namespace) -> bench.StepSetup:
