@@ -113,13 +113,12 @@ def prepared_builder(data_dir: str, dataset_name: str,
   is not prepared in `data_dir`."""
   builder = datasets.get_builder(dataset_name, data_dir, builder_kwargs)
   if not builder.is_prepared():
-    manual = (" --manual_dir=<folder with the public files>"
-              if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) else "")
     raise errors.NotPrepared(
         builder.info.full_name, data_dir,
         f"run `python -m input_pipeline.prepare --dataset={dataset_name} --data_dir={data_dir}"
-        f"{manual} --builder_kwargs='{json.dumps(dict(builder_kwargs or {}))}'`, or set "
-        "--config.dataset.prepare_if_missing=True (with --config.dataset.manual_dir for public data)")
+        f" --builder_kwargs='{json.dumps(dict(builder_kwargs or {}))}'`, or set "
+        "--config.dataset.prepare_if_missing=True (public data is downloaded; offline, pass "
+        "--config.dataset.manual_dir)")
   return builder
 
 
