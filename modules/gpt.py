@@ -45,6 +45,8 @@ import numpy as np
 
 from modules import kernels as kernels_lib
 from modules import layers
+from modules import numerics
+from modules.kernels import dispatch
 
 INIT_STD = 0.02
 
@@ -77,7 +79,14 @@ class GPTConfig:
   backward pass instead of storing them: the same numbers, about a third more compute, the
   activations of one block instead of n_layer in memory; what lets GPT-2 XL finetuning fit a v5e-8
   under fsdp, docs/sharding.md. Not in the reference (an implementation choice with no effect on
-  results); off by default. Training forward passes only).
+  results); off by default. Training forward passes only), attention ("xla" | "splash" | "cudnn":
+  the training forward's attention kernel, modules/kernels/dispatch.py; the trainer picks it for
+  the target platform: splash on a TPU, cudnn on a GPU, xla on a CPU. "xla" is the reference's
+  formulation; a kernel gives the same function with the sum over keys blocked (float32 rounding;
+  bfloat16: the probabilities stay float32 for the value product). Dropout on the probabilities
+  and the sampler's KV cache always run "xla"), loss ("xla" | "pallas": the head and the loss of
+  `GPTModel.loss`; "xla" writes the [B, T, V] logits, "pallas" computes the same function in one
+  TPU kernel without them, modules/kernels/fused_ce.py; the trainer picks "pallas" for a TPU).
   """
   block_size: int = 1024
   vocab_size: int = 50304
@@ -91,6 +100,8 @@ class GPTConfig:
   gelu: str = "exact"
   kernels: str = "default"
   remat: bool = False
+  attention: str = "xla"
+  loss: str = "xla"
 
   def __post_init__(self):
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -110,6 +121,8 @@ class GPTConfig:
       raise ValueError(f"model.gelu={self.gelu!r}: must be 'exact' or 'tanh'. Fix: use 'exact' "
                        "(nanoGPT's) or 'tanh' (GPT-2's gelu_new)")
     kernels_lib.check(self.kernels, "model.kernels")
+    dispatch.check_attention(self.attention, "model.attention")
+    dispatch.check_loss(self.loss, "model.loss")
     if self.activations not in ACTIVATIONS:
       raise ValueError(f"model.activations={self.activations!r}: must be one of "
                        f"{', '.join(map(repr, ACTIVATIONS))}. Fix: use 'autocast' (the reference)")
@@ -173,16 +186,26 @@ def gelu_exact(x: jax.Array) -> jax.Array:
 
   `jax.nn.gelu(approximate=False)` computes the same function through erfc, which XLA CPU evaluates
   ~3x slower; the two agree to 1.2e-6 (both within that of torch's GELU on [-12, 12]).
-  A bfloat16 x is computed in float32 and rounded once, as torch's GELU does on a bfloat16 tensor.
+  A bfloat16 x is computed in float32 and rounded once, as torch's GELU does on a bfloat16 tensor;
+  its backward pass keeps only x (`numerics.float32_inside`).
   """
-  x32 = x.astype(jnp.float32)
-  return (x32 * 0.5 * (1.0 + jax.lax.erf(x32 * (1.0 / math.sqrt(2.0))))).astype(x.dtype)
+  return _gelu_exact(x)
+
+
+@numerics.float32_inside
+def _gelu_exact(x32: jax.Array) -> jax.Array:
+  return x32 * 0.5 * (1.0 + jax.lax.erf(x32 * (1.0 / math.sqrt(2.0))))
 
 
 def gelu_tanh(x: jax.Array) -> jax.Array:
   """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))): GPT-2's "gelu_new" (torch's
   approximate="tanh"), computed in float32 and rounded once as `gelu_exact`."""
-  return jax.nn.gelu(x.astype(jnp.float32), approximate=True).astype(x.dtype)
+  return _gelu_tanh(x)
+
+
+@numerics.float32_inside
+def _gelu_tanh(x32: jax.Array) -> jax.Array:
+  return jax.nn.gelu(x32, approximate=True)
 
 
 class GeluMLP(hk.Module):
@@ -251,6 +274,9 @@ class CausalSelfAttention(hk.Module):
     kernels: "default" | "xla_cpu" for both projections (`Linear.kernels`).
     matmul_dtype: operand dtype of the two projections when it differs from `dtype` (see
       GeluMLP); default `dtype`.
+    attention: "xla" | "splash" | "cudnn" (modules/kernels/dispatch.py) for calls without a cache
+      or dropout; "xla" (this class's own formulation, torch's math attention under autocast)
+      otherwise.
   Without a cache, query s attends to keys <= s. With `kv_cache=(k, v)` ([B, C, H, Dh], C slots,
   `init_kv_cache`) and `cache_index` (int scalar: the position of the first of the S new tokens),
   the new keys/values are written into slots [cache_index, cache_index + S), query i attends to
@@ -262,9 +288,10 @@ class CausalSelfAttention(hk.Module):
                qkv_w_init: Optional[hk.initializers.Initializer] = None,
                out_w_init: Optional[hk.initializers.Initializer] = None,
                name: Optional[str] = None, kernels: str = "default",
-               matmul_dtype: Optional[layers.DTypeLike] = None):
+               matmul_dtype: Optional[layers.DTypeLike] = None, attention: str = "xla"):
     super().__init__(name=name)
     self.kernels = kernels_lib.check(kernels)
+    self.attention = dispatch.check_attention(attention)
     self.matmul_dtype = jnp.dtype(matmul_dtype or dtype)
     self.num_heads = num_heads
     self.head_dim = head_dim
@@ -286,6 +313,10 @@ class CausalSelfAttention(hk.Module):
                         w_init=self.qkv_w_init, name="qkv_proj", kernels=self.kernels)(
                             x.reshape(B * S, D)).reshape(B, S, 3, H, Dh)   # [B, S, 3, H, Dh]
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]           # [B, S, H, Dh]
+    ops = dispatch.ops(self.kernels, self.dtype, self.attention)
+    if kv_cache is None and ops.attention_used(dropout=self.dropout_rate if drop else 0.0) != "xla":
+      out = ops.attention(q, k, v, causal=True).astype(self.dtype)   # [B, S, H, Dh]
+      return _project_out(self, out, B, S, D, drop)
     if kv_cache is None:
       mask = jnp.tril(jnp.ones((S, S), bool))                    # [S, S]
     else:
@@ -304,12 +335,20 @@ class CausalSelfAttention(hk.Module):
       probs = dropout(probs, self.dropout_rate, hk.next_rng_key())
     out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(self.dtype), v.astype(self.dtype),
                      preferred_element_type=jnp.float32).astype(self.dtype)  # [B, S, H, Dh]
-    out = layers.Linear(D, with_bias=self.with_bias, dtype=mm, output_dtype=self.dtype,
-                        w_init=self.out_w_init, name="o_proj", kernels=self.kernels)(
-                            out.reshape(B * S, H * Dh)).reshape(B, S, D)   # [B, S, D]
-    if drop:
-      out = dropout(out, self.dropout_rate, hk.next_rng_key())
+    out = _project_out(self, out, B, S, D, drop)
     return out if kv_cache is None else (out, kv_cache)
+
+
+def _project_out(attn: CausalSelfAttention, out: jax.Array, B: int, S: int, D: int,
+                 drop: bool) -> jax.Array:
+  """o_proj of the heads [B, S, H, Dh] -> [B, S, D], and the residual dropout. A function, not a
+  method: Haiku would name the projection within the method ("attn/~_project_out/o_proj")."""
+  out = layers.Linear(D, with_bias=attn.with_bias, dtype=attn.matmul_dtype,
+                      output_dtype=attn.dtype, w_init=attn.out_w_init, name="o_proj",
+                      kernels=attn.kernels)(out.reshape(B * S, -1)).reshape(B, S, D)
+  if drop:
+    out = dropout(out, attn.dropout_rate, hk.next_rng_key())
+  return out
 
 
 class GPT(hk.Module):
@@ -321,9 +360,10 @@ class GPT(hk.Module):
 
   def __call__(self, idx: jax.Array, *, is_training: bool = False,
                kv_cache: Optional[KVCache] = None, cache_index: Optional[jax.Array] = None,
-               last_only: bool = False):
+               last_only: bool = False, targets: Optional[jax.Array] = None):
     """Logits [B, T, V] float32 (bfloat16 in a bfloat16 model with "autocast" activations;
-    `last_only`: [B, 1, V]); with `kv_cache`, (logits, new cache).
+    `last_only`: [B, 1, V]); with `kv_cache`, (logits, new cache); with `targets` [B, T], the mean
+    cross-entropy (`cross_entropy` of the logits, or the fused head of `config.loss`).
 
     `cache_index` is the position of idx[:, 0] (tokens before it are in the cache); positions are
     cache_index + [0, T).
@@ -359,11 +399,17 @@ class GPT(hk.Module):
     x = LayerNorm(with_bias=cfg.bias, name="ln_f")(x)
     if last_only:
       x = x[:, -1:]                                              # [B, 1, C]
+    if targets is not None and cfg.loss != "xla":                # the head and loss fused
+      rows = dispatch.head_loss_rows(cfg.loss, x.reshape(B * T, -1), wte.embeddings,
+                                     targets.reshape(B * T), dtype=mm, logits_dtype=act)
+      return jnp.mean(rows)
     logits = wte.attend(x, matmul_dtype=mm)                      # [B, T, V] float32
     if act == jnp.bfloat16:
       # autocast's lm_head returns bfloat16 logits; rounded by to_precision first, which XLA keeps,
       # where it may drop the float32 -> bfloat16 -> float32 round trip into the loss's float32.
       logits = layers.to_precision(logits, act).astype(act)
+    if targets is not None:
+      return cross_entropy(logits, targets)
     return logits if kv_cache is None else (logits, new_cache)
 
 
@@ -380,7 +426,7 @@ def _block(cfg: GPTConfig, x: jax.Array, *, is_training: bool = False,
   attn = CausalSelfAttention(
       num_heads=cfg.n_head, head_dim=cfg.head_dim, with_bias=cfg.bias,
       dropout_rate=cfg.dropout, dtype=act, qkv_w_init=normal, out_w_init=proj, name="attn",
-      kernels=cfg.kernels, matmul_dtype=mm)
+      kernels=cfg.kernels, matmul_dtype=mm, attention=cfg.attention)
   h = LayerNorm(with_bias=cfg.bias, name="ln_1")(x)
   layer_cache = None
   if kv_cache is None:
@@ -405,11 +451,15 @@ class GPTModel:
     def forward(idx, is_training=False, last_only=False):
       return GPT(config, name="gpt")(idx, is_training=is_training, last_only=last_only)
 
+    def loss(idx, targets, is_training=False):
+      return GPT(config, name="gpt")(idx, is_training=is_training, targets=targets)
+
     def cached(idx, kv_cache, cache_index, last_only=False):
       return GPT(config, name="gpt")(idx, kv_cache=kv_cache, cache_index=cache_index,
                                      last_only=last_only)
 
     self._fwd = hk.transform(forward)
+    self._loss = hk.transform(loss)
     self._cached = hk.without_apply_rng(hk.transform(cached))
 
   def init(self, rng: jax.Array) -> hk.Params:
@@ -424,6 +474,14 @@ class GPTModel:
     if not isinstance(idx, jax.core.Tracer):
       check_token_ids(idx, self.config.vocab_size)
     return self._fwd.apply(params, rng, idx, is_training=is_training, last_only=last_only)
+
+  def loss(self, params: hk.Params, idx: jax.Array, targets: jax.Array,
+           rng: Optional[jax.Array] = None, *, is_training: bool = False) -> jax.Array:
+    """The mean cross-entropy of the next tokens `targets` [B, T]: `cross_entropy(apply(...))`, or
+    with config.loss "pallas" the fused head and loss (no [B, T, V] logits)."""
+    if is_training and self.config.dropout > 0 and rng is None:
+      raise ValueError("dropout > 0 in training needs an rng: pass rng=jax.random.key(...)")
+    return self._loss.apply(params, rng, idx, targets, is_training=is_training)
 
   def apply_cached(self, params: hk.Params, idx: jax.Array, kv_cache: KVCache,
                    cache_index: jax.Array, *, last_only: bool = False):

@@ -38,7 +38,7 @@ import numpy as np
 
 from modules import kernels as kernels_lib
 from modules import numerics
-from modules.kernels import xla_cpu
+from modules.kernels import dispatch
 
 DTypeLike = jnp.dtype | type | str
 
@@ -81,85 +81,8 @@ def fan_in_init(fan_in: int) -> TruncatedNormal:
   return TruncatedNormal(1.0 / math.sqrt(fan_in))
 
 
-_dot = numerics.dot
-
-
 def _is_low_precision(dtype: DTypeLike) -> bool:
   return jnp.dtype(dtype) != jnp.float32
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
-def _einsum(spec: str, a: jax.Array, b: jax.Array, dtype: str) -> jax.Array:
-  return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
-
-
-def _einsum_fwd(spec, a, b, dtype):
-  ac, bc = a.astype(dtype), b.astype(dtype)
-  # Zero-size arrays carry the input dtypes (residuals must be arrays).
-  return _einsum(spec, ac, bc, dtype), (ac, bc, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
-
-
-def _einsum_bwd(spec, dtype, res, g):                          # g: float32, the output's shape
-  ac, bc, a_like, b_like = res
-  ins, out = spec.split("->")
-  sa, sb = ins.split(",")
-  gc = g.astype(dtype)
-  # Each product returns its operand's dtype directly, accumulated in float32 (the MXU's and
-  # cuBLAS's accumulator; XLA:CPU's too): the same values as a float32 result rounded after, without
-  # writing a float32 gradient of every bfloat16 activation (TRM Sudoku-MLP's v4-64 step: 6.79 -> 5.47
-  # GB accessed, the TPU compiler's count with each loop body once).
-  da = jnp.einsum(f"{out},{sb}->{sa}", gc, bc, preferred_element_type=a_like.dtype)
-  db = jnp.einsum(f"{sa},{out}->{sb}", ac, gc, preferred_element_type=b_like.dtype)
-  return da, db
-
-
-_einsum.defvjp(_einsum_fwd, _einsum_bwd)
-
-
-def einsum(spec: str, a: jax.Array, b: jax.Array, dtype: DTypeLike) -> jax.Array:
-  """jnp.einsum(spec, a, b) on operands cast to `dtype`, float32 accumulation -> float32 result.
-
-  A low-precision `dtype` (bfloat16) runs the gradient's two products on `dtype` operands with
-  float32 accumulation too, as torch autocast and the reference's CastedLinear do: the float32
-  output gradient is rounded to `dtype` first. (Autodiff would differentiate the float32-result
-  product with the float32 gradient, i.e. run both backward products in float32 on converted
-  operands.) The gradients come back in a's and b's own dtypes: a float32 weight cast to bfloat16
-  here gets its float32 product unrounded. float32 is plain autodiff. Every index of `a` must
-  appear in the output or in `b` (and so for `b`): no index is summed within one operand.
-  """
-  name = jnp.dtype(dtype).name
-  if not _is_low_precision(name):
-    return jnp.einsum(spec, a.astype(name), b.astype(name), preferred_element_type=jnp.float32)
-  return _einsum(spec, a, b, name)
-
-
-def matmul(x: jax.Array, w: jax.Array, dtype: DTypeLike, *, kernels: str = "default",
-           w_transposed: bool = False) -> jax.Array:
-  """x [..., I] @ w [I, O] (or w [O, I] transposed: `w_transposed`) -> float32 [..., O], operands
-  cast to `dtype`, float32 accumulation; a low-precision `dtype` runs the gradient's products on
-  `dtype` operands too (`einsum`). kernels="xla_cpu": `xla_cpu.matmul` for x [N, I]."""
-  name = jnp.dtype(dtype).name
-  if x.ndim == 2 and xla_cpu.forms(kernels, name).fast_grad:
-    return xla_cpu.matmul(x, w, name, w_transposed)
-  if _is_low_precision(name):
-    rows = x.reshape(-1, x.shape[-1])                            # [N, I]
-    y = einsum("ni,oi->no" if w_transposed else "ni,io->no", rows, w, name)
-    return y.reshape(x.shape[:-1] + y.shape[-1:])
-  return _dot(x.astype(name), w.astype(name), int(w_transposed))
-
-
-def wt_matmul(w: jax.Array, x: jax.Array, dtype: DTypeLike, *,
-              kernels: str = "default") -> jax.Array:
-  """w^T [O, I] @ x [I, N] -> float32 [O, N] for w [I, O]: a projection of FEATURE-MAJOR
-  activations (features on the rows, the N tokens contiguous), operands cast to `dtype`, float32
-  accumulation. The same products as `matmul(x.T, w).T`. kernels="xla_cpu": `xla_cpu.wt_matmul`
-  for x [I, N]."""
-  name = jnp.dtype(dtype).name
-  forms = xla_cpu.forms(kernels, name)
-  if x.ndim == 2 and forms.fast_grad:
-    return xla_cpu.wt_matmul(w, x, name, forms.pad_contraction)
-  return jax.lax.dot_general(w.astype(name), x.astype(name), (((0,), (0,)), ((), ())),
-                             preferred_element_type=jnp.float32)
 
 
 class Linear(hk.Module):
@@ -175,7 +98,7 @@ class Linear(hk.Module):
       bfloat16 `dtype` = torch-autocast style: bfloat16 matmul operands, float32 activations.
     feature_major: the input is [D, N] (features on the rows) and the result [output_size, N]
       (`wt_matmul`); the same parameters and products as the default [N, D] -> [N, output_size].
-    kernels: "default" | "xla_cpu" (modules/kernels: `xla_cpu.matmul` on the input as [N, D] rows).
+    kernels: "default" | "xla_cpu" (modules/kernels/dispatch.py: the products' forms).
   Parameters: `w` [D, output_size], `b` [output_size] (float32).
   """
 
@@ -204,15 +127,11 @@ class Linear(hk.Module):
   def __call__(self, x: jax.Array) -> jax.Array:                # [..., D] -> [..., output_size]
     fan_in = x.shape[0] if self.feature_major else x.shape[-1]
     w = self.weight(fan_in)
+    ops = dispatch.ops(self.kernels, self.dtype)
     if self.feature_major:                                       # [D, N] -> [output_size, N]
-      y = wt_matmul(w, x, self.dtype, kernels=self.kernels)
-    elif xla_cpu.forms(self.kernels, self.dtype).fast_grad:      # on [N, D] rows
-      y = xla_cpu.matmul(x.reshape(-1, fan_in), w, self.dtype).reshape(
-          x.shape[:-1] + (self.output_size,))
-    elif _is_low_precision(self.dtype):
-      y = matmul(x, w, self.dtype)                               # bfloat16 backward products
-    else:
-      y = jnp.dot(x.astype(self.dtype), w.astype(self.dtype), preferred_element_type=jnp.float32)
+      y = ops.wt_matmul(w, x)
+    else:                                                        # [..., D] -> [..., output_size]
+      y = ops.projection(x, w)
     if self.with_bias:
       b = hk.get_parameter("b", [self.output_size], self.param_dtype, init=self.b_init)
       b = b.astype(self.output_dtype)
@@ -278,8 +197,8 @@ class Embed(hk.Module):
       rows gathered, the table's gradient a one-hot matmul: `_take_dense_grad`), or "gather"
       (`jnp.take`: the gradient is a scatter-add). The same vectors; the table gradients are the
       same sums in another order.
-    kernels: "default" | "xla_cpu" (which makes "auto" `xla_cpu.embed_lookup`'s choice, and the
-      tied head `attend` `xla_cpu.matmul`).
+    kernels: "default" | "xla_cpu" (modules/kernels/dispatch.py: "auto" becomes the kernels'
+      `embed_lookup`; the tied head `attend` their `matmul`).
   """
 
   def __init__(self, vocab_size: int, embed_dim: int, *, init_std: float = 1.0,
@@ -290,7 +209,7 @@ class Embed(hk.Module):
     super().__init__(name=name)
     self.kernels = kernels_lib.check(kernels)
     if lookup == "auto":
-      lookup = xla_cpu.embed_lookup(kernels, dtype)
+      lookup = dispatch.ops(kernels, dtype).embed_lookup
     self.one_hot = one_hot_lookup(vocab_size, lookup)
     self.vocab_size = vocab_size
     self.embed_dim = embed_dim
@@ -311,8 +230,8 @@ class Embed(hk.Module):
   def attend(self, x: jax.Array, *,
              matmul_dtype: Optional[DTypeLike] = None) -> jax.Array:  # [..., D] -> [..., V] (tied)
     """x @ embeddings^T in `dtype`; `matmul_dtype` (default `dtype`) as in `matmul`."""
-    y = matmul(x.reshape(-1, x.shape[-1]), self.embeddings, matmul_dtype or self.dtype,
-               kernels=self.kernels, w_transposed=True)
+    ops = dispatch.ops(self.kernels, matmul_dtype or self.dtype)
+    y = ops.matmul(x.reshape(-1, x.shape[-1]), self.embeddings, w_transposed=True)
     return y.reshape(x.shape[:-1] + (self.vocab_size,)).astype(self.dtype)
 
 
@@ -389,8 +308,8 @@ class SwiGLU(hk.Module):
     dtype: compute dtype.
     param_dtype: storage dtype of the weights (float32 default).
     feature_major: x is [D, N] and so is the result (`Linear.feature_major`); same parameters.
-    kernels: "default" | "xla_cpu" (modules/kernels: the projections' and the activation's
-      gradients in XLA:CPU's forms; the same values and parameters).
+    kernels: "default" | "xla_cpu" (modules/kernels/dispatch.py: the projections' and the
+      activation's forms; the same values and parameters).
   Parameters: `gate_up_proj/w` [D, 2F] (first half gate, second half up), `down_proj/w` [F, D].
   """
 
@@ -413,24 +332,17 @@ class SwiGLU(hk.Module):
     linear = functools.partial(Linear, dtype=self.dtype, param_dtype=self.param_dtype,
                                feature_major=self.feature_major, kernels=self.kernels)
     gate_up_proj = linear(2 * inner, name="gate_up_proj")
-    forms = xla_cpu.forms(self.kernels, self.dtype)
-    if forms.split_gate_up and (x.ndim == 2 or not self.feature_major):
+    ops = dispatch.ops(self.kernels, self.dtype)
+    if ops.gate_up_swiglu is not None and (x.ndim == 2 or not self.feature_major):
       w = gate_up_proj.weight(width)                             # [D, 2F]
       rows = x if self.feature_major else x.reshape(-1, width)   # [D, N] or [N, D]
       with jax.named_scope("gate_up_proj"):                     # profiles name it as Linear's
-        h = xla_cpu.gate_up_swiglu(rows, w, self.dtype, feature_major=self.feature_major,
-                                   pad_contraction=forms.pad_contraction)
+        h = ops.gate_up_swiglu(rows, w, feature_major=self.feature_major)
       h = h if self.feature_major else h.reshape(x.shape[:-1] + (inner,))   # [..., F] (or [F, N])
     else:
       gate_up = gate_up_proj(x)                                  # [..., 2F] (or [2F, N])
-      activation = xla_cpu.swiglu_activation if forms.lean_swiglu else swiglu_activation
-      h = activation(gate_up, axis=axis)                         # [..., F] (or [F, N])
+      h = ops.swiglu(gate_up, axis=axis)                         # [..., F] (or [F, N])
     return linear(width, name="down_proj")(h)
-
-
-def _qkv_parts(qkv: jax.Array, H: int, K: int) -> Tuple[jax.Array, jax.Array, jax.Array]:
-  """q, k, v = the [B, S, H | K | K, Dh] parts of qkv."""
-  return qkv[:, :, :H], qkv[:, :, H:H + K], qkv[:, :, H + K:]
 
 
 class Attention(hk.Module):
@@ -444,7 +356,10 @@ class Attention(hk.Module):
     dtype: compute dtype. Scores and softmax are float32; probabilities are cast to `dtype` for the
       value product.
     param_dtype: storage dtype of the weights (float32 default).
-    kernels: "default" | "xla_cpu" (modules/kernels: head-major attention, XLA:CPU's projections).
+    kernels: "default" | "xla_cpu" (modules/kernels/dispatch.py: XLA:CPU's head-major attention
+      and projections).
+    attention: "xla" | "splash" | "cudnn": the attention kernel (modules/kernels/dispatch.py; a
+      kernel that cannot take the call's mask leaves it to "xla").
   Parameters: `qkv_proj/w` [D, (H + 2K) Dh] ordered q | k | v, head-major within each; `o_proj/w`
   [H Dh, D].
   Masks: `mask` is boolean and broadcastable to [B, H, S, S] (True = attend). A query row with nothing
@@ -460,9 +375,10 @@ class Attention(hk.Module):
                qkv_w_init: Optional[hk.initializers.Initializer] = None,
                out_w_init: Optional[hk.initializers.Initializer] = None,
                name: Optional[str] = None, param_dtype: DTypeLike = jnp.float32,
-               kernels: str = "default"):
+               kernels: str = "default", attention: str = "xla"):
     super().__init__(name=name)
     self.kernels = kernels_lib.check(kernels)
+    self.attention = dispatch.check_attention(attention)
     self.num_heads = num_heads
     self.head_dim = head_dim
     self.num_kv_heads = num_kv_heads or num_heads
@@ -488,8 +404,8 @@ class Attention(hk.Module):
     qkv = linear((H + 2 * K) * Dh, with_bias=self.qkv_bias, w_init=self.qkv_w_init,
                  name="qkv_proj")(x)                             # [B, S, (H+2K) Dh]
     qkv = qkv.reshape(B, S, H + 2 * K, Dh)
-    head_major = xla_cpu.forms(self.kernels, self.dtype).head_major
-    q, k, v = (xla_cpu.split_qkv if head_major else _qkv_parts)(qkv, H, K)  # [B, S, H|K, Dh]
+    ops = dispatch.ops(self.kernels, self.dtype, self.attention)
+    q, k, v = ops.split_qkv(qkv, H, K)                           # [B, S, H|K, Dh]
     if rope is not None:
       q = apply_rope(q, *rope)
       k = apply_rope(k, *rope)
@@ -497,8 +413,7 @@ class Attention(hk.Module):
     if kv_context is not None:
       k_all = jnp.concatenate([kv_context[0].astype(k.dtype), k], axis=1)  # [B, C + S, K, Dh]
       v_all = jnp.concatenate([kv_context[1].astype(v.dtype), v], axis=1)
-    out = dot_product_attention(q, k_all, v_all, mask=mask, causal=self.causal,
-                                kernels=self.kernels)            # [B, S, H, Dh]
+    out = ops.attention(q, k_all, v_all, mask=mask, causal=self.causal)   # [B, S, H, Dh]
     out = linear(D, with_bias=self.out_bias, w_init=self.out_w_init,
                  name="o_proj")(out.reshape(B, S, H * Dh))
     return (out, (k, v)) if return_kv else out
@@ -506,30 +421,11 @@ class Attention(hk.Module):
 
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                           mask: Optional[jax.Array] = None, causal: bool = False,
-                          kernels: str = "default") -> jax.Array:
-  """softmax(q k^T / sqrt(Dh)) v with grouped KV heads: `dtype` operands with float32
-  accumulation, the softmax in float32.
-
-  q: [B, Sq, H, Dh]; k, v: [B, Sk, K, Dh]; mask broadcastable to [B, H, Sq, Sk] (True = attend).
-  Returns [B, Sq, H, Dh] in q's dtype. kernels="xla_cpu": `xla_cpu.head_major_attention`.
-  """
-  B, Sq, H, Dh = q.shape
-  Sk, K = k.shape[1], k.shape[2]
-  G = H // K
-  qg = q.reshape(B, Sq, K, G, Dh)                               # head h -> (h // G, h % G)
-  if causal:
-    causal_mask = jnp.tril(jnp.ones((Sq, Sk), bool), k=Sk - Sq)
-    mask = causal_mask if mask is None else jnp.logical_and(mask, causal_mask)
-  if mask is not None:
-    mask = jnp.broadcast_to(mask, (B, H, Sq, Sk)).reshape(B, K, G, Sq, Sk)
-  if xla_cpu.forms(kernels, q.dtype).head_major:
-    return xla_cpu.head_major_attention(qg, k, v, mask)
-  scores = einsum("bqkgd,bskd->bkgqs", qg, k, q.dtype) * (1.0 / math.sqrt(Dh))  # [B, K, G, Sq, Sk]
-  if mask is not None:
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-  out = einsum("bkgqs,bskd->bqkgd", probs, v, q.dtype)          # [B, Sq, K, G, Dh] float32
-  return out.reshape(B, Sq, H, Dh).astype(q.dtype)
+                          kernels: str = "default", attention: str = "xla") -> jax.Array:
+  """softmax(q k^T / sqrt(Dh)) v with grouped KV heads (`dispatch.Ops.attention`): q [B, Sq, H, Dh],
+  k, v [B, Sk, K, Dh], mask broadcastable to [B, H, Sq, Sk] (True = attend) -> [B, Sq, H, Dh] in
+  q's dtype; `dtype` operands with float32 accumulation, the softmax in float32."""
+  return dispatch.ops(kernels, q.dtype, attention).attention(q, k, v, mask=mask, causal=causal)
 
 
 def count_params(params: hk.Params) -> int:

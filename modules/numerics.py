@@ -1,10 +1,14 @@
 """The numerics podlab's layers and their kernel families (modules/kernels) share: `dot` with
 float32 accumulation, and activations rounded as PyTorch rounds them: `silu` (torch's F.silu on
-bfloat16, bit for bit), `to_precision` (a rounding XLA keeps) and `swiglu_activation`.
-`modules.layers` exports the activations under the same names.
+bfloat16, bit for bit), `to_precision` (a rounding XLA keeps), `swiglu_activation`, and
+`float32_inside` (any elementwise function computed in float32 and rounded once, whose backward
+pass keeps only its low-precision input). `modules.layers` exports the activations.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -68,3 +72,37 @@ def swiglu_activation(gate_up: jax.Array, *, axis: int = -1) -> jax.Array:
   """silu(gate) * up for gate|up halves of `gate_up` along `axis` ([..., 2F] -> [..., F])."""
   gate, up = jnp.split(gate_up, 2, axis=axis)
   return silu(gate) * up
+
+
+def float32_inside(fn: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array], jax.Array]:
+  """`fn` (elementwise, float32 -> float32) applied to x's values in float32 and rounded once to
+  x's dtype, as torch computes a reduced-precision activation (opmath float32).
+
+  For a low-precision x (bfloat16) the backward pass keeps x alone and recomputes fn's derivative
+  in float32 from it, with the incoming gradient as an x.dtype value (rounded by `to_precision`,
+  which XLA keeps), the result rounded once to x.dtype: torch's backward formula for such an
+  activation. Autodiff would keep float32 intermediates of fn (on a TPU the compiler wrote a float32
+  copy of GPT-2's [B T, 4C] MLP activation per layer, twice the bytes of the bfloat16 input). A
+  float32 x is plain autodiff of fn.
+  """
+  @jax.custom_vjp
+  def rounded(x):
+    return fn(x.astype(jnp.float32)).astype(x.dtype)
+
+  def rounded_fwd(x):
+    return rounded(x), x
+
+  def rounded_bwd(x, g):
+    _, vjp = jax.vjp(fn, x.astype(jnp.float32))
+    g32 = to_precision(g.astype(jnp.float32), x.dtype)
+    return (vjp(g32)[0].astype(x.dtype),)
+
+  rounded.defvjp(rounded_fwd, rounded_bwd)
+
+  @functools.wraps(fn)
+  def apply(x: jax.Array) -> jax.Array:
+    if x.dtype == jnp.float32:
+      return fn(x)
+    return rounded(x)
+
+  return apply

@@ -534,9 +534,10 @@ def _field(block: str, name: str) -> Optional[str]:
 
 
 def fix_build_files() -> List[str]:
-  """Rewrites every package's library and test stanzas from the sources (deps from the imports;
-  `data` fields and other rules kept; rules listing files that no longer exist dropped). Returns
-  the BUILD files it changed. Binaries and other rules are kept as they are when their files exist."""
+  """Rewrites every package's library and test stanzas from the sources (deps from the imports,
+  plus the old deps that still name a target; `data` fields and other rules kept; rules listing
+  files that no longer exist dropped). Returns the BUILD files it changed. Binaries and other
+  rules are kept as they are when their files exist."""
   changed = []
   for package in packages():
     if not package.startswith(PROJECT_PACKAGES):
@@ -568,6 +569,7 @@ def fix_build_files() -> List[str]:
       rel = f"{package}/{name}" if package else name
       body = stanza(rel, targets).split("\n", 1)[1]
       stem = body.split('"')[1]
+      body = _keep_old_deps(body, old.get(stem, ""), package, targets)
       data = _field(old.get(stem, ""), "data")
       if data:
         body = body[:-1] + data + "\n)"
@@ -585,6 +587,28 @@ def fix_build_files() -> List[str]:
       path.write_text(text)
       changed.append(str(path.relative_to(REPO_ROOT)))
   return changed
+
+
+def _keep_old_deps(body: str, old_block: str, package: str, targets: Sequence[Target]) -> str:
+  """`body` (a stanza from the imports) plus the deps of `old_block` that still name a target:
+  deps no import shows (a module a test runs as `python -m`, or imports by a string) stay."""
+  if not old_block:
+    return body
+  labels = {t.label for t in targets}
+  have = {normalize(package, d) for t in read_build_text(package, body) for d in t.deps}
+  extra = [d for t in read_build_text(package, old_block) for d in t.deps
+           if not d.startswith("@") and normalize(package, d) in labels
+           and normalize(package, d) not in have]
+  if not extra:
+    return body
+  lines = body.splitlines()
+  start = lines.index("    deps = [")
+  end = lines.index("    ],", start)
+  deps = [l for l in lines[start + 1:end] if not l.strip().startswith("#")]
+  pips = [l for l in lines[start + 1:end] if l.strip().startswith("#")]
+  deps = sorted(set(deps) | {f'        "{d}",' for d in extra},
+                key=lambda d: (d.strip().startswith('"//'), d.strip()))
+  return "\n".join(lines[:start + 1] + deps + pips + lines[end:])
 
 
 def _bundle_stanza(package: str, files: Sequence[str], targets: Sequence[Target]) -> str:

@@ -13,7 +13,8 @@ RUNNABLE = ["modules.layers", "modules.trm", "experiments.common.parallel",
             "experiments.diffucoder.sampling", "experiments.diffucoder.model_sharding",
             "experiments.common.safetensors_io", "experiments.diffucoder.convert",
             "experiments.common.lazy_import", "experiments.common.chips",
-            "experiments.tools.gpu_measured", "experiments.tools.doc_tables"]
+            "experiments.tools.gpu_measured", "experiments.tools.doc_tables",
+            "experiments.diffucoder.sandbox", "experiments.diffucoder.code_eval"]
 
 
 def synopsis(module_name: str) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 from modules import gpt
 from modules import layers
+from modules.kernels import dispatch
 from modules.kernels import xla_cpu
 
 
@@ -222,9 +223,9 @@ def _kernels(fast: bool) -> str:
 @pytest.mark.parametrize("dtype,tol", [("float32", 2e-5), ("bfloat16", 3e-2)])
 @pytest.mark.parametrize("w_transposed", [False, True])
 def test_fast_grad_matmul_gradients_match_numpy(dtype, tol, w_transposed):
-  """layers.matmul(kernels="xla_cpu") (`xla_cpu.matmul`: custom VJP, row-major transposes): value and
-  both gradients of
-  sum(c * (x @ w)) against float64 NumPy; float32 also equals plain autodiff to rounding."""
+  """dispatch.ops("xla_cpu", dtype).matmul (`xla_cpu.matmul`: custom VJP, row-major transposes):
+  value and both gradients of sum(c * (x @ w)) against float64 NumPy; float32 also equals plain
+  autodiff to rounding."""
   rng = np.random.default_rng(0)
   x = rng.standard_normal((96, 40)).astype(np.float32)
   w = rng.standard_normal((24, 40) if w_transposed else (40, 24)).astype(np.float32) * 0.2
@@ -232,7 +233,7 @@ def test_fast_grad_matmul_gradients_match_numpy(dtype, tol, w_transposed):
   wm = f64(w).T if w_transposed else f64(w)
 
   def loss(x, w, fast):
-    y = layers.matmul(x, w, dtype, kernels=_kernels(fast), w_transposed=w_transposed)
+    y = dispatch.ops(_kernels(fast), dtype).matmul(x, w, w_transposed)
     assert y.dtype == jnp.float32
     return jnp.sum(c * y)
 
@@ -257,8 +258,8 @@ def test_fast_grad_matmul_gradients_match_numpy(dtype, tol, w_transposed):
 @pytest.mark.parametrize("dtype,tol", [("float32", 2e-5), ("bfloat16", 3e-2)])
 @pytest.mark.parametrize("fast", [True, False])
 def test_wt_matmul_value_and_gradients_match_numpy(dtype, tol, fast):
-  """layers.wt_matmul(w, x) = w^T x for feature-major x [I, N]: value and both gradients of
-  sum(c * w^T x) against float64 NumPy, with the CPU form (kernels="xla_cpu": fast_grad) and plain
+  """dispatch.ops(kernels, dtype).wt_matmul(w, x) = w^T x for feature-major x [I, N]: value and
+  both gradients of sum(c * w^T x) against float64 NumPy, with the CPU form (kernels="xla_cpu": fast_grad) and plain
   autodiff."""
   rng = np.random.default_rng(1)
   x = rng.standard_normal((40, 96)).astype(np.float32)          # [I, N]
@@ -266,7 +267,7 @@ def test_wt_matmul_value_and_gradients_match_numpy(dtype, tol, fast):
   c = rng.standard_normal((24, 96)).astype(np.float32)          # [O, N]
 
   def loss(w, x):
-    y = layers.wt_matmul(w, x, dtype, kernels=_kernels(fast))
+    y = dispatch.ops(_kernels(fast), dtype).wt_matmul(w, x)
     assert y.dtype == jnp.float32 and y.shape == (24, 96)
     return jnp.sum(c * y)
 
@@ -278,8 +279,8 @@ def test_wt_matmul_value_and_gradients_match_numpy(dtype, tol, fast):
   np.testing.assert_allclose(f64(gw), want_gw, atol=tol * np.abs(want_gw).max())
   assert gw.dtype == jnp.float32 and gx.dtype == jnp.float32
   # The same products as the row-major form matmul(x^T, w)^T.
-  y_rows = layers.matmul(jnp.asarray(x).T, w, dtype, kernels=_kernels(fast)).T
-  np.testing.assert_allclose(layers.wt_matmul(w, x, dtype, kernels=_kernels(fast)), y_rows,
+  y_rows = dispatch.ops(_kernels(fast), dtype).matmul(jnp.asarray(x).T, w).T
+  np.testing.assert_allclose(dispatch.ops(_kernels(fast), dtype).wt_matmul(w, x), y_rows,
                              rtol=1e-6, atol=1e-6)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from modules import layers
+from modules.kernels import xla
 from modules.kernels import xla_cpu
 
 TRUNC_STD = 0.87962566103423978  # std of a standard normal truncated to [-2, 2]
@@ -216,7 +217,7 @@ def _dot_operand_dtypes(fn, *args):
     ("bkgqs,bskd->bqkgd", (2, 2, 2, 3, 5), (2, 5, 2, 4)),   # attention values
 ])
 def test_einsum_bfloat16_backward_runs_bfloat16_products(spec, a_shape, b_shape):
-  """`layers.einsum` in bfloat16: float32 values of the bfloat16 operands, and the gradient's two
+  """`xla.einsum` in bfloat16: float32 values of the bfloat16 operands, and the gradient's two
   products on bfloat16 operands (the output gradient rounded first) with float32 accumulation,
   a's gradient in a's dtype (bfloat16 here), b's in b's (a float32 weight: unrounded)."""
   rng = np.random.default_rng(3)
@@ -226,9 +227,9 @@ def test_einsum_bfloat16_backward_runs_bfloat16_products(spec, a_shape, b_shape)
   g = rng.standard_normal(out_shape).astype(np.float32)
 
   def fn(a, b):
-    return jnp.sum(layers.einsum(spec, a, b, jnp.bfloat16) * g)
+    return jnp.sum(xla.einsum(spec, a, b, jnp.bfloat16) * g)
 
-  y = layers.einsum(spec, a, b, jnp.bfloat16)
+  y = xla.einsum(spec, a, b, jnp.bfloat16)
   assert y.dtype == jnp.float32
   assert_close(y, np.einsum(spec, f64(a), bf16_round(b)), rtol=1e-5, atol=1e-5)
   da, db = jax.jit(jax.grad(fn, argnums=(0, 1)))(a, b)

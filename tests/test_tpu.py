@@ -28,7 +28,7 @@ from experiments.tools import dry_run
 from experiments.tools import tpu
 from experiments.trm import train as trm_train
 from experiments.trm.configs import v4_64
-from modules import layers
+from modules.kernels import dispatch
 
 GIB = 2 ** 30
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -451,13 +451,13 @@ def test_compiler_hbm_limits_match_the_chip_table(libtpu):
 
 
 def test_layout_constraints_detected(libtpu):
-  """`layers.matmul(kernels="xla_cpu")` (the CPU-target form) pins a row-major transpose; the check
-  finds it in that program only, so a TPU compile that carried it by mistake is reported."""
+  """`dispatch.ops("xla_cpu", dtype).matmul` (the CPU-target form) pins a row-major transpose; the
+  check finds it in that program only, so a TPU compile that carried it by mistake is reported."""
   target = tpu.parse_target("v4-8")
 
   def make(kernels):
     def step(w, x):                     # w replicated [256, 512], x per device [128, 256]
-      loss = lambda w: jnp.sum(layers.matmul(x, w, jnp.bfloat16, kernels=kernels) ** 2)
+      loss = lambda w: jnp.sum(dispatch.ops(kernels, jnp.bfloat16).matmul(x, w) ** 2)
       g = jax.grad(loss)(w)
       return jax.lax.pmean(g, parallel.AXIS)
     return tpu.lower_pmap(step, target, (jax.ShapeDtypeStruct((256, 512), jnp.float32),

@@ -84,11 +84,16 @@ def write_json(path: str, payload: Any, *, every_process: bool = False,
 
   Process 0 only, unless `every_process` (each host writes its own file, e.g. ARC votes_<i>.json).
   """
+  text = (json.dumps(payload, separators=(",", ":")) if compact
+          else json.dumps(payload, indent=2, sort_keys=True))
+  write_text(path, text, every_process=every_process)
+
+
+def write_text(path: str, text: str, *, every_process: bool = False) -> None:
+  """Writes `text` atomically, as `write_json` (e.g. a JSONL file rewritten as it grows)."""
   if jax.process_index() != 0 and not every_process:
     return
   tmp = f"{path}.tmp{jax.process_index()}"
-  text = (json.dumps(payload, separators=(",", ":")) if compact
-          else json.dumps(payload, indent=2, sort_keys=True))
   try:
     parent = path.rpartition("/")[0]
     if parent:

@@ -50,7 +50,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from absl import flags
 import jax
@@ -156,11 +156,14 @@ def batches(lengths: Sequence[int], global_batch: int) -> List[List[int]]:
 
 
 def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, params=None,
-        tok=None, progress: bool = False) -> List[Dict[str, Any]]:
+        tok=None, progress: bool = False,
+        on_batch: Optional[Callable[[List[Dict[str, Any]]], None]] = None) -> List[Dict[str, Any]]:
   """Generates a completion for every prompt; returns the output records (on every process).
 
+  A prompt's optional "prefix" is appended after its (templated) text: the start of the answer.
   params / tok: already loaded parameters and tokenizer (tests); else from config.checkpoint and
-  config.tokenizer_dir (or the checkpoint folder).
+  config.tokenizer_dir (or the checkpoint folder). on_batch(records): called on every process
+  with each batch's new records as it ends (e.g. to save them).
   """
 
   opts = sampler_options(config)
@@ -203,8 +206,8 @@ def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, par
     params = {module: {name: place(module, name, np.asarray(v)) for name, v in p.items()}
               for module, p in params.items()}
 
-  texts = [tokenizer_lib.chat_prompt(p["prompt"]) if config.chat_template else p["prompt"]
-           for p in prompts]
+  texts = [(tokenizer_lib.chat_prompt(p["prompt"]) if config.chat_template else p["prompt"])
+           + p.get("prefix", "") for p in prompts]
   ids = [tok.encode(t) for t in texts]
   for p, i in zip(prompts, ids):
     if not i:
@@ -251,15 +254,19 @@ def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, par
     if jax.process_count() > 1:
       tokens = np.asarray(multihost_utils.process_allgather(tokens)).reshape(-1, tokens.shape[1])
     new_tokens = len(chunk) * max_new
+    done = []
     for row, i in enumerate(chunk):
       if i in records:
         continue
+      done.append(i)
       completion = sampling.cut_at_stop(tokens[row, length:], stops)
       records[i] = dict(id=prompts[i]["id"], prompt=prompts[i]["prompt"],
                         completion=tok.decode(completion), completion_ids=completion,
                         prompt_tokens=len(ids[i]), batch=b, batch_seconds=round(out.seconds, 4),
                         batch_tokens_per_s=round(new_tokens / max(out.seconds, 1e-9), 2),
                         forwards=out.forwards)
+    if on_batch is not None:
+      on_batch([records[i] for i in done])
   if bar is not None:
     bar.close()
   return [records[i] for i in range(len(prompts))]

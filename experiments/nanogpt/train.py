@@ -57,6 +57,7 @@ from experiments.nanogpt.configs import base as base_config
 from input_pipeline import gpt2_bpe
 from input_pipeline import hub
 from modules import gpt
+from modules.kernels import dispatch
 
 # The data libraries (TensorFlow, TFDS) load where data is read, not with the step (lazy_import).
 pipeline = lazy_import.module("input_pipeline.pipeline")
@@ -85,15 +86,23 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise E("min_lr", config.min_lr, f"is above lr={config.lr}", "use e.g. lr / 10")
   if config.rng not in ("torch", "stateless"):
     raise E("rng", config.rng, "must be 'torch' (nanoGPT's draws) or 'stateless'", "use 'torch'")
+  attention = config.model.get("attention", "auto")
+  if attention not in ("auto",) + dispatch.ATTENTIONS:
+    raise E("model.attention", attention, f"must be 'auto' or one of {', '.join(dispatch.ATTENTIONS)}",
+            "use 'auto' (splash on a TPU, cudnn on a GPU, xla on a CPU)")
+  loss = config.model.get("loss", "auto")
+  if loss not in ("auto",) + dispatch.LOSSES:
+    raise E("model.loss", loss, f"must be 'auto' or one of {', '.join(dispatch.LOSSES)}",
+            "use 'auto' (the fused pallas head on a TPU, xla elsewhere)")
   if config.model.gelu not in hf_gpt2.GELU_CHOICES:
     raise E("model.gelu", config.model.gelu, f"must be one of {', '.join(hf_gpt2.GELU_CHOICES)}",
             "use 'auto' (a GPT-2 folder's config.json, else nanoGPT's exact GELU)")
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int,
-                 kernels: str = "default") -> gpt.GPTConfig:
+                 kernels: str = "default", platform: str = "cpu") -> gpt.GPTConfig:
   """GPTConfig of the config's model fields; `kernels` "xla_cpu" for a CPU target
-  (layout.cpu_tuning)."""
+  (layout.cpu_tuning); model.attention "auto" resolved for the target `platform`."""
   m = config.model
   try:
     return gpt.GPTConfig(block_size=m.block_size,
@@ -101,7 +110,10 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int,
                          n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
                          bias=m.bias, dtype=m.dtype, activations=m.activations,
                          kernels=kernels, gelu="exact" if m.gelu == "auto" else m.gelu,
-                         remat=bool(m.remat))
+                         remat=bool(m.remat),
+                         attention=dispatch.attention_for(platform, m.dtype,
+                                                          m.get("attention", "auto")),
+                         loss=dispatch.loss_for(platform, m.get("loss", "auto")))
   except ValueError as e:
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 
@@ -208,7 +220,8 @@ def init_from_model_config(config: ml_collections.ConfigDict, model: gpt.GPTConf
         "prepare the text with this folder's tokenizer (dataset.builder_kwargs.tokenizer_dir) and "
         "leave model.vocab_size at -1")
   run = dataclasses.replace(folder, block_size=config.model.block_size, dtype=model.dtype,
-                            activations=model.activations, kernels=model.kernels)
+                            activations=model.activations, kernels=model.kernels,
+                            attention=model.attention, loss=model.loss)
   return folder, run
 
 
@@ -265,7 +278,8 @@ def run_model(config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout
     raise errors.ConfigError("model.vocab_size", config.model.vocab_size,
                              f"the vocabulary of {config.dataset.name} is known only once it "
                              "is prepared", "set --config.model.vocab_size (or prepare it)")
-  model = model_config(config, vocab_size, "xla_cpu" if layout.cpu_tuning else "default")
+  model = model_config(config, vocab_size, "xla_cpu" if layout.cpu_tuning else "default",
+                       layout.platform)
   folder = None
   if folder_config(config):        # the folder's shape (nanoGPT's from_pretrained + crop)
     folder, model = init_from_model_config(config, model)
@@ -328,8 +342,8 @@ def make_train_step(model: gpt.GPTModel, tx: optax.GradientTransformation,
   dropout = model.config.dropout > 0
 
   def loss_fn(params, batch, rng):
-    logits = model.apply(params, batch["x"], rng if dropout else None, is_training=dropout)
-    return gpt.cross_entropy(logits, batch["y"]), {}
+    return model.loss(params, batch["x"], batch["y"], rng if dropout else None,
+                      is_training=dropout), {}
 
   def train_step(state: TrainState, device_state, batch, rng):
     u = trainer.accumulated_update(loss_fn, tx, state.params, state.opt_state,
@@ -343,7 +357,7 @@ def make_train_step(model: gpt.GPTModel, tx: optax.GradientTransformation,
 
 def make_eval_step(model: gpt.GPTModel):
   def eval_step(params, batch):
-    loss = gpt.cross_entropy(model.apply(params, batch["x"][0]), batch["y"][0])
+    loss = model.loss(params, batch["x"][0], batch["y"][0])
     return jax.lax.pmean(loss, parallel.AXIS)
   return eval_step
 

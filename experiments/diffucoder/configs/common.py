@@ -19,6 +19,8 @@ Fields of a config:
     experiments/diffucoder/generate.py.
   checkpoint: a Hugging Face checkpoint folder (safetensors shards + index json) or an orbax folder
     written by `python -m experiments.diffucoder.convert`.
+  code_eval: HumanEval's prompt format, post-processing, samples and sandbox limits
+    (experiments/diffucoder/code_eval.py).
   tokenizer_dir: folder with vocab.json + merges.txt (+ tokenizer_config.json added tokens) or
     tokenizer.json; "" = the checkpoint folder (a Hugging Face folder holds both).
   chat_template: wrap prompts in the ChatML template (instruct models).
@@ -68,6 +70,16 @@ def base_config(*, model: dream.DreamConfig, tokens: dict, max_new_tokens: int, 
       block_algorithm="podlab",
       batch_size=1,          # prompts per device per batch (global batch = batch_size x devices)
       pad_to_multiple=32))   # prompt lengths round up to this: fewer distinct shapes to compile
+  # HumanEval through experiments/diffucoder/code_eval.py (its docstring; sandbox.py: the limits).
+  # Defaults: Dream's evaluation (prompt, post-processing) and OpenAI's harness (timeout 3 s).
+  c.code_eval = ml_collections.ConfigDict(dict(
+      prompt="instruct" if chat_template else "completion",   # or the other one
+      postprocess="sanitize",   # Dream's; "raw": prompt + completion (OpenAI's harness)
+      samples=1,                # completions per problem: pass@1, and pass@10/100 when n allows
+      timeout_s=3.0, memory_mb=2048, file_mb=64, processes=32, open_files=256, grace_s=10.0,
+      namespaces=True,          # network + PID namespaces where the kernel allows them
+      site_packages=True,       # programs may import installed packages (False: stdlib only)
+      workers=0))               # programs at a time (0: one per CPU)
   c.checkpoint = checkpoint
   c.tokenizer_dir = ""
   c.chat_template = chat_template

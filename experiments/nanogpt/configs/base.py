@@ -71,6 +71,12 @@ def get_config() -> ml_collections.ConfigDict:
   # n_layer's). A podlab option, not nanoGPT's (which stores them); off by default. GPT-2 XL
   # finetuning needs it to fit a v5e-8 (docs/sharding.md).
   c.model.remat = False
+  # The training forward's attention kernel (modules/kernels/dispatch.py): "auto" = splash on a
+  # TPU, cudnn on a GPU (bfloat16), xla on a CPU (the reference's formulation); or name one.
+  c.model.attention = "auto"
+  # The head and loss: "auto" = one fused TPU kernel on a TPU (no [B, T, V] logits in HBM,
+  # modules/kernels/fused_ce.py), "xla" elsewhere (the logits, then the cross-entropy); or name one.
+  c.model.loss = "auto"
   # (config.cpu_tuning, run section: on a CPU target the weight gradients run as row-major matmuls,
   # XLA CPU's fast path; float32 results are the same sums in another order. modules/layers.py.)
 
