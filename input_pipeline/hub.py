@@ -18,8 +18,8 @@ as the cache names it); a file that differs is deleted and the error says so.
 
 **Once per pod.** In a multi-process run process 0 downloads while the others wait at a barrier
 (`once_per_pod`: JAX's distributed key-value store; a waiting process gives up only when process 0
-shows no progress for `PODLAB_BARRIER_STALL_S`, 900 s, of bytes arriving) and then read the same
-files: from a shared cache, `PODLAB_HUB_CACHE` (a folder every host sees, used as the Hugging Face
+shows no progress, neither bytes arriving nor CPU time, for `PODLAB_BARRIER_STALL_S`, 900 s) and
+then read the same files: from a shared cache, `PODLAB_HUB_CACHE` (a folder every host sees, used as the Hugging Face
 cache; or `gs://.../hub`, where process 0 publishes the snapshot and every host copies it to its
 local disk). Without `PODLAB_HUB_CACHE` a run whose `TFDS_DATA_DIR` is `gs://B/P/tfds` (what
 launch/pod.sh sets) uses `gs://B/P/hub`; otherwise each host uses its own Hugging Face cache, and
@@ -42,7 +42,6 @@ Synopsis:
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import hashlib
 import json
 import os
@@ -585,9 +584,6 @@ def dataset_files(repo_id: str, files: Sequence[str], *, what: str, fallback: st
   from huggingface_hub import errors as hf_errors  # pylint: disable=g-import-not-at-top
   ref = Ref(repo_id, revision, "dataset", repo_id)
   head = f"{what}: {', '.join(files)} of {ref.page()}"
-  if offline():
-    raise errors.SourceMissing(f"{head}: HF_HUB_OFFLINE=1 forbids downloading them. Fix: "
-                               f"{fallback}")
   api = HfApi(endpoint=endpoint())
   try:
     commit = api.dataset_info(repo_id, revision=revision).sha
@@ -606,7 +602,3 @@ def dataset_files(repo_id: str, files: Sequence[str], *, what: str, fallback: st
                            f.lfs.sha256 if f.lfs is not None else f.blob_id)
   return commit, out
 
-
-def matches(names: Iterable[str], patterns: Sequence[str] = WEIGHT_FILES) -> list:
-  """The top-level names a resolve fetches (WEIGHT_FILES)."""
-  return [n for n in names if "/" not in n and any(fnmatch.fnmatch(n, p) for p in patterns)]

@@ -7,8 +7,6 @@ the files, the URL and the manual fallback, nothing written; `python -m input_pi
 # (no test here reads ../shared or the internet: the real sources' URLs are only compared)
 
 import hashlib
-import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -129,6 +127,14 @@ def test_arc_agi_downloads_concept_arc_checked_by_its_sha256(server, monkeypatch
   with pytest.raises(errors.SourceMissing, match=r"^arc_agi: arc-agi_concept_solutions.json from "
                      r"http://127.0.0.1:\d+/raw/trm/arc-agi_concept_solutions.json: sha256 "):
     prepare.prepare("arc_agi", tmp_path / "tfds2", kwargs)
+  # No network: one line at once (a HEAD first; TFDS's downloader would retry for minutes).
+  gone = tuple(base.Url(u.file, "http://127.0.0.1:9/trm/" + u.file, u.sha256, u.size)
+               for u in stand_in)
+  monkeypatch.setattr(arc_agi.ArcAgi, "SOURCES", gone)
+  with pytest.raises(errors.SourceMissing, match=(
+      r"^arc_agi: http://127.0.0.1:9/trm/arc-agi_concept_challenges.json cannot be reached "
+      r"\(ConnectionError\). Fix: run again with a network, or download arc-agi_concept_")):
+    prepare.prepare("arc_agi", tmp_path / "tfds3", kwargs)
 
 
 def test_the_published_concept_arc_source_is_pinned():

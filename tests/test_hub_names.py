@@ -85,12 +85,14 @@ def _greedy(folder, start, n):
 
 
 def test_sample_init_from_a_name(server, folders, tmp_path):
+  shared = tmp_path / "shared"                             # --cache_dir: the pod's shared cache
   proc = _run(["experiments.nanogpt.sample", "--init_from=gpt2", "--start=the king",
-               "--num_samples=1", "--max_new_tokens=6", "--temperature=0"], server, tmp_path)
+               "--num_samples=1", "--max_new_tokens=6", "--temperature=0", f"--cache_dir={shared}"],
+              server, tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]
   header, text = proc.stdout.split("\n", 1)
-  folder = hub.cached("gpt2", hub.GPT2_NAMES)
-  assert folder and header.startswith(f"GPT-2 folder gpt2 ({folder}): {{'n_layer': 2")
+  folder = next((shared / "models--openai-community--gpt2" / "snapshots").iterdir())
+  assert header.startswith(f"GPT-2 folder gpt2 ({folder}): {{'n_layer': 2")
   assert text.split("\n---------------  (")[0] == _greedy(str(folders / "gpt2"), "the king", 6)
   assert "gpt2 = openai-community/gpt2: fetching" in proc.stderr
 

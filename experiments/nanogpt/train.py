@@ -124,8 +124,8 @@ def check_tokenizer(config: ml_collections.ConfigDict) -> None:
   if kwargs.get("level", "") == "bpe" and not kwargs.get("tokenizer_dir", ""):
     raise errors.ConfigError(
         "dataset.builder_kwargs.tokenizer_dir", "", "BPE-level text needs the folder of "
-        "vocab.json + merges.txt", "set --config.init_from=FOLDER (the finetune recipes read the "
-        "tokenizer there) or --config.dataset.builder_kwargs.tokenizer_dir=FOLDER")
+        "vocab.json + merges.txt", "set --config.init_from=gpt2 (a GPT-2 name or folder: the "
+        "finetune recipes read the tokenizer there) or --config.dataset.builder_kwargs.tokenizer_dir")
 
 
 def is_gpt2_folder(path: str) -> bool:

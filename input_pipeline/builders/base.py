@@ -127,9 +127,13 @@ def fetch_sources(dl_manager: tfds.download.DownloadManager, dataset: str,
                                  f"{describe_sources(sources)} into it, or drop --manual_dir (the "
                                  "builder then downloads them)")
     return {f: os.path.join(folder, f) for f in files}
+  if hub.offline():                                    # the Hub's convention, for every source
+    raise errors.SourceMissing(f"{dataset}: {describe_sources(sources)}: HF_HUB_OFFLINE=1 forbids "
+                               f"downloading them. Fix: {howto}")
   expected: Dict[str, Tuple[str, str]] = {}            # file -> (url, sha256 or git blob id)
   for s in sources:
     if isinstance(s, Url):
+      _reachable(s.url, dataset, howto)
       expected[s.file] = (s.url, s.sha256)
     else:
       _, records = hub.dataset_files(s.repo_id, s.files, revision=s.revision, what=dataset,
@@ -155,3 +159,14 @@ def fetch_sources(dl_manager: tfds.download.DownloadManager, dataset: str,
                                  f"run again (a corrupted transfer), or {howto}")
     out[f] = path
   return out
+
+
+def _reachable(url: str, dataset: str, howto: str) -> None:
+  """One quick HEAD request, so that no network is one line at once (TFDS's downloader retries a
+  failed connection for minutes)."""
+  import requests  # pylint: disable=g-import-not-at-top
+  try:
+    requests.head(url, timeout=30, allow_redirects=True).raise_for_status()
+  except requests.RequestException as e:
+    raise errors.SourceMissing(f"{dataset}: {url} cannot be reached ({type(e).__name__}). Fix: run "
+                               f"again with a network, or {howto}") from None
