@@ -181,10 +181,25 @@ def test_diffucoder_checkpoint_by_name(server, folders):
 
 @pytest.mark.slow
 def test_sample_as_typed(server, tmp_path):
-  """`python -m experiments.nanogpt.sample --init_from=gpt2`: nanoGPT's 10 samples of 500 tokens."""
+  """`python -m experiments.nanogpt.sample --init_from=gpt2`: nanoGPT's 10 samples of 500 tokens;
+  then offline (HF_HUB_OFFLINE=1): the cached gpt2 samples again, gpt2-xl (not cached) is one line
+  naming the name, its page and the fallback, exit 2."""
   proc = _run(["experiments.nanogpt.sample", "--init_from=gpt2"], server, tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.count("---------------  (500 tokens in ") == 10
+  before = len(server.requests)
+  proc = _run(["experiments.nanogpt.sample", "--init_from=gpt2", "--num_samples=1",
+               "--max_new_tokens=2"], server, tmp_path, HF_HUB_OFFLINE="1")
+  assert proc.returncode == 0 and len(server.requests) == before, proc.stderr[-3000:]
+  proc = _run(["experiments.nanogpt.sample", "--init_from=gpt2-xl"], server, tmp_path,
+              HF_HUB_OFFLINE="1")
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert proc.returncode == 2 and lines[-1] == (
+      f"error: --init_from=gpt2-xl: gpt2-xl = openai-community/gpt2-xl ({server.url}/"
+      f"openai-community/gpt2-xl): not in the Hugging Face cache ({tmp_path}/hf/hub) and "
+      "HF_HUB_OFFLINE=1 forbids downloading it. Fix: run once with a network, or download its "
+      "safetensors, config.json and tokenizer files from that page and pass the folder as "
+      "--init_from=FOLDER"), proc.stderr[-3000:]
 
 
 @pytest.mark.slow
