@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional
 import tensorflow_datasets as tfds
 
 from input_pipeline.builders import arc_agi
+from input_pipeline.builders import base
 from input_pipeline.builders import maze_generated
 from input_pipeline.builders import maze_hard
 from input_pipeline.builders import shakespeare_char
@@ -109,6 +110,28 @@ def make_config(name: str, builder_kwargs: Optional[Mapping[str, Any]] = None
     raise ValueError(
         f"{name}: unknown builder kwargs {unknown}; knobs: {knobs}, or config=<preset>")
   return module.make_config(**kwargs)
+
+
+def source_line(name: str, builder_kwargs: Optional[Mapping[str, Any]] = None) -> str:
+  """Where `name`'s data comes from when it is prepared without a manual dir (no network)."""
+  make_config(name, builder_kwargs)                  # the knobs are valid
+  builder = _BUILDERS[name]
+  sources = builder.SOURCES
+  if not sources:
+    return builder.LOCAL_SOURCE
+  local = "" if builder.LOCAL_SOURCE.startswith("generated") else f"{builder.LOCAL_SOURCE}; "
+  return (f"{local}downloads {base.describe_sources(sources)}, checked against their checksums "
+          f"(offline: --manual_dir with {', '.join(base.source_files(sources))})")
+
+
+def describe(name: str, data_dir: str, builder_kwargs: Optional[Mapping[str, Any]] = None,
+             manual_dir: str = "") -> str:
+  """One line for a dry run: the dataset, whether it is prepared, where its data comes from."""
+  builder = get_builder(name, data_dir, builder_kwargs)
+  if builder.is_prepared():
+    return f"{builder.info.full_name} prepared in {data_dir}"
+  where = f"from {manual_dir}" if manual_dir else source_line(name, builder_kwargs)
+  return f"{builder.info.full_name}: prepared in {data_dir} on first use, {where}"
 
 
 def get_builder(name: str, data_dir: str,

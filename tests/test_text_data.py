@@ -4,6 +4,7 @@ The shakespeare_char facts (65 characters, 1,003,854 / 111,540 ids, first ids 18
 are from docs/nanogpt.md, on the repository's copy of Tiny Shakespeare (input_pipeline/data/).
 """
 import hashlib
+import os
 import pathlib
 import subprocess
 import sys
@@ -113,13 +114,16 @@ def test_text_corpus_byte_level_builder(tmp_path):
     ("text_corpus", {}, "empty", "text_corpus: input.txt not found in {tmp}/empty. Fix: pass "),
     ("shakespeare_char", {}, "nowhere", "manual_dir={tmp}/nowhere (shakespeare_char): no such "
      "folder. Fix: Tiny Shakespeare comes with the repository"),
-    ("sudoku_extreme", {}, None, "sudoku_extreme: train.csv: no --manual_dir given. Fix: download "
-     "train.csv and test.csv (columns source,question,answer,rating) of the public Sudoku-Extreme "
-     "data (huggingface.co/datasets/sapientinc/sudoku-extreme)"),
+    ("sudoku_extreme", {}, None, "sudoku_extreme: train.csv, test.csv of https://huggingface.co/"
+     "datasets/sapientinc/sudoku-extreme: HF_HUB_OFFLINE=1 forbids downloading them. Fix: download "
+     "train.csv, test.csv of https://huggingface.co/datasets/sapientinc/sudoku-extreme by hand into "
+     "a folder and pass it with --manual_dir"),
     ("maze_hard", {}, "empty", "maze_hard: train.csv: not in {tmp}/empty. Fix: download"),
 ])
-def test_a_missing_source_is_one_line_naming_it_where_and_how(tmp_path, name, kwargs, manual,
-                                                              message):
+def test_a_missing_source_is_one_line_naming_it_where_and_how(tmp_path, monkeypatch, name, kwargs,
+                                                              manual, message):
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")                  # without a manual dir: no download
+  monkeypatch.delenv("HF_ENDPOINT", raising=False)
   (tmp_path / "empty").mkdir()
   (tmp_path / "empty" / "other.txt").write_text("x")          # TFDS treats an empty folder as none
   manual_dir = None if manual is None else tmp_path / manual
@@ -131,12 +135,19 @@ def test_a_missing_source_is_one_line_naming_it_where_and_how(tmp_path, name, kw
 
 
 def test_prepare_cli_reports_a_missing_source_in_one_line(tmp_path):
+  """Offline (HF_HUB_OFFLINE=1) without a manual dir: one line naming the files, the URL and the
+  manual fallback, exit 2, nothing prepared."""
+  env = {k: v for k, v in os.environ.items() if k != "HF_ENDPOINT"}
   proc = subprocess.run([sys.executable, "-m", "input_pipeline.prepare", "--dataset=maze_hard",
                          f"--data_dir={tmp_path}"], capture_output=True, text=True, timeout=300,
-                        cwd=REPO)
+                        cwd=REPO, env=dict(env, HF_HUB_OFFLINE="1"))
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr   # (TFDS may log)
-  assert proc.stderr.splitlines()[-1].startswith(
-      "error: maze_hard: train.csv: no --manual_dir given. Fix: download"), proc.stderr
+  page = "https://huggingface.co/datasets/sapientinc/maze-30x30-hard-1k"
+  assert proc.stderr.splitlines()[-1] == (
+      f"error: maze_hard: train.csv, test.csv of {page}: HF_HUB_OFFLINE=1 forbids downloading "
+      f"them. Fix: download train.csv, test.csv of {page} by hand into a folder and pass it with "
+      "--manual_dir (--config.dataset.manual_dir)"), proc.stderr
+  assert not list(tmp_path.rglob("1.0.0"))
 
 
 def test_shakespeare_char_split_sizes_and_first_ids(tmp_path):

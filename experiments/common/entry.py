@@ -15,6 +15,9 @@ Every experiment's main.py is a few lines around `run` (training programs) and o
                            print `config ok: FILE` and exit 0 (2 with one line when it fails);
                            starts nothing (no devices, data or workdir): launch/pod.sh's pre-ship check
   --coordinator_address, --num_processes, --process_id   multi-process runs off TPU (or PODLAB_*)
+  --cache_dir=DIR|gs://...   where weights named on the Hub go, shared by the pod's hosts
+                           (PODLAB_HUB_CACHE; default: gs://B/.../hub beside a gs:// TFDS_DATA_DIR,
+                           else the Hugging Face cache: input_pipeline/hub.py)
   --verbosity=1 (or PODLAB_VERBOSE=1)   every library's log lines (default: podlab's own only)
 
 Exit codes (experiments/common/errors.py): 0 done; 2 bad input (config, workdir, data, checkpoint:
@@ -56,6 +59,7 @@ from experiments.common import errors  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
 from experiments.common import lazy_import  # noqa: E402
 from experiments.common import trainer  # noqa: E402
+from input_pipeline import hub  # noqa: E402
 
 # The TPU planning tools (experiments/tools/), loaded only by --dry_run: a run does not import them.
 dry_run = lazy_import.module("experiments.tools.dry_run")
@@ -85,6 +89,9 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "host:port of process 0 for multi-process runs off TPU.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (off TPU).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (off TPU).")
+_CACHE_DIR = flags.DEFINE_string("cache_dir", None,
+                                 "Where weights named on the Hub (gpt2-xl, owner/name) are fetched "
+                                 "to: a folder or gs:// every host reads (sets PODLAB_HUB_CACHE).")
 
 
 def config() -> Any:
@@ -235,6 +242,8 @@ def _keep_heap_early(cfg: Any) -> None:
 
 def _run_guarded(fn: Callable[[], Any], cfg: Any = None) -> None:
   """Distributed init, `fn()` with podlab's errors as exit codes, then finalize."""
+  if _CACHE_DIR.value:
+    os.environ[hub.ENV_STORE] = _CACHE_DIR.value
   console.quiet_libraries()
   distributed.choose_platforms()
   _keep_heap_early(cfg)

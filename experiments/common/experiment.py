@@ -205,6 +205,13 @@ class Experiment:
   def build(self, config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout) -> Build:
     raise NotImplementedError(f"{type(self).__name__} must define build()")
 
+  def describe_inputs(self, config: ml_collections.ConfigDict) -> Sequence[Tuple[str, str]]:
+    """(what, where from) of the run's published inputs (data, weights) for `--dry_run`, e.g.
+    ("data", "sudoku_extreme/...: prepared on first use, downloads ..."); reads and downloads
+    nothing. Default: none."""
+    del config
+    return ()
+
   def model_axis_spec(self, config: ml_collections.ConfigDict
                       ) -> Optional[Callable[[str, str, int], Sequence[Optional[str]]]]:
     """How the model's weights split over the `model` mesh axis under config.model_parallel > 1:

@@ -1,7 +1,8 @@
 """Hugging Face Dream / DiffuCoder safetensors -> podlab Haiku parameters (no torch, no pickle).
 
-  # convert a downloaded checkpoint folder to an orbax checkpoint (config from its config.json):
+  # convert a checkpoint folder (or a Hub name, downloaded once) to an orbax checkpoint:
   python -m experiments.diffucoder.convert --hf_dir=/ckpt/DiffuCoder-7B-Instruct --out=/ckpt/dc_instruct
+  python -m experiments.diffucoder.convert --hf_dir=apple/DiffuCoder-7B-Instruct --out=/ckpt/dc_instruct
   # check a folder against a config without writing anything:
   python -m experiments.diffucoder.convert --hf_dir=/ckpt/DiffuCoder-7B-Base \
       --config=configs/diffucoder_7b_base.py
@@ -80,6 +81,7 @@ from experiments.common import distributed
 from experiments.common import errors
 from experiments.common import safetensors_io as st
 from experiments.diffucoder import model_sharding
+from input_pipeline import hub
 from modules import dream
 
 CONFIG_JSON = "config.json"
@@ -454,16 +456,27 @@ def is_hf_dir(path: str) -> bool:
   return any(os.path.isfile(os.path.join(path, n)) for n in (st.INDEX_NAME, st.SINGLE_NAME))
 
 
-def _check_folder(path: str) -> None:
-  if not os.path.isdir(path):
+def resolve(path: str, what: str = "--config.checkpoint") -> str:
+  """The local folder of a checkpoint (or tokenizer) setting: a folder as given, or a Hub name
+  (owner/name[@revision], e.g. apple/DiffuCoder-7B-Instruct, Dream-org/Dream-v0-Instruct-7B): its
+  safetensors shards, index, config and tokenizer files, downloaded once (input_pipeline/hub.py)."""
+  return hub.resolve(path, what=what, fallback=f"pass the folder as {what}=FOLDER")
+
+
+def _check_folder(path: str) -> str:
+  folder = resolve(path)
+  if not os.path.isdir(folder):
     raise ConversionError(f"checkpoint {path!r} is not a folder. Fix: set config.checkpoint to a "
-                          "Hugging Face checkpoint folder or a converted orbax folder")
+                          "Hugging Face checkpoint folder, a converted orbax folder or a Hub name "
+                          "(owner/name)")
+  return folder
 
 
 def check_checkpoint_folder(path: str, config: dream.DreamConfig) -> None:
   """Every check `load_checkpoint` makes before reading weights (config.json or the saved config,
-  shard headers, tensor names / shapes / dtypes), reading no weight: raises ConversionError."""
-  _check_folder(path)
+  shard headers, tensor names / shapes / dtypes), reading no weight: raises ConversionError. A Hub
+  name is downloaded first (`resolve`)."""
+  path = _check_folder(path)
   if is_hf_dir(path):
     open_checked(path, config)
   else:
@@ -471,13 +484,14 @@ def check_checkpoint_folder(path: str, config: dream.DreamConfig) -> None:
 
 
 def load_checkpoint(path: str, config: dream.DreamConfig, **kwargs) -> dict:
-  """`path` is a Hugging Face folder (load_params) or an orbax folder (restore_params).
+  """`path` is a Hugging Face folder (load_params), an orbax folder (restore_params) or a Hub name
+  of a Hugging Face folder (downloaded once: `resolve`).
 
   With `mesh=` (model parallelism): a Hugging Face folder streams each tensor into its device
   blocks; an orbax folder is restored sharded (`restore_sharded`: each device reads its blocks).
   Neither holds the whole model on a host.
   """
-  _check_folder(path)
+  path = _check_folder(path)
   if is_hf_dir(path):
     return load_params(path, config, **kwargs)
   mesh = kwargs.get("mesh")
@@ -625,6 +639,7 @@ def main(argv: Sequence[str]) -> int:
   if not args.hf_dir:
     parser.error("pass --hf_dir (or --write_random)")
   try:
+    args.hf_dir = resolve(args.hf_dir, "--hf_dir")     # a Hub name: downloaded once
     if config is None:
       config = config_from_hf_json(os.path.join(args.hf_dir, CONFIG_JSON), **overrides)
   except errors.USER_ERRORS as e:          # podlab's errors: one line; anything else is a bug

@@ -1,6 +1,9 @@
 r"""Generates completions with a Dream / DiffuCoder model: prompts in, JSONL out.
 
   python -m experiments.diffucoder.generate --config=configs/diffucoder_7b_instruct.py \
+      --config.checkpoint=apple/DiffuCoder-7B-Instruct --prompt="Write a function that reverses a list."
+        # a Hub name: its safetensors, config and tokenizer files, downloaded once (input_pipeline/hub.py)
+  python -m experiments.diffucoder.generate --config=configs/diffucoder_7b_instruct.py \
       --config.checkpoint=/ckpt/diffucoder_instruct_orbax --config.tokenizer_dir=/ckpt/DiffuCoder-7B-Instruct \
       --prompt="Write a function that reverses a linked list." --output=/tmp/out.jsonl
   python -m experiments.diffucoder.generate --config=configs/diffucoder_7b_base.py \
@@ -173,7 +176,8 @@ def run(config: ml_collections.ConfigDict, prompts: List[Dict[str, Any]], *, par
       raise config_utils.ConfigError("tokenizer_dir", tok_dir, "no tokenizer folder",
                                      "pass --config.tokenizer_dir=<folder with vocab.json + "
                                      "merges.txt or tokenizer.json>")
-    tok = tokenizer_lib.load(tok_dir)
+    tok = tokenizer_lib.load(convert.resolve(
+        tok_dir, "--config.tokenizer_dir" if config.tokenizer_dir else "--config.checkpoint"))
   special = {"<|mask|>": config.tokens.mask_id, "<|endoftext|>": config.tokens.pad_id}
   if config.chat_template:
     special.update({"<|im_start|>": config.tokens.im_start_id,

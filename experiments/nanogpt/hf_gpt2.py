@@ -1,4 +1,4 @@
-r"""OpenAI's GPT-2 from a Hugging Face folder (config.json + model.safetensors) <-> podlab's GPT, offline.
+r"""OpenAI's GPT-2 from a Hugging Face folder (config.json + model.safetensors) <-> podlab's GPT.
 
 nanoGPT's `GPT.from_pretrained` without torch or transformers: the model args come from config.json
 (n_layer, n_head, n_embd, vocab_size, block_size = n_positions; bias on, tied head, dropout as the
@@ -16,6 +16,10 @@ c_proj, h.i.ln_1/ln_2 and ln_f -> LayerNorm weight/bias, wte/wpe -> embedding. N
 [1, 1, P, P] and h.i.attn.masked_bias are skipped, and lm_head.weight, when present, must equal wte
 (the head is tied). F16/BF16 tensors are read as float32. Export (`save_pretrained`) writes the
 layout of OpenAI's own files (no prefix, no lm_head, float32) with GPT-2's config.json.
+
+Names: `resolve("gpt2-xl")` (nanoGPT's gpt2 ... gpt2-xl = openai-community/..., or any Hub id
+`owner/name[@revision]`) gives the folder of its files, downloaded once into the Hugging Face cache
+(input_pipeline/hub.py); a folder is used as given. Reading a folder needs no network.
 
 GELU: GPT-2's config.json says "gelu_new" (the tanh approximation); nanoGPT's from_pretrained runs
 the same weights with its exact erf GELU. podlab follows the folder by default (`gelu="auto"`:
@@ -64,6 +68,7 @@ import numpy as np
 from experiments.common import errors
 from experiments.common import safetensors_io as st
 from input_pipeline import gpt2_bpe
+from input_pipeline import hub
 from modules import gpt
 
 SIZES: Dict[str, Dict[str, int]] = {
@@ -291,6 +296,45 @@ def to_tensors(config: gpt.GPTConfig, params: Any, *, masks: bool = False
 
 
 # --------------------------------------------------------------------------------------------------
+# Names: nanoGPT's gpt2 ... gpt2-xl and Hub ids (input_pipeline/hub.py is the one resolver).
+
+def is_hub_name(name: str) -> bool:
+  """Whether `name` is a Hub name (gpt2 ... gpt2-xl, owner/name[@revision]), not a path."""
+  return hub.parse(name, hub.GPT2_NAMES) is not None
+
+
+def resolve(name: str, what: str = "--config.init_from") -> str:
+  """The GPT-2 folder `name` stands for: a folder as given, or a Hub name's files (downloaded when
+  missing, once per pod: config.json, safetensors, vocab.json, merges.txt; never a pickle)."""
+  return hub.resolve(name, what=what, aliases=hub.GPT2_NAMES,
+                     fallback=f"pass the folder as {what}=FOLDER")
+
+
+def cached(name: str) -> Optional[str]:
+  """`name`'s folder when it is a path or a Hub name already downloaded, else None (no network)."""
+  return hub.cached(name, hub.GPT2_NAMES)
+
+
+def named_config(name: str, *, dropout: float = 0.0, gelu: str = "auto"
+                 ) -> Optional[gpt.GPTConfig]:
+  """The published shape of nanoGPT's GPT-2 names (gpt2 ... gpt2-xl or their openai-community ids,
+  any revision): what planning sizes without a download. None for any other name."""
+  ref = hub.parse(name, hub.GPT2_NAMES)
+  size = ref.repo_id.split("/", 1)[1] if ref and ref.repo_id.startswith("openai-community/") else ""
+  if size not in hub.GPT2_NAMES:
+    return None
+  return config_from_hf(hf_config(size_config(size, GPT2_VOCAB_SIZE)), dropout=dropout,
+                        where=f"{name} (the published size)", gelu=gelu)
+
+
+def size_config(size: str, vocab_size: int) -> gpt.GPTConfig:
+  """The GPTConfig of a SIZES entry as OpenAI's files have it (bias, config.json's gelu_new)."""
+  s = SIZES[size]
+  return gpt.GPTConfig(block_size=s["n_positions"], vocab_size=vocab_size, n_layer=s["n_layer"],
+                       n_head=s["n_head"], n_embd=s["n_embd"], bias=True, gelu="tanh")
+
+
+# --------------------------------------------------------------------------------------------------
 # Folders.
 
 def load_pretrained(path: str, *, dropout: float = 0.0, gelu: str = "auto"
@@ -427,10 +471,7 @@ def make_random(path: str, size: str = "tiny", *, seed: int = 0, tokenizer_dir: 
   else:
     gpt2_bpe.write_vocab(path)
   tok = gpt2_bpe.load(path)
-  s = SIZES[size]
-  config = gpt.GPTConfig(block_size=s["n_positions"], vocab_size=vocab_size or tok.vocab_size,
-                         n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"], bias=True,
-                         gelu="tanh")                     # config.json: "gelu_new", as OpenAI's
+  config = size_config(size, vocab_size or tok.vocab_size)   # config.json: "gelu_new", as OpenAI's
   make = random_tensors(config, seed)
   specs = [(name, shape, np.float32) for name, shape, _, _ in tensor_map(config)]
   total = sum(4 * int(np.prod(shape)) for _, shape, _ in specs)
@@ -476,7 +517,7 @@ def main(argv: Sequence[str]) -> int:
   p.add_argument("--bpe_text", help="learn a byte-level BPE vocabulary from this text file")
   p.add_argument("--bpe_vocab_size", type=int, default=512)
   p.add_argument("--vocab_size", type=int, default=None, help="model vocab (default: tokenizer's)")
-  p.add_argument("--info", metavar="DIR", help="import a GPT-2 folder and describe it")
+  p.add_argument("--info", metavar="DIR", help="import a GPT-2 folder (or Hub name) and describe it")
   args = p.parse_args(argv)
   try:
     if args.make_random:
@@ -489,10 +530,11 @@ def main(argv: Sequence[str]) -> int:
       print(f"wrote a random GPT-2-layout folder ({args.size}, seed {args.seed}): "
             f"{args.make_random}: {config.model_args()}")
     if args.info:
-      print(describe(args.info))
+      print(describe(resolve(args.info, "--info")))
     if not (args.make_random or args.info):
       p.error("pass --make_random=DIR and/or --info=DIR")
-  except (GPT2FormatError, st.SafetensorsError, gpt2_bpe.TokenizerError, OSError) as e:
+  except (GPT2FormatError, st.SafetensorsError, gpt2_bpe.TokenizerError, hub.errors.DataError,
+          OSError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   return 0

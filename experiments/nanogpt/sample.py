@@ -4,15 +4,17 @@ r"""Samples text from a GPT (nanoGPT's sample.py): a podlab workdir, a nanoGPT c
       --workdir=workdirs/shakespeare_char_cpu --start="ROMEO:" --num_samples=2 --max_new_tokens=500
   python -m experiments.nanogpt.sample --ckpt=out-shakespeare-char/ckpt.pt \
       --config=configs/shakespeare_char_cpu.py      # a model trained with the reference
-  python -m experiments.nanogpt.sample --init_from=/models/gpt2-xl --start="What is the answer?"
-        # nanoGPT's `sample.py --init_from=gpt2-xl`: a Hugging Face GPT-2 folder, offline
+  python -m experiments.nanogpt.sample --init_from=gpt2-xl --start="What is the answer?"
+        # nanoGPT's `sample.py --init_from=gpt2-xl`: downloaded once from the Hugging Face Hub
+  python -m experiments.nanogpt.sample --init_from=/models/gpt2-xl     # a GPT-2 folder, offline
   ... --kv_cache=false       # no cache: a full forward per token (the same tokens, slower)
   ... --window=chunk         # a deviation: re-encode the last block/2 tokens past the block (faster)
 
 Defaults as nanoGPT: temperature 0.8, top-k 200, seed 1337, 10 samples of 500 tokens, start "\n",
 and nanoGPT's context (the last block_size tokens; `--window=exact`, see sampling.py).
 The vocabulary comes from the config's dataset (prepared on first use; BPE-level text decodes with
-its tokenizer_dir's GPT-2 BPE), or with --init_from from the folder's vocab.json + merges.txt
+its tokenizer_dir's GPT-2 BPE), or with --init_from (a folder, or a name: gpt2 ... gpt2-xl,
+owner/name[@revision], resolved by input_pipeline/hub.py) from the folder's vocab.json + merges.txt
 (experiments/nanogpt/hf_gpt2.py, input_pipeline/gpt2_bpe.py; "<|endoftext|>" in the prompt is the
 one token 50256, as nanoGPT's allowed_special; a prompt with ids outside the model's vocabulary is
 refused in one line). `--start=FILE:path` reads the prompt from a file. A GPT-2 folder's GELU
@@ -43,7 +45,8 @@ from modules import gpt
 
 _CKPT = flags.DEFINE_string("ckpt", None, "A nanoGPT ckpt.pt to sample from instead of --workdir.")
 _INIT_FROM = flags.DEFINE_string(
-    "init_from", None, "A GPT-2 folder (config.json, model.safetensors, vocab.json, merges.txt) to "
+    "init_from", None, "A GPT-2 folder (config.json, model.safetensors, vocab.json, merges.txt) or "
+    "its name (gpt2 ... gpt2-xl, owner/name[@revision] on the Hugging Face Hub, downloaded once) to "
     "sample from; takes no --config.")
 _START = flags.DEFINE_string("start", "\n", "Prompt text, or FILE:path.")
 _NUM = flags.DEFINE_integer("num_samples", 10, "Samples to draw.")
@@ -67,21 +70,24 @@ def main() -> None:
       raise errors.ConfigError("init_from", _INIT_FROM.value, "samples from a GPT-2 folder alone",
                                "drop --config and --ckpt (those sample from a podlab workdir or a "
                                "nanoGPT ckpt.pt)")
+    folder = hf_gpt2.resolve(_INIT_FROM.value, "--init_from")
     try:
-      cfg, params = hf_gpt2.load_pretrained(_INIT_FROM.value, gelu=_GELU.value)  # dropout 0
+      cfg, params = hf_gpt2.load_pretrained(folder, gelu=_GELU.value)  # dropout 0
     except hf_gpt2.GPT2FormatError as e:
       raise errors.FormatError(f"--init_from={_INIT_FROM.value}: {e}") from None
-    tok = gpt2_bpe.load(_INIT_FROM.value)
-    gelu = hf_gpt2.describe_gelu(hf_gpt2.read_hf_config(_INIT_FROM.value), cfg)
-    print(f"GPT-2 folder {_INIT_FROM.value}: {cfg.model_args()}, {gelu}")
+    tok = gpt2_bpe.load(folder)
+    gelu = hf_gpt2.describe_gelu(hf_gpt2.read_hf_config(folder), cfg)
+    where = _INIT_FROM.value + ("" if folder == _INIT_FROM.value else f" ({folder})")
+    print(f"GPT-2 folder {where}: {cfg.model_args()}, {gelu}")
     _sample(gpt.GPTModel(cfg), params, lambda s: tok.encode(s, allowed_special=True), tok.decode)
     return
   if config is None:
     raise errors.ConfigError("", None, "nothing to sample from",
                              "pass --config=RECIPE (with --workdir or --ckpt), or --init_from=FOLDER")
   trainer.check_config(train.NanoGPT(), config)
+  train.resolve_names(config)
   data = train.text_data(config)
-  kwargs = config.dataset.builder_kwargs
+  kwargs = train.data_config(config).builder_kwargs
   if kwargs.get("level", "") == "bpe":                             # GPT-2 BPE text (finetuning)
     tok = gpt2_bpe.load(kwargs.tokenizer_dir)
     encode, decode = (lambda s: tok.encode(s, allowed_special=True)), tok.decode
@@ -111,8 +117,8 @@ def _sample(model, params, encode, decode) -> None:
       start = f.read()
   prompt = np.asarray([encode(start)], np.int32)                   # [1, T]
   vocab_size = model.config.vocab_size
-  if prompt.size and prompt.max() >= vocab_size:                   # torch's embedding: IndexError
-    bad = sorted({int(i) for i in prompt[0] if i >= vocab_size})
+  bad = gpt.outside_vocabulary(prompt, vocab_size)                 # torch's embedding: IndexError
+  if bad:
     raise errors.BadInput(
         f"--start={_START.value[:40]!r}: token ids {bad[:5]} of the prompt are outside the model's "
         f"vocabulary of {vocab_size} ids (its tokenizer has more). Fix: use a prompt the model's "

@@ -170,6 +170,7 @@ def generate(model: gpt.GPTModel, params, prompt: np.ndarray, max_new_tokens: in
   if prompt.ndim != 2 or prompt.shape[1] == 0:
     raise ValueError(f"prompt must be [B, P] ids with P >= 1, got shape {prompt.shape}; start from "
                      "the newline id (0) for an empty prompt")
+  gpt.check_token_ids(prompt, model.config.vocab_size)   # else NaN logits and token 0, silently
   T = model.config.block_size
   if window not in WINDOWS:
     raise ValueError(f"window={window!r}: must be 'exact' (nanoGPT's crop) or 'chunk' (the "

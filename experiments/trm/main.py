@@ -1,8 +1,8 @@
 r"""Trains and evaluates TRM: the shared entry point (experiments/common/entry.py) around `train.TRM`.
 
   python -m experiments.trm.main --config=configs/cpu_demo.py --workdir=workdirs/cpu_demo
-  python -m experiments.trm.main --config=configs/sudoku_mlp.py --config.dataset.manual_dir=DIR \
-      --workdir=gs://BUCKET/trm/sudoku_mlp
+  python -m experiments.trm.main --config=configs/sudoku_mlp.py --workdir=gs://BUCKET/trm/sudoku_mlp
+      # (its data is downloaded on first use; offline: --config.dataset.manual_dir=DIR)
   python -m experiments.trm.main --config=configs/v4_64.py   # on every worker of a v4-64 slice
   python -m experiments.trm.main --config=configs/v4_64.py --dry_run        # compile it for the TPU
   python -m experiments.trm.main --config=configs/sudoku_mlp.py --mode=eval \

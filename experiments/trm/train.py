@@ -350,6 +350,12 @@ class TRM(experiment.Experiment):
   def prepare(self, config: ml_collections.ConfigDict) -> None:
     pipeline.DataSource.from_config(config.dataset, seed=config.seed)   # prepares when asked
 
+  def describe_inputs(self, config: ml_collections.ConfigDict):
+    try:
+      return (("data", pipeline.describe_data(config.dataset)),)
+    except ModuleNotFoundError:          # no TFDS (an accelerator image): nothing to say here
+      return ()
+
   def build(self, config: ml_collections.ConfigDict,
             layout: layout_lib.BatchLayout) -> experiment.Build:
     n_local, b = layout.devices_per_host, layout.per_device_batch

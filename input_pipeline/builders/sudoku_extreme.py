@@ -1,7 +1,9 @@
-"""TFDS builder `sudoku_extreme`: the public Sudoku-Extreme CSVs, prepared offline (manual dir).
+"""TFDS builder `sudoku_extreme`: the public Sudoku-Extreme CSVs, downloaded or from a manual dir.
 
 Reads `train.csv` and `test.csv` (columns `source,question,answer,rating`, 81-char grids with '.'
-blanks) from the TFDS manual dir; every row is validated (`input_pipeline.puzzles.sudoku.read_sudoku_csv`)
+blanks) of huggingface.co/datasets/sapientinc/sudoku-extreme: downloaded by TFDS's download manager
+and checked against the Hub's sha256 (base.py `fetch_sources`), or, offline, from the TFDS manual
+dir; every row is validated (`input_pipeline.puzzles.sudoku.read_sudoku_csv`)
 and a malformed row stops preparation with `file:line: field ...`. The train split follows the
 reference recipe, made reproducible: keep rows with `rating >= min_rating`, then draw
 `subsample_size` of them without replacement with `numpy.random.default_rng(seed)`
@@ -13,8 +15,9 @@ Configs: `n1000_r0_s0` (the reference recipe, default) and `all_r0_s0`; others v
 Features are those of `sudoku_generated` (`inputs`, `labels`, `puzzle_identifiers`, `index`).
 
 Synopsis:
+  python -m input_pipeline.prepare --dataset=sudoku_extreme --data_dir=/data/tfds   # downloads
   python -m input_pipeline.prepare --dataset=sudoku_extreme --data_dir=/data/tfds \
-      --manual_dir=/data/sudoku-extreme
+      --manual_dir=/data/sudoku-extreme                                           # offline
   builder = SudokuExtreme(data_dir="/data/tfds",
                           config=make_config(subsample_size=1000, seed=0))
 """
@@ -22,13 +25,11 @@ Synopsis:
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Optional
 
 import numpy as np
 import tensorflow_datasets as tfds
 
-from input_pipeline import errors
 from input_pipeline.puzzles import sudoku
 from input_pipeline.builders import base
 from input_pipeline.builders import sudoku_generated
@@ -94,10 +95,11 @@ class SudokuExtreme(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   VERSION = _VERSION
   RELEASE_NOTES = {"1.0.0": "Initial release."}
   BUILDER_CONFIGS = _PRESET_CONFIGS
+  SOURCES = (base.HubFiles("sapientinc/sudoku-extreme", ("train.csv", "test.csv")),)
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      "download train.csv and test.csv (columns source,question,answer,rating) of the public "
-      "Sudoku-Extreme data (huggingface.co/datasets/sapientinc/sudoku-extreme) into a folder and pass it with "
-      "--manual_dir (--config.dataset.manual_dir)")
+      "offline: download train.csv and test.csv (columns source,question,answer,rating) of "
+      "huggingface.co/datasets/sapientinc/sudoku-extreme into a folder and pass it with --manual_dir "
+      "(--config.dataset.manual_dir); without one they are downloaded")
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
@@ -109,15 +111,8 @@ class SudokuExtreme(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
     )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-    manual_dir = base.manual_dir(dl_manager)
-    paths = {}
-    for split in ("train", "test"):
-      path = os.path.join(manual_dir, f"{split}.csv")
-      if not os.path.isfile(path):
-        where = f"not in {manual_dir}" if manual_dir else "no --manual_dir given"
-        raise errors.SourceMissing(f"sudoku_extreme: {split}.csv: {where}. Fix: "
-                                   f"{self.MANUAL_DOWNLOAD_INSTRUCTIONS}")
-      paths[split] = path
+    files = base.fetch_sources(dl_manager, "sudoku_extreme", self.SOURCES)
+    paths = {split: files[f"{split}.csv"] for split in ("train", "test")}
     c: SudokuExtremeConfig = self.builder_config
     train = sudoku.read_sudoku_csv(paths["train"])
     rows = select_train_rows(train.ratings, c.subsample_size, c.min_rating, c.seed)

@@ -116,6 +116,8 @@ class TextCorpus(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   VERSION = _VERSION
   RELEASE_NOTES = {"1.0.0": "Initial release."}
   BUILDER_CONFIGS = _PRESETS
+  LOCAL_SOURCE = ("the repository's Tiny Shakespeare (input_pipeline/data/tinyshakespeare/"
+                  "input.txt), no download")
   MANUAL_DOWNLOAD_INSTRUCTIONS = ("Put the text file (default input.txt) in a folder and pass it "
                                   "with --manual_dir (without one: the repository's Tiny Shakespeare).")
 

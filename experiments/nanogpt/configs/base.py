@@ -31,9 +31,10 @@ def get_config() -> ml_collections.ConfigDict:
   # (podlab's): Haiku init from jax.random.key(seed), windows drawn in tf.data from Philox keys
   # (seed, host, stream, step), independent per host, no replay on resume.
   c.rng = "torch"
-  # init_from (run section) may also name a GPT-2 folder (config.json + model.safetensors, as
-  # downloaded from Hugging Face; read offline by experiments/nanogpt/hf_gpt2.py): nanoGPT's
-  # init_from='gpt2*'. The folder gives n_layer, n_head, n_embd, vocab_size and bias;
+  # init_from (run section) may also name a GPT-2 folder (config.json + model.safetensors; read by
+  # experiments/nanogpt/hf_gpt2.py) or its Hub name: nanoGPT's init_from='gpt2*' (openai-community/
+  # ...) or owner/name[@revision], downloaded once by the run's first step (input_pipeline/hub.py).
+  # The folder gives n_layer, n_head, n_embd, vocab_size and bias;
   # model.block_size crops its positions (nanoGPT's crop_block_size); model.dropout and dtype apply.
   # A nanoGPT ckpt.pt or a podlab workdir works too (its model must be this config's).
 

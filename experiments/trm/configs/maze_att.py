@@ -1,8 +1,7 @@
 """The reference Maze-Hard TRM-Att recipe (published 85.3% exact accuracy; 4 L40S, <24 h).
 
-  python -m input_pipeline.prepare --dataset=maze_hard --manual_dir=/path/to/maze-hard-csvs \
-      --builder_kwargs='{"dihedral": true}'
   python -m experiments.trm.main --config=configs/maze_att.py --workdir=workdirs/maze_att
+        # downloads sapientinc/maze-30x30-hard-1k on first use; offline --config.dataset.manual_dir
   python -m experiments.trm.main --config=configs/maze_att.py:dihedral=False ...   # reference builder
 
 Data: the public Maze-Hard CSVs (1000 train / 1000 test 30x30 mazes, shortest path > 110). The paper
@@ -24,6 +23,5 @@ def get_config(arg=None):
   c = sudoku_att.get_config()       # the same optimisation (epochs, eval interval, lr, wd, EMA)
   c.dataset.name = "maze_generated" if a.generated else "maze_hard"
   c.dataset.builder_kwargs = ml_collections.ConfigDict({"dihedral": a.dihedral})
-  c.dataset.prepare_if_missing = a.generated
   c.model.L_cycles = 4
   return c

@@ -1,7 +1,7 @@
 """The reference Sudoku-Extreme TRM-MLP recipe (published 87.4% exact accuracy; 1 L40S, ~18-20 h).
 
-  python -m input_pipeline.prepare --dataset=sudoku_extreme --manual_dir=/path/to/sudoku-extreme-csvs
   python -m experiments.trm.main --config=configs/sudoku_mlp.py --workdir=workdirs/sudoku_mlp
+        # downloads sapientinc/sudoku-extreme on first use; offline --config.dataset.manual_dir=DIR
 
 Training set: 1000 puzzles subsampled (seeded) from the train CSV, augmented on the fly.
 """
