@@ -314,15 +314,18 @@ class SwiGLU(hk.Module):
     feature_major: x is [D, N] and so is the result (`Linear.feature_major`); same parameters.
     kernels: "default" | "xla_cpu" (modules/kernels/dispatch.py: the projections' and the
       activation's forms; the same values and parameters).
+    mlp: "xla" | "pallas": "pallas" computes the whole MLP in one TPU kernel per block of rows
+      (modules/kernels/fused_mlp.py; the same products and roundings).
   Parameters: `gate_up_proj/w` [D, 2F] (first half gate, second half up), `down_proj/w` [F, D].
   """
 
   def __init__(self, *, expansion: float = 4.0, inner_size: Optional[int] = None,
                dtype: DTypeLike = jnp.bfloat16, name: Optional[str] = None,
                param_dtype: DTypeLike = jnp.float32, feature_major: bool = False,
-               kernels: str = "default"):
+               kernels: str = "default", mlp: str = "xla"):
     super().__init__(name=name)
     self.kernels = kernels_lib.check(kernels)
+    self.mlp = dispatch.check_mlp(mlp)
     self.feature_major = feature_major
     self.expansion = expansion
     self.inner_size = inner_size
@@ -336,7 +339,12 @@ class SwiGLU(hk.Module):
     linear = functools.partial(Linear, dtype=self.dtype, param_dtype=self.param_dtype,
                                feature_major=self.feature_major, kernels=self.kernels)
     gate_up_proj = linear(2 * inner, name="gate_up_proj")
-    ops = dispatch.ops(self.kernels, self.dtype)
+    ops = dispatch.ops(self.kernels, self.dtype, mlp=self.mlp)
+    if ops.fused_mlp is not None and not self.feature_major:     # one kernel, rows [N, D]
+      down_proj = linear(width, name="down_proj")
+      rows = x.reshape(-1, width)
+      y = ops.fused_mlp(rows, gate_up_proj.weight(width), down_proj.weight(inner))
+      return y.reshape(x.shape).astype(self.dtype)
     if ops.gate_up_swiglu is not None and (x.ndim == 2 or not self.feature_major):
       w = gate_up_proj.weight(width)                             # [D, 2F]
       rows = x if self.feature_major else x.reshape(-1, width)   # [D, N] or [N, D]

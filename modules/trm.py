@@ -84,8 +84,11 @@ class TRMConfig:
     the cycles without gradient in chunks of the batch). The trainer sets "xla_cpu" for a CPU
     target only (`layout.cpu_tuning`). The same function; results agree to float32 rounding.
   attention: "xla" | "splash" | "cudnn" (modules/kernels/dispatch.py): the attention kernel of
-    attention models; the trainer picks it for the target platform (splash on a TPU). TRM's
-    attention has no mask, so every kernel takes it; the same function (float32 rounding).
+    attention models; the trainer picks it for the target platform (splash on a TPU for long
+    sequences). TRM's attention has no mask, so every kernel takes it; the same function (float32
+    rounding).
+  mlp: "xla" | "pallas": the SwiGLU MLPs (token mix and channel) in one TPU kernel per block of
+    rows (modules/kernels/fused_mlp.py); the trainer picks pallas for a TPU. The same products.
   The cycle with gradient is written out (its n z_L updates unrolled, no loop) on every target:
   a loop's autodiff stacks each update's residuals into [n, ...] buffers (the TPU compiler counted
   23.0 GB for Sudoku-MLP's v4-64 step, 17.6 GB unrolled); only xla_cpu's tuning tools loop it
@@ -112,6 +115,7 @@ class TRMConfig:
   remat: bool = False
   kernels: str = "default"
   attention: str = "xla"
+  mlp: str = "xla"
 
   def __post_init__(self):
     def bad(field, value, fix):
@@ -134,6 +138,8 @@ class TRMConfig:
       bad("kernels", self.kernels, f"use one of {kernels_lib.KERNELS}")
     if self.attention not in dispatch.ATTENTIONS:
       bad("attention", self.attention, f"use one of {dispatch.ATTENTIONS}")
+    if self.mlp not in dispatch.MLPS:
+      bad("mlp", self.mlp, f"use one of {dispatch.MLPS}")
     if self.emb_ndim > self.prefix_len * self.hidden_size:
       bad("puzzle_emb_len", self.puzzle_emb_len,
           f"P * hidden_size must hold puzzle_emb_ndim={self.emb_ndim}")
@@ -181,8 +187,13 @@ class TRMBlock(hk.Module):
     super().__init__(name=name)
     self.config = config
 
-  def __call__(self, h: jax.Array, rope: Optional[Tuple[jax.Array, jax.Array]]) -> jax.Array:
+  def __call__(self, h: jax.Array, rope: Optional[Tuple[jax.Array, jax.Array]],
+               forward_only: bool = False) -> jax.Array:
+    """`forward_only` (no gradient is taken: the cycles without gradient) lets the MLPs run as the
+    fused kernel of `config.mlp`; a block with gradient keeps XLA's MLP, whose backward reads the
+    gate|up it stored (the kernel's would recompute the layer)."""
     cfg = self.config                                            # h: [B, S, D] ([S, B, D]: seq_first)
+    mlp_kind = cfg.mlp if forward_only else "xla"
     eps = cfg.rms_norm_eps
     if cfg.seq_first:
       S, B, D = h.shape
@@ -192,7 +203,7 @@ class TRMBlock(hk.Module):
       h = layers.rms_norm(h + mixed, axis=0, eps=eps)            # normalise over the SEQUENCE axis
     elif cfg.mlp_t:
       mix = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp_t",
-                          kernels=cfg.kernels)
+                          kernels=cfg.kernels, mlp=mlp_kind)
       mixed = jnp.swapaxes(mix(jnp.swapaxes(h, 1, 2)), 1, 2)    # SwiGLU over S: [B, D, S] -> [B, S, D]
       h = layers.rms_norm(h + mixed, axis=1, eps=eps)            # normalise over the SEQUENCE axis
     else:
@@ -201,7 +212,7 @@ class TRMBlock(hk.Module):
                               attention=cfg.attention)
       h = layers.rms_norm(h + attn(h, rope=rope), eps=eps)
     mlp = layers.SwiGLU(expansion=cfg.expansion, dtype=cfg.dtype, name="mlp",
-                        kernels=cfg.kernels)
+                        kernels=cfg.kernels, mlp=mlp_kind)
     return layers.rms_norm(h + mlp(h), eps=eps)
 
 
@@ -214,10 +225,14 @@ class ReasoningNet(hk.Module):
     self.remat = config.remat
 
   def __call__(self, hidden: jax.Array, injection: jax.Array,
-               rope: Optional[Tuple[jax.Array, jax.Array]]) -> jax.Array:
+               rope: Optional[Tuple[jax.Array, jax.Array]],
+               forward_only: bool = False) -> jax.Array:
     hidden = hidden + injection                                  # [B, S, D]
     for block in self.blocks:
-      hidden = (hk.remat(block) if self.remat else block)(hidden, rope)
+      if forward_only:                                           # no gradient: nothing to remat
+        hidden = block(hidden, rope, forward_only=True)
+      else:
+        hidden = (hk.remat(block) if self.remat else block)(hidden, rope)
     return hidden
 
 
@@ -281,16 +296,17 @@ class TRMInner(hk.Module):
       return None
     return layers.rope_tables(jnp.arange(cfg.total_len), head_dim=cfg.head_dim, theta=cfg.rope_theta)
 
-  def latent_recursion(self, z_H, z_L, x, rope, unroll=False):
-    """One cycle: n times z_L = net(z_L, z_H + x); then z_H = net(z_H, z_L)."""
+  def latent_recursion(self, z_H, z_L, x, rope, unroll=False, forward_only=False):
+    """One cycle: n times z_L = net(z_L, z_H + x); then z_H = net(z_H, z_L). `forward_only`: no
+    gradient is taken through it (`TRMBlock`)."""
     def l_step(_, z_l):
-      return self.L_level(z_l, z_H + x, rope)
+      return self.L_level(z_l, z_H + x, rope, forward_only=forward_only)
     if unroll:
       for i in range(self.config.L_cycles):
         z_L = l_step(i, z_L)
     else:
       z_L = hk.fori_loop(0, self.config.L_cycles, l_step, z_L)
-    z_H = self.L_level(z_H, z_L, rope)
+    z_H = self.L_level(z_H, z_L, rope, forward_only=forward_only)
     return z_H, z_L
 
   def cycles_without_gradient(self, z_H, z_L, x, rope):
@@ -300,7 +316,7 @@ class TRMInner(hk.Module):
 
     def cycles(z_H, z_L, x):
       def cycle(_, z):
-        return self.latent_recursion(*z, x, rope)
+        return self.latent_recursion(*z, x, rope, forward_only=True)
       return hk.fori_loop(0, cfg.H_cycles - 1, cycle, (z_H, z_L))
 
     axis = 1 if cfg.seq_first else 0                             # the batch axis

@@ -32,8 +32,9 @@ def _attention_f64(q, k, v, causal):
 
 
 def _rel(a, b):
+  """The largest difference relative to b's largest entry (0 when both are all zeros)."""
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return float(np.abs(a - b).max() / np.abs(b).max())
+  return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
 
 @pytest.mark.parametrize("shape,causal", [
@@ -246,3 +247,55 @@ def test_fused_head_loss_compiles_for_a_tpu_without_the_logits(libtpu):
                  tpu.compile_report(compiled, target=target, name=loss))
   assert f"[{N},{V}]" in got["xla"][0] and f"[{N},{V}]" not in got["pallas"][0]
   assert got["pallas"][1].compiler_bytes_accessed < 0.5 * got["xla"][1].compiler_bytes_accessed
+
+
+def test_fused_mlp_equals_the_layer_and_its_gradient():
+  """The fused SwiGLU MLP (interpreted): the same values as the XLA layer, bit for bit in bfloat16
+  and float32 at these sizes (unaligned feature axes: 97 -> 2F = 512 -> 97), and the same gradient
+  (its backward is the XLA layer's)."""
+  from modules.kernels import fused_mlp  # pylint: disable=g-import-not-at-top
+  keys = jax.random.split(jax.random.key(7), 3)
+  x = jax.random.normal(keys[0], (300, 97), jnp.float32)
+  wgu = jax.random.normal(keys[1], (97, 512), jnp.float32) * 0.1
+  wd = jax.random.normal(keys[2], (256, 97), jnp.float32) * 0.1
+  for dtype in ("float32", "bfloat16"):
+    got = fused_mlp.swiglu_mlp(x, wgu, wd, dtype=dtype, interpret=True)
+    want = fused_mlp.reference(x, wgu, wd, dtype)
+    assert got.dtype == jnp.dtype(dtype) and got.shape == (300, 97)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=1e-6, atol=1e-6)
+  loss = lambda f: lambda *a: jnp.sum(f(*a).astype(jnp.float32) ** 2)  # noqa: E731
+  g1 = jax.grad(loss(lambda *a: fused_mlp.swiglu_mlp(*a, dtype="bfloat16", interpret=True)),
+                argnums=(0, 1, 2))(x, wgu, wd)
+  g2 = jax.grad(loss(lambda *a: fused_mlp.reference(*a, "bfloat16")), argnums=(0, 1, 2))(x, wgu, wd)
+  for a, b in zip(g1, g2):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_trm_with_the_fused_mlp_in_its_cycles_without_gradient():
+  """TRM-MLP with mlp="pallas" (interpreted; the kernel runs in the cycles without gradient)
+  against mlp="xla": the same latents, logits and gradients in float32."""
+  from modules import trm  # pylint: disable=g-import-not-at-top
+  base = dict(seq_len=9, vocab_size=11, hidden_size=64, num_heads=2, H_cycles=2, L_cycles=2,
+              L_layers=1, mlp_t=True, puzzle_emb_ndim=0, forward_dtype="float32")
+  batch = {"inputs": jax.random.randint(jax.random.key(8), (4, 9), 0, 11),
+           "labels": jax.random.randint(jax.random.key(9), (4, 9), 0, 11),
+           "puzzle_identifiers": jnp.zeros((4,), jnp.int32)}
+  params, state = trm.TRMModel(trm.TRMConfig(**base)).init(jax.random.key(10))
+
+  def run(mlp):
+    model = trm.TRMModel(trm.TRMConfig(**base, mlp=mlp))
+    carry = model.initial_carry(batch)
+
+    def f(p):
+      _, out = model.act_step(p, state, None, carry, batch, training=False)
+      return jnp.sum(out["logits"] ** 2), out
+    return jax.value_and_grad(f, has_aux=True)(params)
+
+  (want_loss, want_out), want_grads = run("xla")
+  with splash.interpreted():
+    (got_loss, got_out), got_grads = run("pallas")
+  np.testing.assert_allclose(got_out["logits"], want_out["logits"], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    assert _rel(a, b) < 1e-5

@@ -375,7 +375,7 @@ def _host_first(x: Any) -> float:
 RESUME_FREE_FIELDS = ("dataset.data_dir", "dataset.manual_dir", "dataset.prepare_if_missing",
                       "log_every_steps", "profile_steps", "async_checkpoints", "keep_checkpoints",
                       "restore_fallback", "peak_flops", "target", "final_eval", "init_from",
-                      "sharding", "model.attention", "model.loss")
+                      "sharding", "model.attention", "model.loss", "model.mlp")
 """Config fields a resume may change without --config.allow_config_change: where the data lives,
 what is logged or kept, how checkpoints are written, init_from (a resume starts from the
 workdir's own checkpoint) and the state layout (the same numbers to float32 rounding). Everything else (learning rate, steps, model, batch...) changes the run."""

@@ -133,7 +133,7 @@ PUBLISHED_PARAM_COUNTS = {
 # Fields no weight shape reveals; the help text and `inspect` say so.
 NOT_INFERABLE = ("H_cycles", "L_cycles", "halt_max_steps", "num_heads", "halt_exploration_prob",
                  "forward_dtype", "rms_norm_eps", "rope_theta", "remat",
-                 "kernels", "attention")
+                 "kernels", "attention", "mlp")
 
 
 class ReferenceCheckpointError(errors.FormatError):

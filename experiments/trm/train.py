@@ -106,13 +106,15 @@ def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any],
   fields = config.model.to_dict()
   try:
     choice = fields.pop("attention", "auto")
+    mlp_choice = fields.pop("mlp", "auto")
     config_ = trm.TRMConfig(seq_len=int(metadata["seq_len"]), vocab_size=int(metadata["vocab_size"]),
                             num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]),
                             kernels=kernels, **fields)
-    attention = dispatch.attention_for(
-        platform, config_.forward_dtype, choice, seq_len=config_.total_len,
-        partitioned=config.get("sharding", "replicated") != "replicated")
-    return dataclasses.replace(config_, attention=attention)
+    partitioned = config.get("sharding", "replicated") != "replicated"
+    attention = dispatch.attention_for(platform, config_.forward_dtype, choice,
+                                       seq_len=config_.total_len, partitioned=partitioned)
+    mlp = dispatch.mlp_for(platform, mlp_choice, partitioned)
+    return dataclasses.replace(config_, attention=attention, mlp=mlp)
   except ValueError as e:   # TRMConfig names the field, the value and the fix
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 

@@ -28,6 +28,7 @@ What `Ops` offers (all float32 accumulation; shapes as in modules/kernels/xla.py
   gate_up_swiglu             None, or xla_cpu's fused gate|up projection + activation
   split_qkv(qkv, H, K)       the q, k, v parts of a fused projection
   attention(q, k, v, ...)    the chosen attention (above)
+  fused_mlp                  None, or the one-kernel SwiGLU MLP (mlp "pallas": fused_mlp.py)
   embed_lookup               Embed's automatic lookup ("auto" or xla_cpu's "gather")
   forms                      xla_cpu's forms (all off for "default"): what a CPU strategy reads
 
@@ -51,12 +52,18 @@ import jax.numpy as jnp
 
 from modules import kernels as kernels_lib
 from modules.kernels import fused_ce
+from modules.kernels import fused_mlp
 from modules.kernels import splash
 from modules.kernels import xla
 from modules.kernels import xla_cpu
 
 ATTENTIONS = ("xla", "splash", "cudnn")
 """The attention implementations a model config names (configs also take "auto")."""
+
+MLPS = ("xla", "pallas")
+"""A SwiGLU MLP: "xla" (gate|up written, then down) or "pallas" (modules/kernels/fused_mlp.py: one
+TPU kernel per block of rows, no [N, 2F] gate|up in HBM); configs also take "auto": pallas on a
+TPU (replicated layouts), xla elsewhere."""
 
 LOSSES = ("xla", "pallas")
 """A language model's head and loss: "xla" (the logits written, then the cross-entropy) or
@@ -112,6 +119,22 @@ def head_loss_rows(name: str, x: jax.Array, w: jax.Array, targets: jax.Array, *,
                             interpret=splash.interpreting())
 
 
+def check_mlp(name: str, field: str = "mlp") -> str:
+  if name not in MLPS:
+    raise ValueError(f"{field}={name!r}: use one of {MLPS} (or 'auto' in a config: pallas on a "
+                     "TPU, xla elsewhere)")
+  return name
+
+
+def mlp_for(platform: str, choice: str = "auto", partitioned: bool = False) -> str:
+  """The SwiGLU MLP of a program compiled for `platform`: `choice`, or for "auto" pallas on a TPU
+  in a replicated layout, xla otherwise (PARTITIONED_NOTE)."""
+  if choice != "auto":
+    _check_unpartitioned(check_mlp(choice), "model.mlp", partitioned, ("pallas",))
+    return choice
+  return "pallas" if platform == "tpu" and not partitioned else "xla"
+
+
 def attention_for(platform: str, dtype, choice: str = "auto", seq_len: int = 0,
                   partitioned: bool = False) -> str:
   """The attention a program compiled for `platform` ("cpu", "tpu", "gpu") runs: `choice` itself,
@@ -137,6 +160,7 @@ class Ops:
   dtype: jnp.dtype
   attention_name: str
   forms: xla_cpu.Forms
+  mlp_name: str = "xla"
 
   # ---- projections -------------------------------------------------------------------------
   def projection(self, x: jax.Array, w: jax.Array) -> jax.Array:       # [..., I] -> [..., O]
@@ -178,6 +202,15 @@ class Ops:
       return None
     return functools.partial(xla_cpu.gate_up_swiglu, dtype=self.dtype,
                              pad_contraction=self.forms.pad_contraction)
+
+  @property
+  def fused_mlp(self):
+    """The fused SwiGLU MLP `(x [N, I], w_gate_up [I, 2F], w_down [F, O]) -> [N, O]` of
+    mlp "pallas" (the interpreter inside `splash.interpreted()`), or None: the layer's XLA form."""
+    if self.mlp_name != "pallas" or self.forms.fast_grad:
+      return None
+    return functools.partial(fused_mlp.swiglu_mlp, dtype=self.dtype,
+                             interpret=splash.interpreting())
 
   @property
   def embed_lookup(self) -> str:
@@ -228,10 +261,12 @@ class Ops:
     return xla.attention(q, k, v, mask=mask, causal=causal)
 
 
-def ops(kernels: str = "default", dtype=jnp.float32, attention: str = "xla") -> Ops:
+def ops(kernels: str = "default", dtype=jnp.float32, attention: str = "xla",
+        mlp: str = "xla") -> Ops:
   """The operations for a layer computing in `dtype` (module doc). Read at trace time (xla_cpu's
   forms follow its `override`/`exactly` blocks)."""
   kernels_lib.check(kernels)
   check_attention(attention)
+  check_mlp(mlp)
   dtype = jnp.dtype(dtype)
-  return Ops(kernels, dtype, attention, xla_cpu.forms(kernels, dtype))
+  return Ops(kernels, dtype, attention, xla_cpu.forms(kernels, dtype), mlp)

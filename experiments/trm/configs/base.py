@@ -59,6 +59,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Attention models' kernel (modules/kernels/dispatch.py): "auto" = splash on a TPU, cudnn on a
   # GPU (bfloat16), xla on a CPU; or name one. The same function (float32 rounding).
   c.model.attention = "auto"
+  # The SwiGLU MLPs' kernel: "auto" = one fused TPU kernel on a TPU (no [N, 2F] gate|up in HBM,
+  # modules/kernels/fused_mlp.py), "xla" elsewhere; or name one.
+  c.model.mlp = "auto"
   # podlab option: the training step's forward and backward passes run on this many slices of each
   # device's batch in turn, gradients summed: the same step in about a slice's activation memory
   # (weight gradients summed in another order). 1 = the reference's whole batch at once; 0 =
