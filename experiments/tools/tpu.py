@@ -65,7 +65,6 @@ from jax.experimental import topologies
 from experiments.common import chips
 from experiments.common import errors
 from experiments.common import parallel
-from experiments.tools import hlo_bytes
 
 GIB = 2 ** 30
 INSTALL_HINT = "pip install -e '.[tpu]'"
@@ -854,6 +853,8 @@ def compile_report(program: Any, *, target: Target, name: str = "program",
       cost_model_raw_s=cost.get("optimal_seconds"),
       while_loops=_count_while_loops(text), layout_constraints=layout, **common)
   if breakdown:
+    # Loaded on use: a dry run never reads HLO text operation by operation.
+    from experiments.tools import hlo_bytes  # pylint: disable=g-import-not-at-top
     report.breakdown = hlo_bytes.breakdown(text)
   if jaxpr is not None:
     counted = loop_aware_cost(jaxpr, compiled, target)
