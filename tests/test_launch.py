@@ -154,24 +154,28 @@ def test_pod_trains_on_every_worker_then_local_pod_resumes(reference, tmp_path):
   out = proc.stdout
   print(f"\npod.sh 2 workers x 2 devices, cpu_demo:smoke: {reference['took']:.1f} s")
 
-  # The gcloud commands, in order, with the zone from gcloud's config and --worker=all.
+  # The gcloud commands, in order, with the zone from gcloud's config: the claim on worker 0, the
+  # rest on every worker.
   calls = _tpu_calls(root)
-  assert [c[3] for c in calls] == ["describe", "scp", "ssh", "ssh"], calls
+  assert [c[3] for c in calls] == ["describe", "ssh", "scp", "ssh", "ssh"], calls
   assert ["config", "get", "compute/zone"] in _calls(root)
-  for c in calls:
-    assert "fake-pod" in c or "fake-pod:podlab-code.tgz" in c, c
-    assert "--zone=us-central2-b" in c, c
-  assert all("--worker=all" in c for c in calls[1:]), calls
-  assert "--ssh-flag=-oServerAliveInterval=30" in calls[2] and "--scp-flag=-oConnectTimeout=30" in calls[1]
-  assert "worker.sh prepare --python" in calls[2][-1] and "worker.sh run" in calls[3][-1], calls
   run_id = re.search(r"run (\d{8}-\d{6}-[0-9a-f]{4})", out).group(1)
+  for c in calls:
+    assert "fake-pod" in c or f"fake-pod:podlab-code-{run_id}.tgz" in c, c
+    assert "--zone=us-central2-b" in c, c
+  assert "--worker=0" in calls[1] and all("--worker=all" in c for c in calls[2:]), calls
+  assert "--ssh-flag=-oServerAliveInterval=30" in calls[3] and "--scp-flag=-oConnectTimeout=30" in calls[2]
+  assert "worker.sh claim" in calls[1][-1] and "worker.sh prepare --run-id" in calls[3][-1], calls
+  assert f"--python {PYTHON}" in calls[3][-1] and "worker.sh run" in calls[4][-1], calls
 
   # Every worker got the code (tests included: git's files), prepared, and ran from its copy.
   for i in range(2):
     home = _home(root, i)
-    assert (home / "podlab" / "launch" / "worker.sh").is_file()
+    assert (home / "podlab" / "launch" / "worker.sh").is_file()      # ~/podlab: the run's code
+    assert os.path.realpath(home / "podlab") == str(home / "podlab-runs" / run_id)
     assert (home / "podlab" / "experiments" / "trm" / "main.py").is_file()
-    assert not (home / "podlab" / ".venv").exists() and not (home / "podlab.new").exists()
+    assert not (home / "podlab" / ".venv").exists()
+    assert os.listdir(home / "podlab-runs") == [run_id]
     remote = _remote_log(root, i)
     assert remote.startswith(f"podlab: run {run_id} attempt 0 on ")
     assert f"distributed: process {i}/2, 2 local / 4 global devices" in remote, remote[-3000:]
@@ -183,6 +187,7 @@ def test_pod_trains_on_every_worker_then_local_pod_resumes(reference, tmp_path):
                      out), out[-3000:]
     record = (home / ".podlab" / f"worker-{i}.run").read_text()
     assert f"run_id={run_id}\n" in record and "rc=0\n" in record and "detached=1\n" in record
+    assert "state=ended\n" in record
   assert "TensorBoard: tensorboard --logdir " + str(reference["workdir"]) in out
   assert "all 2 workers finished" in out
   # The final table prints once, by process 0.
@@ -394,14 +399,17 @@ def test_ctrl_c_detaches_and_attach_follows_the_run_to_its_end(tmp_path):
 
   status, _ = _run([POD, "fake-pod", "status"], env, timeout=120)
   assert status.returncode == 0, _explain(status)
-  rows = re.findall(r"^([01]) +(\S+) +0 +(\d+) +(yes|no) +(\S+) +(\S+) +(.*)$", status.stdout, re.M)
+  rows = re.findall(r"^([01]) +(\S+) +0 +running +(\d+) +(yes|no) +(\S+) +(\S+) +(.*)$",
+                    status.stdout, re.M)
   assert [r[0] for r in rows] == ["0", "1"] and all(r[3] == "yes" and r[4] == "-" for r in rows), status.stdout
   assert all(int(r[5]) >= 3 and r[6] == f"step {r[5]}" for r in rows), status.stdout
-  # A second start while the run lives is refused, naming it; the live run is untouched.
+  # A second start while the run lives is refused at its claim, naming it; nothing of it is
+  # copied, and the live run is untouched.
   again, _ = _pod(tmp_path, *_steps_args(tmp_path, "--steps=2"), env=env, timeout=120)
   assert again.returncode == 1, _explain(again)
-  assert re.search(rf"FAILED \(prepare\): worker [01] still runs run {rows[0][1]} attempt 0",
-                   again.stderr), _explain(again)
+  assert re.search(rf"FAILED \(claim\): run {rows[0][1]} attempt 0 holds fake-pod \(state running "
+                   r"on worker 0", again.stderr), _explain(again)
+  assert [c[3] for c in _tpu_calls(tmp_path)].count("scp") == 1
 
   release.touch()
   attach, _ = _run([POD, "fake-pod", "attach", "--log-dir", tmp_path / "podlogs"], env)
@@ -466,8 +474,8 @@ def test_status_logs_and_stop_and_watch_respects_a_stop(tmp_path):
     stop, _ = _run([POD, "fake-pod", "stop", "--grace", "20"], env, timeout=120)
     assert stop.returncode == 0, _explain(stop)
     assert re.search(r"worker 0: stopping run \S+ attempt 0 .*SIGTERM, SIGKILL after 20 s", stop.stdout)
-    rows = re.findall(r"^([01]) +\S+ +0 +\d+ +no +143 \(stop\) +(\d+) +preempted by SIGTERM after "
-                      r"step (\d+): checkpoint \d+ saved$", stop.stdout, re.M)
+    rows = re.findall(r"^([01]) +\S+ +0 +stopped +\d+ +no +143 \(stop\) +(\d+) +preempted by "
+                      r"SIGTERM after step (\d+): checkpoint \d+ saved$", stop.stdout, re.M)
     assert len(rows) == 2 and all(r[1] == r[2] for r in rows), stop.stdout
     out = pod.communicate(timeout=60)[0]
   finally:
@@ -503,7 +511,7 @@ def test_status_of_quiet_workers_and_a_reused_pid_is_lost_never_signalled(tmp_pa
     status, _ = _run([POD, "fake-pod", "status"], env, timeout=120)
     assert status.returncode == 0, _explain(status)
     rows = dict((r[0], r[1:]) for r in re.findall(
-        r"^([01]) +\S+ +0 +\d+ +(yes|no) +(\S+) +(\S+) +(.*)$", status.stdout, re.M))
+        r"^([01]) +\S+ +0 +running +\d+ +(yes|no) +(\S+) +(\S+) +(.*)$", status.stdout, re.M))
     assert rows["0"] == ("yes", "-", "2", "step 2"), status.stdout
     assert rows["1"] == ("yes", "-", "-", "Training from step 0 to 4"), status.stdout
     assert ("(step -: worker(s) 1 log no training progress of their own; process 0 logs it for the "
@@ -523,8 +531,8 @@ def test_status_of_quiet_workers_and_a_reused_pid_is_lost_never_signalled(tmp_pa
       record.write_text("\n".join(lines) + "\n")
     status, _ = _run([POD, "fake-pod", "status"], env, timeout=120)
     assert status.returncode == 0, _explain(status)
-    assert re.findall(rf"^([01]) +\S+ +0 +{foreign.pid} +no +lost ", status.stdout, re.M) == ["0", "1"], \
-        status.stdout
+    assert re.findall(rf"^([01]) +\S+ +0 +lost +{foreign.pid} +no +lost ", status.stdout,
+                      re.M) == ["0", "1"], status.stdout
     stop, _ = _run([POD, "fake-pod", "stop", "--grace", "2"], env, timeout=120)
     assert stop.returncode == 0, _explain(stop)
     assert re.search(r"worker 0: run \S+ attempt 0 \(pid \d+, .*\) is lost: no exit code recorded "
@@ -688,7 +696,7 @@ def test_pod_fails_fast_and_stops_every_worker(tmp_path):
   assert "DYING" in proc.stderr                         # the tail of the failed worker's log
   assert took < FAIL_BOUND_S + 30, took                 # includes setup; the stop grace is 10 s
   calls = _tpu_calls(tmp_path)
-  assert [c[3] for c in calls] == ["describe", "scp", "ssh", "ssh", "ssh"], calls
+  assert [c[3] for c in calls] == ["describe", "ssh", "scp", "ssh", "ssh", "ssh"], calls
   assert "worker.sh stop" in calls[-1][-1] and "--worker=all" in calls[-1], calls[-1]
   # Worker 0 was stopped (killed out of its blocked collective), not left running.
   assert re.search(r"PODLAB_WORKER_EXIT worker=0 rc=(137|143)", proc.stdout), _explain(proc)
@@ -747,7 +755,8 @@ def test_pod_passes_arguments_literally(tmp_path):
     got = json.loads((home / f"argv-{i}.json").read_text())
     assert got["argv"] == ["--config=configs/x y.py", f"--workdir={tmp_path / 'w d'}", *NASTY], got
     assert got["TFDS_DATA_DIR"] == str(data_dir)
-    assert got["cwd"] == str(home / "podlab")
+    run_dir, = glob.glob(str(home / "podlab-runs" / "*"))      # the run's own code
+    assert got["cwd"] == run_dir == os.path.realpath(home / "podlab")
   for pattern in ("**/PWNED*",):
     assert not glob.glob(str(tmp_path / pattern), recursive=True)
     assert not glob.glob(str(REPO_ROOT / "PWNED*"))
@@ -812,7 +821,8 @@ def test_packing_ships_tracked_files_only_and_what_include_names(tmp_path):
     for gone in ("notes.txt", "secret.env", "id_rsa", "token.secret", ".venv", "sub",
                  "extra/out-link"):
       assert not os.path.lexists(code / gone), gone
-    assert json.loads((_home(tmp_path, i) / f"argv-{i}.json").read_text())["cwd"] == str(code)
+    assert json.loads((_home(tmp_path, i) / f"argv-{i}.json").read_text())["cwd"] == \
+        os.path.realpath(code)
   # Naming a symlink out of the checkout, or a path outside it: one line, exit 2, nothing copied.
   for include, message in ((".venv", f"--include .venv: a symlink to {outside}, outside the "
                                      "repository; pod.sh never follows symlinks"),
@@ -845,7 +855,7 @@ def test_pod_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
   assert any(re.fullmatch(r"pod.sh: code: \d+ files: those git tracks, as in the work tree.*", l)
              for l in lines), proc.stdout
   prepare = [l for l in lines if "worker.sh prepare" in l]
-  assert len(prepare) == 1 and "worker.sh prepare --stop-others'" in prepare[0], prepare
+  assert len(prepare) == 1 and prepare[0].endswith(" --stop-others'"), prepare
   assert any(l.startswith("gcloud compute tpus tpu-vm describe stable-1 --zone=europe-west4-a "
                           "--project=my-project") for l in lines), proc.stdout
   run = [l for l in lines if "worker.sh run" in l]
@@ -944,7 +954,8 @@ def test_pod_stops_before_the_run_when_a_worker_cannot_be_set_up(tmp_path):
   assert re.search(r"FAILED \(prepare\): worker [01] exited with code 2; the run was not started",
                    proc.stderr), _explain(proc)
   assert "is not an executable interpreter" in proc.stdout + proc.stderr
-  assert [c[3] for c in _tpu_calls(tmp_path)] == ["describe", "scp", "ssh"]     # no run
+  # No run: the claim, the copy, the prepare that failed, the claim given up.
+  assert [c[3] for c in _tpu_calls(tmp_path)] == ["describe", "ssh", "scp", "ssh", "ssh"]
 
 
 # --------------------------------------------------------------------------------------------------
