@@ -851,14 +851,14 @@ class Pod:
     text = (proc.stdout + proc.stderr).replace(where + "/", "<the code that ships>/")
     lines = [l for l in text.splitlines() if l.strip()]
     line = next((l for l in reversed(lines) if l.startswith("error: ")), lines[-1] if lines else "")
-    if proc.returncode == 2:
-      die("checked before shipping (nothing was copied or started): "
-          + (line[len("error: "):] if line.startswith("error: ") else line))
-    if re.search(r"ModuleNotFoundError|ImportError", line):
+    if re.search(r"ModuleNotFoundError|ImportError|No module named", line):
       die(f"checking the config here failed (exit {proc.returncode}; nothing was copied or "
           f"started): {line}; the check ran on the code that ships (the files git tracks, and "
           "--include): a module it imports is not among them. Fix: git add it, or pass --include "
           "with its path")
+    if proc.returncode == 2:
+      die("checked before shipping (nothing was copied or started): "
+          + (line[len("error: "):] if line.startswith("error: ") else line))
     die(f"checking the config here failed (exit {proc.returncode}; nothing was copied or "
         f"started): {line}. Fix: run `cd {REPO} && {py} -m {o.module} --check_only "
         f"--config={o.config}` to see why; a local environment without the pinned stack: make "

@@ -72,7 +72,8 @@ attach and pod.sh --watch read one truth:
   starting   written before the supervisor is spawned
   running    the supervisor started the command (both processes recorded)
   ended      the exit code is recorded
-  stopped    stopped by its user: before it started (nothing will start), or its exit after a stop
+  stopped    stopped before it started (nothing will start: by its user, or by its launcher when
+             another worker failed), or its exit after a user's stop
   lost       (derived) not ended, and no recorded process is alive with its recorded start time in
              this boot, or a prepare that died: never signalled, no obstacle to a new launch
 
@@ -1299,7 +1300,7 @@ def status_line(rec, i, entries):
   last = re.sub(r"^[IWEF][0-9]{4} [0-9:.]+ +[0-9]+ [^]]+\] ", "", lines[-1])[:200] if lines else ""
   if not last and rec.get("reason"):
     last = rec["reason"][:200]
-  stopped = "1" if rec.get("stopped_by_user") == "1" or state == "stopped" else "0"
+  stopped = "1" if rec.get("stopped_by_user") == "1" else "0"
   return (f"PODLAB_STATUS worker={i} state={state} run={rec.get('run_id')} "
           f"attempt={rec.get('attempt')} pid={rec.get('pid', '-')} rc={rec.get('rc', '-')} "
           f"step={last_step(text)} stopped={stopped} log={log or '-'} last={last}")
