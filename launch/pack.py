@@ -58,8 +58,8 @@ def git_state(repo: str):
   """(the commit checked out or None, [the tracked files modified or deleted and not committed])."""
   head = subprocess.run(["git", "-C", repo, "rev-parse", "--short=12", "HEAD"], capture_output=True,
                         text=True)
-  status = subprocess.run(["git", "-C", repo, "status", "--porcelain", "-z", "--untracked-files=no"],
-                          capture_output=True).stdout.decode("utf-8", "surrogateescape")
+  status = subprocess.run(["git", "-C", repo, "status", "--porcelain", "-z",
+                           "--untracked-files=no"], capture_output=True).stdout.decode("utf-8", "surrogateescape")
   changed = []
   entries = iter(status.split("\0"))
   for entry in entries:
@@ -148,7 +148,8 @@ class Packer:
         for name in sorted(names) + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
           item = os.path.relpath(os.path.join(folder, name), self.repo)
           if denied(name):
-            self.left_out.append((item, f"never shipped: {denied(name)}, launch/pack.py's deny list"))
+            self.left_out.append(
+                (item, f"never shipped: {denied(name)}, launch/pack.py's deny list"))
           else:
             self._add(item, rel)
     else:
@@ -211,7 +212,9 @@ def main(argv=None) -> int:
         + (f", and {sum(n for n, _ in untracked.values())} it does not track" if untracked else ""))
   commit, changed = git_state(packer.repo)
   if changed:
-    listed = ", ".join(changed[:20]) + (f" and {len(changed) - 20} more" if len(changed) > 20 else "")
+    listed = ", ".join(changed[:20])
+    if len(changed) > 20:
+      listed += f" and {len(changed) - 20} more"
     print(f"  commit {commit or '(none yet)'}, with {len(changed)} tracked file"
           f"{'s' if len(changed) != 1 else ''} modified and not committed (shipped as in the work "
           f"tree): {listed}")

@@ -193,8 +193,8 @@ def who():
 # --------------------------------------------------------------------------------------------------
 # Arguments
 
-VALUE_OPTS = {"--zone", "--project", "--bucket", "--workdir", "--data_dir", "--data-dir", "--module",
-              "--config", "--python", "--log-dir", "--gcloud-flag", "--ssh-flag", "--include",
+VALUE_OPTS = {"--zone", "--project", "--bucket", "--workdir", "--data_dir", "--data-dir",
+              "--module", "--config", "--python", "--log-dir", "--gcloud-flag", "--ssh-flag", "--include",
               "--max-relaunches", "--worker", "--grace", "-n", "--lines", "--lost-after"}
 APPLIES = {"-f": ("logs",), "-n": ("logs",), "--worker": ("logs", "status"), "--grace": ("stop",),
            "--watch": ("start",), "--max-relaunches": ("start",), "--dry-run": ("start",),
@@ -419,8 +419,8 @@ class Pod:
       die(f"--zone '{o.zone}' is not a zone name like us-central2-b (flag --zone, PODLAB_ZONE or "
           "gcloud's compute/zone)")
     if o.project and not re.fullmatch(r"([a-z0-9.-]+:)?[a-z][-a-z0-9]{4,28}[a-z0-9]", o.project):
-      die(f"--project '{o.project}' is not a project id (flag --project, PODLAB_PROJECT or gcloud's "
-          "core/project)")
+      die(f"--project '{o.project}' is not a project id (flag --project, PODLAB_PROJECT or "
+          "gcloud's core/project)")
     self.tpu_args = [f"--zone={o.zone}"] + ([f"--project={o.project}"] if o.project else [])
     self.conn_args = self.tpu_args + (["--internal-ip"] if o.internal_ip else []) + o.gcloud_flags
     ssh_opts = [f"-oServerAliveInterval={KEEPALIVE_S}", "-oServerAliveCountMax=4",
@@ -768,13 +768,13 @@ class Pod:
       watches = self.local_watches()
       if watches:
         for run_id, pid in watches:
-          say(f"TPU '{self.o.name}' is {self.state}: its workers cannot be reached; the stop request "
-              f"is recorded here: the --watch of run {run_id} (pid {pid}) on this machine will not "
-              "relaunch it")
+          say(f"TPU '{self.o.name}' is {self.state}: its workers cannot be reached; the stop "
+              f"request is recorded here: the --watch of run {run_id} (pid {pid}) on this machine "
+              "will not relaunch it")
         return 0
-      warn(f"TPU '{self.o.name}' is {self.state}, not READY: its workers cannot be reached. The stop "
-           "request is recorded on this machine only (a --watch running here would honour it); "
-           f"run {self.later('stop')} again once {self.o.name} is READY")
+      warn(f"TPU '{self.o.name}' is {self.state}, not READY: its workers cannot be reached. The "
+           "stop request is recorded on this machine only (a --watch running here would honour "
+           f"it); run {self.later('stop')} again once {self.o.name} is READY")
       return 1
     say(f"stopping the podlab run on every worker of {self.o.name}: SIGTERM (the trainer saves a "
         f"checkpoint and exits), SIGKILL after {g} s; a launch being shipped will not start")
@@ -888,8 +888,8 @@ class Pod:
     o = self.o
     self.preship()
     ssh = lambda cmd: show([GCLOUD, *self.ssh_args_for(ALL, cmd)])   # noqa: E731
-    print(f"# launch/pod.sh --dry-run: the commands it would run (TensorBoard: tensorboard --logdir "
-          f"{o.workdir})")
+    print("# launch/pod.sh --dry-run: the commands it would run (TensorBoard: tensorboard "
+          f"--logdir {o.workdir})")
     print(show([GCLOUD, "compute", "tpus", "tpu-vm", "describe", o.name, *self.tpu_args,
                 f"--format={FORMAT}"]))
     print(show([GCLOUD, *self.ssh_args_for(0, self.claim_cmd(0))]))
@@ -1042,7 +1042,8 @@ class Pod:
     self.describe_or_die()
     if self.state != "READY":
       if not o.watch:
-        die(f"TPU '{o.name}' is {self.state}, not READY; wait for it or recreate it (--watch waits)")
+        die(f"TPU '{o.name}' is {self.state}, not READY; wait for it or recreate it (--watch "
+            "waits)")
       self.wait_ready()
     try:
       os.makedirs(self.log_dir, exist_ok=True)
@@ -1067,8 +1068,8 @@ class Pod:
       kind = self.copy(archive, attempt) or self.prepare(attempt, mirror)
       if kind is None:
         self.phase = "run"
-        say(f"starting run {self.run_id} attempt {attempt} on every worker (detached: Ctrl-C leaves "
-            f"it running): python -m {o.module} --config={self.config_sent} --workdir={o.workdir}"
+        say(f"starting run {self.run_id} attempt {attempt} on every worker (detached: Ctrl-C "
+            f"leaves it running): python -m {o.module} --config={self.config_sent} --workdir={o.workdir}"
             + "".join(" " + a for a in o.extra))
         outcome = self.follow_run("start", attempt, mirror, rdir)
         self.claimed = False

@@ -5,7 +5,9 @@
 # puts back the PATH given here (an interpreter's shim, e.g. pyenv's, may change it).
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 for py in "${PODLAB_WORKER_PYTHON:-}" python3 /usr/bin/python3; do
-  if [[ -n "$py" ]] && command -v "$py" >/dev/null 2>&1; then PODLAB_CALLER_PATH="$PATH" exec "$py" "$here/worker.py" "$@"; fi
+  if [[ -n "$py" ]] && command -v "$py" >/dev/null 2>&1; then
+    PODLAB_CALLER_PATH="$PATH" exec "$py" "$here/worker.py" "$@"
+  fi
 done
-echo "worker.sh: error: no python3 on $(hostname) (launch/worker.py needs one; set PODLAB_WORKER_PYTHON)" >&2
+echo "worker.sh: error: no python3 on $(hostname): worker.py needs one (PODLAB_WORKER_PYTHON)" >&2
 exit 2
