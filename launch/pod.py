@@ -622,9 +622,9 @@ class Pod:
     self.follower = Follower(self, phase, attempt, mirror)
     return self.follower.run(self.ssh_args_for(worker, command), timeout)
 
-  def query_status(self, worker=ALL):
-    """{worker: status fields} of those that answered, and the raw output."""
-    rc, out = self.ssh(worker, SSH_TIMEOUT_S, self.with_worker("status"))
+  def query_status(self, worker=ALL, timeout=SSH_TIMEOUT_S):
+    """{worker: status fields} of those that answered (the raw output: status_out)."""
+    _, out = self.ssh(worker, timeout, self.with_worker("status"))
     st = {}
     for line in out.splitlines():
       m = re.match(r"PODLAB_STATUS worker=(\d+) state=(\S+) run=(\S+) attempt=(\S+) pid=(\S+) "
@@ -1555,7 +1555,7 @@ class Follower:
         continue
       if due is not None and now < due:
         continue
-      st = pod.query_status(str(w))
+      st = pod.query_status(str(w), timeout=max(30, min(SSH_TIMEOUT_S, pod.lost_after)))
       s = st.get(w)
       if s is None:
         since = self.unreachable_since.setdefault(w, now)

@@ -371,9 +371,12 @@ def phase(rec, entries=None):
     return "stopped"
   if state in ("shipping", "prepared"):
     claimed = _float(rec.get("claimed_at"), None)
-    if stop_request(journal() if entries is None else entries, rec.get("run_id"),
-                    rec.get("attempt"), claimed):
+    entries = journal() if entries is None else entries
+    if stop_request(entries, rec.get("run_id"), rec.get("attempt"), claimed):
       return "stopped"
+    if any(e[0] == "release" and e[1:3] == [rec.get("run_id"), rec.get("attempt")]
+           for e in entries):
+      return "lost"                         # its launcher gave it up before it started
     if state == "shipping":
       return "shipping" if proc_alive(rec, "prepare") else "lost"
     return "prepared" if time.time() - _float(rec.get("prepared")) < PREPARED_TTL_S else "lost"
@@ -1126,8 +1129,8 @@ def run(args, i):
     rec = read_record(f)
     state = phase(rec, entries)
     same = (rec.get("run_id"), rec.get("attempt")) == (run_id, attempt)
-    if same and state not in ("none", "shipping", "prepared", "stopped") or (
-        same and state == "stopped" and "rc" in rec):
+    never_started = rec.get("state") in ("shipping", "prepared", "stopped") and "rc" not in rec
+    if same and not never_started:
       lock_release(lock)
       if state in ("starting", "running"):
         warn(f"worker.sh: worker {i}: {run_phrase(rec)} is already running; attaching to it "
@@ -1141,7 +1144,7 @@ def run(args, i):
         return 0
       return attach_run(f, i, mode, int(start_line), alive)
     stop = stop_request(entries, run_id, attempt, claimed_at)
-    if stop is not None or (same and state == "stopped"):
+    if stop is not None or (same and rec.get("state") == "stopped"):
       by = stop[2] if stop is not None and len(stop) > 2 else rec.get("stopped_by", "-")
       say(f"PODLAB_WORKER_STOPPED worker={i} run={run_id} attempt={attempt} by={by}")
       if same:

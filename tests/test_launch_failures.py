@@ -324,6 +324,32 @@ def test_a_record_or_log_that_cannot_be_written_starts_nothing(tmp_path, where, 
                       "stopped=0 log=- last="], proc.stdout
 
 
+def test_the_states_a_record_is_read_in(tmp_path):
+  """How `worker.sh status` reads records of runs that never started (one record per worker index
+  here, claimed a minute ago): prepared and fresh holds the worker; prepared but given up by its
+  launcher (a release line) or shipping with its prepare process gone is lost, as is one prepared
+  too long ago; a stop request older than the claims changes nothing, one after them stops all."""
+  state = tmp_path / "state"
+  state.mkdir()
+  now = time.time()
+  for i, (run_id, st, prepared_ago) in enumerate([("r0", "prepared", 5), ("r1", "prepared", 5),
+                                                   ("r2", "prepared", 700), ("r3", "shipping", 5)]):
+    (state / f"worker-{i}.run").write_text(
+        f"run_id={run_id}\nattempt=0\nstate={st}\nclaimed_at={now - 60:.6f}\n"
+        f"prepared={now - prepared_ago:.6f}\nprepare_pid=999999999\nprepare_start=1\n")
+
+  def states(journal):
+    (state / "journal").write_text(journal)
+    proc, _ = tl._run([tl.WORKER, "status"], tl._env(tmp_path, PODLAB_STATE_DIR=str(state)))
+    return [st for _, st in re.findall(r"^PODLAB_STATUS worker=(\d) state=(\S+) ", proc.stdout,
+                                       re.M)]
+
+  release = f"release r1 0 {now - 1:.6f}\n"
+  assert states(release) == ["prepared", "lost", "lost", "lost"]
+  assert states(release + f"stop {now - 120:.6f} earlier\n") == ["prepared", "lost", "lost", "lost"]
+  assert states(release + f"stop {now - 2:.6f} someone\n") == ["stopped"] * 4
+
+
 def test_ctrl_c_before_every_worker_started_stops_those_that_did(tmp_path):
   """Worker 1's run command is held (its connection hangs) while worker 0's run starts; Ctrl-C
   then stops worker 0's run and says so (exit 130), and worker 1, reached later with the same
