@@ -397,7 +397,8 @@ class Pod:
     self.stoppers = []
     self.state, self.accel, self.num_workers = "", "", 0
     self.lost_after = float(opts.lost_after)
-    self.alive_every = max(1.0, min(30.0, self.lost_after / 4))
+    # PODLAB_ALIVE lines from a quiet worker, often enough for --lost-after (0: no such check).
+    self.alive_every = max(1.0, min(30.0, self.lost_after / 4)) if self.lost_after else 30.0
     self.scratch = tempfile.mkdtemp(prefix="podlab-pod.")
     self.watch_file = None
 
