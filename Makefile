@@ -27,7 +27,7 @@ test: $(STAMP)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -m slow -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # Trains the embedded default (TRM-MLP on generated Sudoku, CPU) and prints the evaluation table.
 # The dataset is generated on first use; re-running resumes from $(RUN_WORKDIR) (rm -rf it to restart).

@@ -5,20 +5,38 @@
 
 Shipped: every file git tracks (`git ls-files -c`, submodules' files included) with its content in
 the work tree now (uncommitted edits included; tracked files deleted in the work tree left out), and
-everything under each `--include PATH` (a file or a folder inside REPO, ignored or not). Nothing
-else: an untracked `secret.env` or `id_rsa` in the checkout, a symlinked `.venv`, `workdirs/` or
-`data/` stay here. Symlinks are stored as links, never followed; a link whose target lies outside
-REPO is not shipped at all (named in the report), and a path that reaches a file through a symlinked
-folder is refused. `--require PATH` (the module's file, the config file) must be among the shipped
-files. Prints what it ships that git does not track (each --include, with its file count and size)
-and what it left out; a problem is one line on stderr (naming the path and the fix) and exit 2.
-Standard library only: it runs with any Python 3 on the launching machine.
+everything under each `--include PATH` (a file or a folder inside REPO, ignored or not) except what
+the deny list names: `.git/` folders, environment files (`.env`, `*.env`) and key files (`id_rsa*`,
+`id_dsa*`, `id_ecdsa*`, `id_ed25519*`, `*.pem`, `*.key`, `*.p12`, `*.pfx`, `.netrc`,
+`.git-credentials`): under an included folder they are left out (and named), an --include naming
+one is refused. Nothing else: an untracked `secret.env` or `id_rsa` in the checkout, a symlinked
+`.venv`, `workdirs/` or `data/` stay here. Symlinks are stored as links, never followed; a link
+whose target lies outside REPO is not shipped at all (named in the report), and a path that reaches
+a file through a symlinked folder is refused. `--require PATH` (the module's file) must be among the
+shipped files. Prints the commit, the tracked files modified and not committed (shipped as they are
+in the work tree), what it ships that git does not track (each --include, with its file count and
+size) and what it left out; a problem is one line on stderr (naming the path and the fix) and exit
+2. Standard library only: it runs with any Python 3 on the launching machine.
 """
 import argparse
+import fnmatch
 import os
 import subprocess
 import sys
 import tarfile
+
+
+DENY = (".git", ".env", "*.env", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.pem", "*.key",
+        "*.p12", "*.pfx", ".netrc", ".git-credentials")
+
+
+def denied(rel: str):
+  """The deny-list pattern a path (or one of its folders) matches, else None."""
+  for part in rel.split(os.sep):
+    for pattern in DENY:
+      if fnmatch.fnmatch(part, pattern):
+        return pattern
+  return None
 
 
 class PackError(Exception):
@@ -34,6 +52,24 @@ def tracked_files(repo: str) -> list:
     raise PackError(f"{repo} is not a git work tree ({e}): pod.sh ships the files git tracks. "
                     "Fix: launch from a git clone of podlab") from e
   return [p for p in out.decode("utf-8", "surrogateescape").split("\0") if p]
+
+
+def git_state(repo: str):
+  """(the commit checked out or None, [the tracked files modified or deleted and not committed])."""
+  head = subprocess.run(["git", "-C", repo, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                        text=True)
+  status = subprocess.run(["git", "-C", repo, "status", "--porcelain", "-z",
+                           "--untracked-files=no"], capture_output=True).stdout.decode("utf-8", "surrogateescape")
+  changed = []
+  entries = iter(status.split("\0"))
+  for entry in entries:
+    if len(entry) < 4:
+      continue
+    code, path = entry[:2], entry[3:]
+    if "R" in code or "C" in code:
+      next(entries, None)                  # a rename's source follows
+    changed.append(path + (" (deleted)" if "D" in code else ""))
+  return (head.stdout.strip() or None) if head.returncode == 0 else None, changed
 
 
 def _inside(path: str, root: str) -> bool:
@@ -90,6 +126,12 @@ class Packer:
     if not os.path.lexists(full):
       raise PackError(f"--include {path}: no such file or folder in {self.repo}. Fix: give a path "
                       "relative to the repository")
+    pattern = denied(rel) if rel != "." else None
+    if pattern is not None:
+      raise PackError(f"--include {path}: never shipped ({pattern}: launch/pack.py's deny list of "
+                      "git folders, environment and key files). Fix: give the workers the secret "
+                      "another way (a secret manager, the VM's service account), or ship a file "
+                      "without it")
     self._check_folders(rel)
     target = self._outside_link(rel)
     if target is not None:
@@ -99,8 +141,17 @@ class Packer:
     if os.path.isdir(full) and not os.path.islink(full):
       for folder, dirs, names in os.walk(full):     # never descends into symlinked folders
         dirs.sort()
+        for d in [d for d in dirs if denied(d)]:
+          dirs.remove(d)
+          self.left_out.append((os.path.relpath(os.path.join(folder, d), self.repo),
+                                f"never shipped: {denied(d)}, launch/pack.py's deny list"))
         for name in sorted(names) + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
-          self._add(os.path.relpath(os.path.join(folder, name), self.repo), rel)
+          item = os.path.relpath(os.path.join(folder, name), self.repo)
+          if denied(name):
+            self.left_out.append(
+                (item, f"never shipped: {denied(name)}, launch/pack.py's deny list"))
+          else:
+            self._add(item, rel)
     else:
       self._add(rel, rel)
 
@@ -159,6 +210,16 @@ def main(argv=None) -> int:
   untracked = packer.untracked()
   print(f"{len(packer.files)} files: those git tracks, as in the work tree"
         + (f", and {sum(n for n, _ in untracked.values())} it does not track" if untracked else ""))
+  commit, changed = git_state(packer.repo)
+  if changed:
+    listed = ", ".join(changed[:20])
+    if len(changed) > 20:
+      listed += f" and {len(changed) - 20} more"
+    print(f"  commit {commit or '(none yet)'}, with {len(changed)} tracked file"
+          f"{'s' if len(changed) != 1 else ''} modified and not committed (shipped as in the work "
+          f"tree): {listed}")
+  else:
+    print(f"  commit {commit or '(none yet)'}, no tracked file modified")
   for origin, (n, size) in sorted(untracked.items()):
     what = f"{n} file{'s' if n != 1 else ''}, {_size(size)}"
     print(f"  not tracked by git, shipped because of --include {origin}: {what}")

@@ -2,7 +2,7 @@
 
 Every process initialises the distributed runtime (experiments.common.distributed, settings from the
 PODLAB_* environment), runs one cross-process psum, then process $DIE_PROCESS (default 1) prints
-`DYING` and exits with code 3 while the others keep running psums, which block forever once a peer is
+`DYING <time>` and exits with code 3 while the others keep running psums, which block forever once a peer is
 gone: only the launcher's fail-fast or the runtime's heartbeat timeout can end them.
 
 DIE_MODE=exit (default) dies like a crash (os._exit); DIE_MODE=raise raises an exception inside
@@ -30,7 +30,7 @@ def main() -> None:
   assert total == info.device_count, (total, info)
   print(f"READY {info.process_index}/{info.process_count} psum={total:g}", flush=True)
   if info.process_index == int(os.environ.get("DIE_PROCESS", "1")):
-    print("DYING", flush=True)
+    print(f"DYING {time.time():.3f}", flush=True)           # tests bound the time from here
     if os.environ.get("DIE_MODE", "exit") == "raise":
       with distributed.fail_fast():
         raise RuntimeError("this process fails on purpose")

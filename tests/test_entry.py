@@ -13,7 +13,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _run(args, tmp_path, timeout=180):
+def _run(args, tmp_path, timeout=600):      # a hang guard: 121 s for one run with 0.15 of a CPU
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4 "
              + os.environ.get("PODLAB_TEST_XLA_OPT_FLAGS", ""))
   env.pop("PODLAB_VERBOSE", None)
