@@ -733,7 +733,7 @@ class Runner:
       elif self.data_parallel:
         fn = make(parallel.AXIS, None)
         replicated = tuple(range(5, len(inspect.signature(fn).parameters)))
-        self._fns[key] = parallel.pmap_step(fn, replicated_in=(0,) + replicated)
+        self._fns[key] = parallel.compile_step(fn, state_in=(0,) + replicated)
       else:
         self._fns[key] = jax.jit(make(None, None))
     return self._fns[key]

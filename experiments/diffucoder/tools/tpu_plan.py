@@ -114,7 +114,7 @@ def lower_step(target: tpu.Target, batch: int, model_parallel: int,
     key = jax.eval_shape(lambda: jax.random.key(0))
     args = (shapes, jax.ShapeDtypeStruct((rows, CANVAS), i32), jax.ShapeDtypeStruct((rows, CANVAS), b),
             jax.ShapeDtypeStruct((rows, CANVAS), i32), key, jax.ShapeDtypeStruct((), jnp.float32))
-    return tpu.lower_pmap(step, target, args, replicated_in=(0, 5))
+    return tpu.lower_step(step, target, args, state_in=(0, 5))
   mesh = model_sharding.mesh_2d(groups, model_parallel, devices=devices)
   specs = dream.param_partition_specs(config, model_sharding.MODEL_AXIS)
   model = (dream.dream_forward(config, model_sharding.MODEL_AXIS, model_parallel) if model_parallel > 1
