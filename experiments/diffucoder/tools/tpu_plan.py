@@ -2,7 +2,7 @@ r"""Dream 7.6B sampling compiled for TPU slices by the TPU compiler: which model
 
 The program is one step of the reference sampler (`sampling.plain_step_fn`: a full forward over the
 canvas and one unmask step) at canvas 512 = 128 prompt + 384 new tokens, built exactly as
-`sampling.Runner` runs it: `pmap` over every device when model_parallel is 1 (today's data-parallel
+`sampling.Runner` runs it: `parallel.compile_step` over every device when model_parallel is 1 (today's data-parallel
 program), else one `shard_map` over a (data, model) mesh of the slice's devices (`model_sharding.mesh_2d`)
 with the weights split Megatron style (modules/dream.py). Parameters are `jax.ShapeDtypeStruct`s: no
 weight is allocated. A global batch smaller than the data groups uses `batch` of them (the other
