@@ -54,10 +54,10 @@ def main() -> None:
                                   process_id=args.process_id)
   pid = info.process_index
   assert (info.process_count, info.local_device_count, info.device_count) == (2, 2, 4), info
-  assert parallel.global_mesh().devices.shape == (4,)
-  assert parallel.local_mesh().devices.shape == (2,)
+  assert parallel.REPLICATED.mesh().devices.shape == (4,)
+  assert parallel.REPLICATED.local_mesh().devices.shape == (2,)
 
-  local_mesh = parallel.local_mesh()
+  local_mesh = parallel.REPLICATED.local_mesh()
   w = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
   replicated = {
       "params": {

@@ -176,8 +176,8 @@ def main() -> None:
   # Evaluation as in train.train_and_evaluate's final run_eval (full test split).
   source = pipeline.DataSource.from_config(c.dataset, seed=c.seed)
   eval_iter = source.eval_batches(c.dataset.test_split, layout=layout, subset_size=0)
-  p_eval_step = parallel.pmap_step(evaluators.make_eval_step(model, per_device, sharded=True),
-                                   replicated_in=(0, 1), out_axes=0)
+  p_eval_step = parallel.compile_step(evaluators.make_eval_step(model, per_device, sharded=True),
+                                   state_in=(0, 1), out_axes=0)
   assert c.ema                                # "eval" uses the EMA weights, as "direct" does
   shards = device_state.puzzle_shard
   results = {"eval": evaluators.evaluate(p_eval_step, state, eval_iter, use_ema=c.ema, table=shards),

@@ -30,7 +30,7 @@ def _replicated(seed: int = 0) -> dict:
   rng = np.random.default_rng(seed)
   w = rng.standard_normal((3, 5)).astype(np.float32)
   w[0, 0] = np.nan  # Bitwise comparison must survive NaN.
-  mesh = parallel.local_mesh()
+  mesh = parallel.REPLICATED.local_mesh()
   return {
       "params": {
           "dense": {"w": w, "b": np.zeros(5, np.float32)},
@@ -221,7 +221,7 @@ def test_device_counts_come_from_the_layout_and_the_format_is_kept(ckpt_dir):
 
 
 def test_bad_leaves_are_rejected_on_save(ckpt_dir):
-  mesh = parallel.global_mesh()
+  mesh = parallel.REPLICATED.mesh()
   sharded = jax.device_put(np.arange(16.0).reshape(2, 8), NamedSharding(mesh, P(None, parallel.AXIS)))
   with checkpointing.CheckpointManager(ckpt_dir, save_interval_steps=1) as ckpt:
     with pytest.raises(checkpointing.CheckpointError, match=r"replicated\['w'\].*per_device"):

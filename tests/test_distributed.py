@@ -57,10 +57,10 @@ def test_bad_settings_are_rejected_before_initialising(clean_env):
 
 
 def test_meshes_cover_all_and_local_devices():
-  mesh = parallel.global_mesh()
+  mesh = parallel.REPLICATED.mesh()
   assert mesh.axis_names == (parallel.AXIS,) == ("data",)
   assert list(mesh.devices) == sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-  assert list(parallel.local_mesh().devices) == jax.local_devices()
+  assert list(parallel.REPLICATED.local_mesh().devices) == jax.local_devices()
 
 
 def _free_port() -> int:

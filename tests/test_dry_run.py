@@ -92,11 +92,11 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
     assert all((f.fast_grad, f.seq_major, f.unroll, f.head_major, f.lean_swiglu))
     assert b.compiler_options == cpu_features.CPU_DOTS_ONLY   # every form, split_reduce too
   p = dry_run.programs(experiment(), b, config, cpu)["train_step"]
-  lowered = parallel.pmap_step(p.fn, replicated_in=p.replicated_in, out_axes=p.out_axes
-                               ).lower(*p.args)
+  lowered = parallel.compile_step(p.fn, cpu.rules, state_in=p.state_in, out_axes=p.out_axes,
+                                  blocks=p.blocks).lower(*p.args)
   assert tpu.hlo_has_layout_constraints(lowered)
   t = tpu.parse_target("v4-8")
-  on_tpu = dry_run.tpu_layout(config, t)
+  on_tpu = dry_run.tpu_layout(experiment(), config, t)
   assert not on_tpu.cpu_tuning
   b = experiment().build(config, on_tpu)
   assert b.model_config.kernels == "default"
@@ -104,9 +104,7 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
     assert b.model_config.forms == xla_cpu.Forms()            # no form at all
   assert not b.compiler_options                               # no XLA:CPU option in a TPU program
   p = dry_run.programs(experiment(), b, config, on_tpu)["train_step"]
-  assert not tpu.hlo_has_layout_constraints(
-      tpu.lower_pmap(p.fn, t, dry_run._per_device(p), replicated_in=p.replicated_in,  # pylint: disable=protected-access
-                     out_axes=p.out_axes))
+  assert not tpu.hlo_has_layout_constraints(dry_run.lower_for_tpu(p, t, on_tpu))
 
 
 def test_compiler_flops_against_the_analytic_count_with_every_loop_trip():

@@ -1,7 +1,8 @@
-"""The "fsdp" state layout (experiments/common/parallel.py) against "replicated" (pmap).
+"""The "fsdp" state rules (experiments/common/parallel.py) against "replicated" (pmap's program).
 
-One per-device step, two layouts: the same numbers to float32 rounding, the state split over the
-devices between steps, checkpoints that restore into either layout. On the suite's 4 fake CPU
+One per-device step, two layouts of the one engine (`parallel.compile_step`): the same numbers to
+float32 rounding, the state split over the devices between steps and inside them (blocks),
+checkpoints that restore into either layout. On the suite's 4 fake CPU
 devices (conftest.py); a subprocess with 2 devices restores a 4-device checkpoint.
 
   .venv/bin/python -m pytest tests/test_fsdp.py -q
@@ -23,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 from experiments.common import checkpointing
 from experiments.common import config_utils
 from experiments.common import errors
+from experiments.common import optim
 from experiments.common import parallel
 from experiments.common import trainer
 from experiments.trm import train as trm_train
@@ -58,28 +60,27 @@ def test_fsdp_spec_splits_the_largest_axis_the_devices_divide(monkeypatch):
   monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 2 ** 14)
   assert parallel.fsdp_spec((64, 64), 4) == P()                        # 4,096 < 2^14 elements
   with pytest.raises(ValueError, match="sharding='zero3'"):
-    with parallel.use_sharding("zero3"):
-      pass
+    parallel.Rules("zero3")
 
 
 def _toy_problem():
   rng = np.random.RandomState(0)
   params = {"w1": rng.randn(16, 64).astype(np.float32), "b1": np.zeros(64, np.float32),
             "w2": rng.randn(64, 8).astype(np.float32)}
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
+  tx = optax.chain(optim.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
   n = jax.local_device_count()
   batch = {"x": rng.randn(n, 8, 16).astype(np.float32), "y": rng.randn(n, 8, 8).astype(np.float32)}
 
-  def loss_fn(p, x, y):
-    h = jnp.tanh(x @ p["w1"] + p["b1"])                # [b, 64]
-    return jnp.mean((h @ p["w2"] - y) ** 2)
+  def loss_fn(p, b, key):
+    del key
+    h = jnp.tanh(b["x"] @ p["w1"] + p["b1"])           # [b, 64]
+    return jnp.mean((h @ p["w2"] - b["y"]) ** 2), {}
 
   def step(state, batch, device_index):
     p, opt = state
-    loss, g = jax.value_and_grad(loss_fn)(p, batch["x"] * (1.0 + 0.01 * device_index), batch["y"])
-    g, loss = jax.lax.pmean(g, parallel.AXIS), jax.lax.pmean(loss, parallel.AXIS)
-    updates, opt = tx.update(g, opt, p)
-    return (optax.apply_updates(p, updates), opt), loss
+    b = {"x": batch["x"][None] * (1.0 + 0.01 * device_index), "y": batch["y"][None]}
+    u = trainer.accumulated_update(loss_fn, tx, p, opt, b, 1, jax.random.key(0))
+    return (u.params, u.opt_state), u.loss
   return jax.device_get((params, tx.init(params))), batch, step   # host copies: donation-safe
 
 
@@ -89,16 +90,16 @@ def test_fsdp_step_equals_the_pmapped_step_after_ten_adamw_updates(monkeypatch, 
   state0, batch, step = _toy_problem()
   results = {}
   for layout in parallel.SHARDINGS:
-    with parallel.use_sharding(layout):
-      p_step = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0),
-                                  donate_argnums=(0,) if donate else ())
-      state = parallel.put_state(state0)
-      device_index = parallel.shard(parallel.device_indices())
-      b = parallel.shard(batch)
-      for _ in range(10):
-        state, loss = p_step(state, b, device_index)
-      assert loss.shape == (jax.local_device_count(),)           # per-device: pmap's host rows
-      results[layout] = (parallel.unreplicate(state), _split(state))
+    rules = parallel.Rules(layout)
+    p_step = parallel.compile_step(step, rules, state_in=(0,), out_axes=(None, 0),
+                                   donate_argnums=(0,) if donate else (), blocks=True)
+    state = parallel.put_state(state0, rules)
+    device_index = parallel.shard(parallel.device_indices())
+    b = parallel.shard(batch)
+    for _ in range(10):
+      state, loss = p_step(state, b, device_index)
+    assert loss.shape == (jax.local_device_count(),)             # per-device: pmap's host rows
+    results[layout] = (parallel.unreplicate(state), _split(state))
   (rep, rep_split), (fsdp, fsdp_split) = results["replicated"], results["fsdp"]
   assert rep_split == 0
   # w1 [16, 64], w2 [64, 8] and their two Adam moments are split; b1 (64 < 64? no: 64 elements)
@@ -141,8 +142,9 @@ def trm_runs(tmp_path_factory):
 
 def _params(run, layout):
   c, workdir, _ = run
-  with parallel.use_sharding(layout):
-    step, p = trainer.restore_params(trm_train.TRM(), c, workdir)
+  c = c.copy_and_resolve_references()
+  c.sharding = layout
+  step, p = trainer.restore_params(trm_train.TRM(), c, workdir, laid_out=True)
   assert step == 10
   return p
 
@@ -155,6 +157,8 @@ def test_trm_trains_alike_in_both_layouts(trm_runs, monkeypatch):
   assert _split(fsdp) >= 8                                        # the split weights came back split
   fsdp = parallel.unreplicate(fsdp)
   resumed = parallel.unreplicate(_params(trm_runs["replicated-then-fsdp"], "replicated"))
+  print(f"TRM after 10 updates: fsdp/replicated {_relative(rep, fsdp):.2e}, "
+        f"replicated-then-fsdp {_relative(rep, resumed):.2e} relative")
   assert _relative(rep, fsdp) < 1e-6, _relative(rep, fsdp)
   assert _relative(rep, resumed) < 1e-6, _relative(rep, resumed)
   assert _relative(rep, jax.tree.map(np.zeros_like, rep)) == 1.0
@@ -189,12 +193,11 @@ from experiments.trm import train
 from experiments.trm.configs import cpu_demo
 parallel.FSDP_MIN_ELEMENTS = 256
 c = cpu_demo.get_config("smoke"); c.sharding = "fsdp"; c.dataset.data_dir = sys.argv[3]
-with parallel.use_sharding("fsdp"):
-  step, p = trainer.restore_params(train.TRM(), c, sys.argv[1])
-  split = sum(not x.sharding.is_fully_replicated for x in jax.tree.leaves(p))
-  assert jax.device_count() == 2 and split > 0, (jax.device_count(), split)
-  leaves = [np.asarray(x) for x in jax.tree.leaves(parallel.unreplicate(p))]
-  np.savez(sys.argv[2], *[x for x in leaves if np.issubdtype(x.dtype, np.number)])
+step, p = trainer.restore_params(train.TRM(), c, sys.argv[1], laid_out=True)
+split = sum(not x.sharding.is_fully_replicated for x in jax.tree.leaves(p))
+assert jax.device_count() == 2 and split > 0, (jax.device_count(), split)
+leaves = [np.asarray(x) for x in jax.tree.leaves(parallel.unreplicate(p))]
+np.savez(sys.argv[2], *[x for x in leaves if np.issubdtype(x.dtype, np.number)])
 print("restored", step, split)
 """
 
@@ -225,8 +228,7 @@ def _text_runs(tmp_path, make_config, train_and_evaluate, experiment, steps):
     c.async_checkpoints = False
     workdir = str(tmp_path / layout)
     train_and_evaluate(c, workdir)
-    with parallel.use_sharding(layout):
-      step, p = trainer.restore_params(experiment, c, workdir)
+    step, p = trainer.restore_params(experiment, c, workdir, laid_out=True)
     assert step == steps
     params[layout] = parallel.unreplicate(p)
   return params
@@ -244,6 +246,8 @@ def test_nanogpt_trains_alike_in_both_layouts(tmp_path, monkeypatch):
     c.max_iters, c.eval_interval, c.eval_iters, c.grad_accum = 9, 9, 2, 2
     return c
   p = _text_runs(tmp_path, config, gpt_train.train_and_evaluate, gpt_train.NanoGPT(), 10)
+  print(f"nanoGPT after 10 updates: fsdp/replicated {_relative(p['replicated'], p['fsdp']):.2e} "
+        "relative")
   assert _relative(p["replicated"], p["fsdp"]) < 1e-6, _relative(p["replicated"], p["fsdp"])
 
 
@@ -259,6 +263,9 @@ def test_masked_diffusion_trains_alike_in_both_layouts(tmp_path, monkeypatch):
     c.total_steps = 10
     return c
   p = _text_runs(tmp_path, config, mdm_train.train_and_evaluate, mdm_train.MaskedDiffusion(), 10)
+  print(f"masked diffusion after 10 updates: fsdp/replicated "
+        f"{_relative(p['replicated'], p['fsdp']):.2e} "
+        "relative")
   assert _relative(p["replicated"], p["fsdp"]) < 1e-6, _relative(p["replicated"], p["fsdp"])
 
 
@@ -271,7 +278,7 @@ def test_gpt_remat_under_fsdp_equals_the_plain_replicated_step(monkeypatch):
   from modules import gpt  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
   cfg = gpt.GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.1)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
+  tx = optax.chain(optim.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
   params0 = jax.device_get(gpt.GPTModel(cfg).init(jax.random.key(0)))
   n, accum = jax.local_device_count(), 2
   tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (n, accum, 2, cfg.block_size + 1))
@@ -291,13 +298,14 @@ def test_gpt_remat_under_fsdp_equals_the_plain_replicated_step(monkeypatch):
   results = {}
   for layout, remat in (("replicated", False), ("fsdp", False), ("fsdp", True)):
     model = gpt.GPTModel(dataclasses.replace(cfg, remat=remat))
-    with parallel.use_sharding(layout):
-      p_step = parallel.pmap_step(make_step(model), replicated_in=(0,), out_axes=(None, 0))
-      state = parallel.put_state((params0, tx.init(params0)))
-      batch, device_index = parallel.shard(tokens), parallel.shard(parallel.device_indices())
-      for _ in range(4):
-        state, loss = p_step(state, batch, device_index)
-      results[layout, remat] = parallel.unreplicate(state[0]), _split(state)
+    rules = parallel.Rules(layout)
+    p_step = parallel.compile_step(make_step(model), rules, state_in=(0,), out_axes=(None, 0),
+                                   blocks=True)
+    state = parallel.put_state((params0, tx.init(params0)), rules)
+    batch, device_index = parallel.shard(tokens), parallel.shard(parallel.device_indices())
+    for _ in range(4):
+      state, loss = p_step(state, batch, device_index)
+    results[layout, remat] = parallel.unreplicate(state[0]), _split(state)
   base, _ = results["replicated", False]
   assert jax.tree.structure(base) == jax.tree.structure(results["fsdp", True][0])
   assert results["fsdp", True][1] > 0                                # the state is split
@@ -312,14 +320,12 @@ def test_gpt_remat_under_fsdp_equals_the_plain_replicated_step(monkeypatch):
   assert _relative(params0, base) > 1e-3                             # it trained
 
 
-def _gpt_fsdp_step_hlo(monkeypatch, gather: bool):
+def _gpt_fsdp_step_hlo(monkeypatch):
   """The compiled (4 fake CPU devices) fsdp train step of a small GPT, 2 micro-batches of one
   8-token sequence per device (activations far smaller than a weight, as GPT-2 XL's 1 x 1024
   tokens per chip against its 1600 x 6400 weights): (its HLO text, the parameters' shapes)."""
   from modules import gpt  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(parallel, "FSDP_MIN_ELEMENTS", 256)
-  if not gather:
-    monkeypatch.setattr(parallel, "gather_state", lambda tree: tree)
   cfg = gpt.GPTConfig(block_size=8, vocab_size=64, n_layer=2, n_head=2, n_embd=128)
   model = gpt.GPTModel(cfg)
   tx = optax.adamw(1e-3)
@@ -333,24 +339,25 @@ def _gpt_fsdp_step_hlo(monkeypatch, gather: bool):
   def step(state, batch):
     u = trainer.accumulated_update(loss_fn, tx, state[0], state[1], batch, 2, jax.random.key(0))
     return (u.params, u.opt_state), u.loss
-  with parallel.use_sharding("fsdp"):
-    p_step = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0))
-    state = (params, jax.eval_shape(tx.init, params))
-    batch = jax.ShapeDtypeStruct((n, 2, 1, cfg.block_size + 1), jnp.int32)
-    text = p_step.lower(state, batch).compile().as_text()
+  p_step = parallel.compile_step(step, parallel.Rules("fsdp"), state_in=(0,), out_axes=(None, 0),
+                                 blocks=True)
+  state = (params, jax.eval_shape(tx.init, params))
+  batch = jax.ShapeDtypeStruct((n, 2, 1, cfg.block_size + 1), jnp.int32)
+  text = p_step.lower(state, batch).compile().as_text()
   return text, {tuple(x.shape) for x in jax.tree.leaves(params)}
 
 
 def test_fsdp_gathers_the_weights_not_the_activations(monkeypatch):
   """Under fsdp each micro-batch reads the parameters whole (parallel.gather_state): every
-  all-gather of the compiled step is of a split parameter, none of the devices' activations (the
-  SPMD partitioner's own choice at small per-device batches, which also all-reduces the logits)."""
-  text, shapes = _gpt_fsdp_step_hlo(monkeypatch, gather=True)
+  all-gather of the compiled step is of a split parameter, none of the devices' activations, and
+  each gradient is reduce-scattered onto its blocks (parallel.mean_state)."""
+  text, shapes = _gpt_fsdp_step_hlo(monkeypatch)
   gathered = [tuple(int(d) for d in dims.split(",")) for dims in
               re.findall(r"= \w+\[([0-9,]+)\]\{[^}]*\} all-gather\(", text)]
   assert gathered, "no all-gather: the state is not split"
   assert all(s in shapes for s in gathered), (gathered, shapes)
   assert {(128, 384), (64, 128)} <= set(gathered)        # qkv_proj/w, wte (vocab 64 x C 128)
+  assert re.search(r"reduce-scatter\(", text), "no reduce-scatter of the gradients"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -373,22 +380,21 @@ def test_fsdp_spec_keeps_the_model_split_and_takes_another_axis(monkeypatch):
   assert parallel.fsdp_spec((128, 64), 2, (m, None)) == P(m, parallel.AXIS)
   assert parallel.fsdp_spec((64,), 2, (m,)) == P(m)                   # nothing left for AXIS
   assert parallel.fsdp_spec((4, 2), 2, (None, m)) == P(None, m)       # under the floor: model only
-  with parallel.use_sharding("fsdp", model_parallel=2, model_spec=_megatron):
-    mesh = parallel.global_mesh()
-    assert dict(mesh.shape) == {parallel.AXIS: 2, m: 2}
-    assert parallel.local_rows() == jax.local_device_count() // 2
-    tree = {"mlp/~/in": {"w": np.zeros((16, 64)), "b": np.zeros(64)},
-            "mlp/~/out": {"w": np.zeros((64, 8))}}
-    # an optimizer moment of a parameter: the last two dict keys of its path name it
-    opt = optax.adam(1e-3).init(tree)
-    specs = jax.tree.map(lambda s: s.spec, parallel.fsdp_shardings((tree, opt)))
-    assert specs[0]["mlp/~/in"] == {"w": P(parallel.AXIS, m), "b": P(m)}
-    assert specs[0]["mlp/~/out"] == {"w": P(m, parallel.AXIS)}
-    assert specs[1][0].mu == specs[0] and specs[1][0].nu == specs[0]
-    assert specs[1][0].count == P()
+  rules = parallel.Rules("fsdp", model_parallel=2, model_spec=_megatron)
+  mesh = rules.mesh()
+  assert dict(mesh.shape) == {parallel.AXIS: 2, m: 2}
+  assert rules.local_rows == jax.local_device_count() // 2
+  tree = {"mlp/~/in": {"w": np.zeros((16, 64)), "b": np.zeros(64)},
+          "mlp/~/out": {"w": np.zeros((64, 8))}}
+  # an optimizer moment of a parameter: the last two dict keys of its path name it
+  opt = optax.adam(1e-3).init(tree)
+  specs = jax.tree.map(lambda s: s.spec, rules.shardings((tree, opt)))
+  assert specs[0]["mlp/~/in"] == {"w": P(parallel.AXIS, m), "b": P(m)}
+  assert specs[0]["mlp/~/out"] == {"w": P(m, parallel.AXIS)}
+  assert specs[1][0].mu == specs[0] and specs[1][0].nu == specs[0]
+  assert specs[1][0].count == P()
   with pytest.raises(ValueError, match="needs sharding='fsdp'"):
-    with parallel.use_sharding("replicated", model_parallel=2, model_spec=_megatron):
-      pass
+    parallel.Rules("replicated", model_parallel=2, model_spec=_megatron)
 
 
 @pytest.mark.parametrize("m", [2, 4])
@@ -400,42 +406,42 @@ def test_a_model_axis_step_equals_data_parallelism_over_its_groups(monkeypatch, 
   rng = np.random.RandomState(0)
   params = {"mlp/~/in": {"w": rng.randn(16, 64).astype(np.float32), "b": np.zeros(64, np.float32)},
             "mlp/~/out": {"w": rng.randn(64, 8).astype(np.float32)}}
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
+  tx = optax.chain(optim.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
   groups = jax.local_device_count() // m
   batch = {"x": rng.randn(groups, 8, 16).astype(np.float32),
            "y": rng.randn(groups, 8, 8).astype(np.float32)}
 
-  def loss_fn(p, x, y):
-    h = jnp.tanh(x @ p["mlp/~/in"]["w"] + p["mlp/~/in"]["b"])          # [b, 64]
-    return jnp.mean((h @ p["mlp/~/out"]["w"] - y) ** 2)
+  def loss_fn(p, b, key):
+    del key
+    h = jnp.tanh(b["x"] @ p["mlp/~/in"]["w"] + p["mlp/~/in"]["b"])       # [b, 64]
+    return jnp.mean((h @ p["mlp/~/out"]["w"] - b["y"]) ** 2), {}
 
   def step(state, batch, device_index):
     p, opt = state
-    p = parallel.gather_state(p)
-    loss, g = jax.value_and_grad(loss_fn)(p, batch["x"] * (1.0 + 0.01 * device_index), batch["y"])
-    g = parallel.constrain_state(jax.lax.pmean(g, parallel.AXIS))
-    updates, opt = tx.update(g, opt, p)
-    return (optax.apply_updates(p, updates), opt), jax.lax.pmean(loss, parallel.AXIS)
+    b = {"x": batch["x"][None] * (1.0 + 0.01 * device_index), "y": batch["y"][None]}
+    u = trainer.accumulated_update(loss_fn, tx, p, opt, b, 1, jax.random.key(0))
+    return (u.params, u.opt_state), u.loss
   state0 = jax.device_get((params, tx.init(params)))
 
-  ref = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0),
-                           devices=jax.local_devices()[:groups])
+  ref = parallel.compile_step(step, state_in=(0,), out_axes=(None, 0), blocks=True,
+                              devices=jax.local_devices()[:groups])
   state, index = state0, np.arange(groups, dtype=np.int32)
   for _ in range(10):
     state, _ = ref(state, batch, index)
   want = parallel.unreplicate(state)
 
-  with parallel.use_sharding("fsdp", model_parallel=m, model_spec=_megatron):
-    p_step = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0), donate_argnums=(0,))
-    state = parallel.put_state(state0)
-    index, b = parallel.shard(parallel.device_indices()), parallel.shard(batch)
-    for _ in range(10):
-      state, loss = p_step(state, b, index)
-    assert loss.shape == (groups,)                                 # per group: the host's rows
-    w = state[0]["mlp/~/in"]["w"]
-    assert w.sharding.spec == P(parallel.AXIS, parallel.MODEL_AXIS)
-    assert w.addressable_shards[0].data.shape == (16 // groups, 64 // m)
-    got = parallel.unreplicate(state)
+  rules = parallel.Rules("fsdp", model_parallel=m, model_spec=_megatron)
+  p_step = parallel.compile_step(step, rules, state_in=(0,), out_axes=(None, 0),
+                                 donate_argnums=(0,), blocks=True)
+  state = parallel.put_state(state0, rules)
+  index, b = parallel.shard(parallel.device_indices(rules), rules), parallel.shard(batch, rules)
+  for _ in range(10):
+    state, loss = p_step(state, b, index)
+  assert loss.shape == (groups,)                                   # per group: the host's rows
+  w = state[0]["mlp/~/in"]["w"]
+  assert w.sharding.spec == P(parallel.AXIS, parallel.MODEL_AXIS)
+  assert w.addressable_shards[0].data.shape == (16 // groups, 64 // m)
+  got = parallel.unreplicate(state)
   assert _relative(want, got) < 1e-6, _relative(want, got)
   assert not np.allclose(want[0]["mlp/~/in"]["w"], params["mlp/~/in"]["w"])    # it trained
 
@@ -457,11 +463,11 @@ def test_model_parallel_is_checked_against_the_layout_and_the_experiment():
     layout_lib.batch_layout(c)
   c.model_parallel = 4                                # the smoke model has 2 KV heads
   with pytest.raises(errors.ConfigError, match=r"model_parallel.*num_kv_heads=2.*\[1, 2\]"):
-    trainer.state_layout(mdm_train.MaskedDiffusion(), c)
+    trainer.run_layout(mdm_train.MaskedDiffusion(), c)
   t = cpu_demo.get_config("smoke")
   t.sharding, t.model_parallel = "fsdp", 2
   with pytest.raises(errors.ConfigError, match="model_parallel.*names no split.*use 1"):
-    trainer.state_layout(trm_train.TRM(), t)
+    trainer.run_layout(trm_train.TRM(), t)
 
 
 _MDM_DATA_PARALLEL = """
@@ -505,20 +511,17 @@ def test_masked_diffusion_with_a_model_axis_trains_as_data_parallelism_over_its_
   c = _mdm_model_axis_config(tmp_path / "tfds", "fsdp", m)
   workdir = str(tmp_path / f"model{m}")
   mdm_train.train_and_evaluate(c, workdir)
-  with trainer.state_layout(experiment, c):
-    step, p = trainer.restore_params(experiment, c, workdir)
-    assert step == 10
-    qkv = [x for path, x in jax.tree_util.tree_leaves_with_path(p) if "qkv_proj" in str(path)
-           and x.ndim == 2][0]
-    assert parallel.MODEL_AXIS in qkv.sharding.spec        # the weights came back split over it
-    got = parallel.unreplicate(p)
+  step, p = trainer.restore_params(experiment, c, workdir, laid_out=True)
+  assert step == 10
+  qkv = [x for path, x in jax.tree_util.tree_leaves_with_path(p) if "qkv_proj" in str(path)
+         and x.ndim == 2][0]
+  assert parallel.MODEL_AXIS in qkv.sharding.spec          # the weights came back split over it
+  got = parallel.unreplicate(p)
   for sharding in parallel.SHARDINGS:
     c1 = _mdm_model_axis_config(tmp_path / "tfds", sharding, 1)
-    with trainer.state_layout(experiment, c1):
-      assert _relative(got, parallel.unreplicate(
-          trainer.restore_params(experiment, c1, workdir)[1])) == 0.0
-  # A tool restoring with the run's own config outside its layout (a sampler, a benchmark) reads
-  # the arrays whole.
+    assert _relative(got, parallel.unreplicate(
+        trainer.restore_params(experiment, c1, workdir, laid_out=True)[1])) == 0.0
+  # A tool restoring with the run's own config (a sampler, a benchmark) reads the arrays whole.
   assert _relative(got, parallel.unreplicate(trainer.restore_params(experiment, c, workdir)[1])) == 0
   out = str(tmp_path / "ref.npz")
   proc = subprocess.run([sys.executable, "-c", _MDM_DATA_PARALLEL, str(4 // m),
@@ -569,7 +572,7 @@ def _final_eval(workdir):
 
 @pytest.mark.usefixtures("libtpu")
 def test_a_model_axis_step_compiles_for_a_tpu_slice_with_its_blocks_per_chip():
-  """The toy step compiled for a v4-8 (4 chips) under fsdp x model_parallel=2 (tpu.lower_pmap, as
+  """The toy step compiled for a v4-8 (4 chips) under fsdp x model_parallel=2 (tpu.lower_step, as
   `--dry_run --target` does): per-device arguments get one row per data group (2), and each chip's
   argument bytes are the state's / 4 (split over both axes) plus the rows."""
   from experiments.tools import tpu  # pylint: disable=g-import-not-at-top
@@ -577,20 +580,20 @@ def test_a_model_axis_step_compiles_for_a_tpu_slice_with_its_blocks_per_chip():
             "mlp/~/out": {"w": jax.ShapeDtypeStruct((512, 256), jnp.float32)}}
   tx = optax.adam(1e-3)
 
+  def loss_fn(p, x, key):
+    del key
+    return jnp.mean((jnp.tanh(x @ p["mlp/~/in"]["w"]) @ p["mlp/~/out"]["w"]) ** 2), {}
+
   def step(state, x):
-    p, opt = state
-    p = parallel.gather_state(p)
-    g = jax.grad(lambda p: jnp.mean((jnp.tanh(x @ p["mlp/~/in"]["w"]) @ p["mlp/~/out"]["w"]) ** 2))(p)
-    g = parallel.constrain_state(jax.lax.pmean(g, parallel.AXIS))
-    updates, opt = tx.update(g, opt, p)
-    return optax.apply_updates(p, updates), opt
+    u = trainer.accumulated_update(loss_fn, tx, state[0], state[1], x[None], 1, jax.random.key(0))
+    return u.params, u.opt_state
   state = (params, jax.eval_shape(tx.init, params))
   target = tpu.parse_target("v4-8")
-  with parallel.use_sharding("fsdp", model_parallel=2, model_spec=_megatron):
-    lowered = tpu.lower_pmap(step, target, (state, jax.ShapeDtypeStruct((8, 256), jnp.float32)),
-                             replicated_in=(0,), out_axes=None, donate_argnums=(0,))
-    assert lowered.args_info[0][1].shape == (2, 8, 256)                     # 2 data groups
-    report = tpu.compile_report(lowered, target=target, name="toy")
+  lowered = tpu.lower_step(step, target, (state, jax.ShapeDtypeStruct((8, 256), jnp.float32)),
+                           rules=parallel.Rules("fsdp", model_parallel=2, model_spec=_megatron),
+                           state_in=(0,), out_axes=None, donate_argnums=(0,), blocks=True)
+  assert lowered.args_info[0][1].shape == (2, 8, 256)                       # 2 data groups
+  report = tpu.compile_report(lowered, target=target, name="toy")
   state_bytes = 3 * 2 * 256 * 512 * 4                # params and two Adam moments, float32
   assert report.compiled and report.fits
   assert state_bytes / 4 <= report.argument_bytes < state_bytes / 4 + 2 ** 16, report.argument_bytes

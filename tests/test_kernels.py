@@ -82,11 +82,7 @@ def test_attention_choice_by_target_and_its_fallbacks():
   assert dispatch.attention_for("tpu", "float32") == "splash"
   assert dispatch.attention_for("tpu", "bfloat16", seq_len=916) == "splash"    # TRM's mazes
   assert dispatch.attention_for("tpu", "bfloat16", seq_len=97) == "xla"        # Sudoku: small scores
-  # Under fsdp the step is partitioned by XLA (jit of vmap), which cannot split a Pallas kernel.
-  assert dispatch.attention_for("tpu", "bfloat16", partitioned=True) == "xla"
-  assert dispatch.loss_for("tpu", partitioned=True) == "xla" and dispatch.loss_for("tpu") == "pallas"
-  with pytest.raises(ValueError, match=r"model.attention='splash' with sharding='fsdp'.*Fix"):
-    dispatch.attention_for("tpu", "bfloat16", "splash", partitioned=True)
+  assert dispatch.loss_for("tpu") == "pallas" and dispatch.loss_for("cpu") == "xla"
   assert dispatch.attention_for("gpu", "bfloat16") == "cudnn"
   assert dispatch.attention_for("gpu", "float32") == "xla"       # cuDNN's fused attention: 16-bit
   assert dispatch.attention_for("cpu", "bfloat16") == "xla"
@@ -163,7 +159,7 @@ def test_splash_compiles_for_a_tpu_without_the_scores(libtpu):
   arg = jax.ShapeDtypeStruct((B, S, H, Dh), jnp.bfloat16)
   reports, texts = {}, {}
   for attention in ("xla", "splash"):
-    lowered = tpu.lower_pmap(make_step(attention), target, (arg, arg, arg))
+    lowered = tpu.lower_step(make_step(attention), target, (arg, arg, arg))
     compiled = lowered.compile()
     texts[attention] = compiled.as_text()
     reports[attention] = tpu.compile_report(compiled, target=target, name=attention)
@@ -242,7 +238,7 @@ def test_fused_head_loss_compiles_for_a_tpu_without_the_logits(libtpu):
           jax.ShapeDtypeStruct((N,), jnp.int32))
   got = {}
   for loss in ("xla", "pallas"):
-    compiled = tpu.lower_pmap(make_step(loss), target, args, replicated_in=(1,)).compile()
+    compiled = tpu.lower_step(make_step(loss), target, args, state_in=(1,)).compile()
     got[loss] = (compiled.as_text().replace(" ", ""),
                  tpu.compile_report(compiled, target=target, name=loss))
   assert f"[{N},{V}]" in got["xla"][0] and f"[{N},{V}]" not in got["pallas"][0]

@@ -1,5 +1,5 @@
-"""parallel.pmap_step with XLA compiler options (`cpu_features.CPU_DOTS_ONLY`: TRM's split_reduce
-CPU form)."""
+"""parallel.compile_step: pmap's program for a replicated state, with XLA compiler options
+(`cpu_features.CPU_DOTS_ONLY`: TRM's split_reduce CPU form)."""
 
 import concurrent.futures
 import re
@@ -35,7 +35,7 @@ def _inputs(batch=256):
 
 def test_cpu_dots_only_keeps_reductions_out_of_the_matmul_fusions():
   w, x = _inputs()
-  p = parallel.pmap_step(_step, replicated_in=(0,), out_axes=(None, 0))
+  p = parallel.compile_step(_step, state_in=(0,), out_axes=(None, 0))
   default = _ynn_fusions_with_a_reduce(p.lower(w, x).compile().as_text())
   dots_only = _ynn_fusions_with_a_reduce(
       p.lower(w, x).compile(compiler_options=cpu_features.CPU_DOTS_ONLY).as_text())
@@ -46,7 +46,7 @@ def test_cpu_dots_only_keeps_reductions_out_of_the_matmul_fusions():
 
 def test_a_step_with_compiler_options_compiles_once_per_signature_and_keeps_the_values():
   w, x = _inputs()
-  p = parallel.pmap_step(_step, replicated_in=(0,), out_axes=(None, 0),
+  p = parallel.compile_step(_step, state_in=(0,), out_axes=(None, 0),
                          compiler_options=cpu_features.CPU_DOTS_ONLY)
   w_out, s = p(w, x)
   x64, w64 = x.astype(np.float64), w.astype(np.float64)
@@ -59,13 +59,24 @@ def test_a_step_with_compiler_options_compiles_once_per_signature_and_keeps_the_
   shapes = jax.eval_shape(p, w, x)                              # traced: the plain pmapped function
   assert shapes[1].shape == (x.shape[0], 256)
   assert len(p._compiled) == 2                                  # pylint: disable=protected-access
-  plain = parallel.pmap_step(_step, replicated_in=(0,), out_axes=(None, 0))
-  assert not hasattr(plain, "compiler_options")                 # no options: jax.pmap itself
+  plain = parallel.compile_step(_step, state_in=(0,), out_axes=(None, 0))
+  assert plain.compiler_options == {}
+
+
+def test_the_replicated_program_is_pmaps():
+  """jit(shard_map) of the step over the 1-D mesh: pmap's own lowering in JAX 0.10, so a replicated
+  run computes what a pmapped one did, bit for bit."""
+  w, x = _inputs(batch=8)
+  ours = parallel.compile_step(_step, state_in=(0,), out_axes=(None, 0)).lower(w, x).as_text()
+  theirs = jax.pmap(_step, axis_name=parallel.AXIS, in_axes=(None, 0),
+                    out_axes=(None, 0)).lower(w, x).as_text()
+  strip = lambda text: re.sub(r"module @\S+|@jit_\w+|jit\(\w+\)|\"[^\"]*\.py\":\d+:\d+", "", text)  # noqa: E731
+  assert strip(ours) == strip(theirs)
 
 
 def test_precompile_from_shapes_serves_the_first_call():
   w, x = _inputs()
-  p = parallel.pmap_step(_step, replicated_in=(0,), out_axes=(None, 0),
+  p = parallel.compile_step(_step, state_in=(0,), out_axes=(None, 0),
                          compiler_options=cpu_features.CPU_DOTS_ONLY)
   specs = (jax.ShapeDtypeStruct(w.shape, w.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype))
   lowered = p.precompile(*specs)                                # compiles in a background thread

@@ -293,7 +293,7 @@ def test_mlp_train_step(libtpu, name):
   B, sizes = 512, (1024, 2048, 1024)
   step, weights = _mlp_step(sizes)
   x = jax.ShapeDtypeStruct((B, sizes[0]), jnp.float32)
-  lowered = tpu.lower_pmap(step, target, (weights, x), replicated_in=(0,), out_axes=(None, 0),
+  lowered = tpu.lower_step(step, target, (weights, x), state_in=(0,), out_axes=(None, 0),
                            donate_argnums=(0,))
   assert lowered.in_avals[0][1].shape == (target.num_devices, B, sizes[0])   # global device axis
   assert lowered.in_avals[0][0][0].shape == (1024, 2048)                     # replicated: as given
@@ -345,7 +345,7 @@ def test_loops_are_counted_trip_by_trip(libtpu):
                         parallel.AXIS)
 
   def report(fn):
-    return tpu.compile_report(tpu.lower_pmap(fn, target, (w, x), replicated_in=(0,)),
+    return tpu.compile_report(tpu.lower_step(fn, target, (w, x), state_in=(0,)),
                               target=target, name=fn.__name__,
                               jaxpr=tpu.per_device_jaxpr(fn, target, (w, x)))
   loop, plain, nest = report(looped), report(unrolled), report(nested)
@@ -376,10 +376,9 @@ def test_a_loop_body_too_big_alone_is_counted_once_with_a_note(libtpu):
   def step(w, x):
     y = jax.lax.fori_loop(0, 3, lambda i, y: y + jnp.sum(w[:8] * 2.0, axis=1), x)
     return jax.lax.psum(jnp.sum(y), parallel.AXIS)
-  with parallel.use_sharding("fsdp"):
-    r = tpu.compile_report(tpu.lower_pmap(step, target, (w, x), replicated_in=(0,)),
-                           target=target, name="step",
-                           jaxpr=tpu.per_device_jaxpr(step, target, (w, x)))
+  r = tpu.compile_report(tpu.lower_step(step, target, (w, x), rules=parallel.Rules("fsdp"),
+                                        state_in=(0,), blocks=True),
+                         target=target, name="step", jaxpr=tpu.per_device_jaxpr(step, target, (w, x)))
   assert r.compiled and r.fits and r.argument_bytes < 5 * 2 ** 30       # w split 4 ways
   assert r.loops == () and "does not fit a v5litepod-4 chip" in r.loop_note
   assert "3 trips are counted once" in r.loop_note
@@ -395,9 +394,9 @@ def _big_input_step(remat):
 
 
 def _compile_big(target, batch, remat=False, D=512):
-  lowered = tpu.lower_pmap(_big_input_step(remat), target, (
+  lowered = tpu.lower_step(_big_input_step(remat), target, (
       jax.ShapeDtypeStruct((D, D), jnp.float32), jax.ShapeDtypeStruct((batch, D), jnp.float32)),
-      replicated_in=(0,), out_axes=None, donate_argnums=(0,))
+      state_in=(0,), out_axes=None, donate_argnums=(0,))
   return tpu.compile_report(lowered, target=target, name=f"batch {batch}")
 
 
@@ -440,7 +439,7 @@ def test_compiler_hbm_limits_match_the_chip_table(libtpu):
                       ("v5p-8", "v5p"), ("v6e-4", "v6e")):
     target = tpu.parse_target(family)
     width = 2048 if gen == "v5p" else 1024              # 128 GiB / 64 GiB of float32 input
-    lowered = tpu.lower_pmap(lambda x: jax.lax.psum(jnp.sum(x), parallel.AXIS), target,
+    lowered = tpu.lower_step(lambda x: jax.lax.psum(jnp.sum(x), parallel.AXIS), target,
                              (jax.ShapeDtypeStruct((2 ** 24, width), jnp.float32),))
     try:
       lowered.compile()
@@ -460,9 +459,9 @@ def test_layout_constraints_detected(libtpu):
       loss = lambda w: jnp.sum(dispatch.ops(kernels, jnp.bfloat16).matmul(x, w) ** 2)
       g = jax.grad(loss)(w)
       return jax.lax.pmean(g, parallel.AXIS)
-    return tpu.lower_pmap(step, target, (jax.ShapeDtypeStruct((256, 512), jnp.float32),
+    return tpu.lower_step(step, target, (jax.ShapeDtypeStruct((256, 512), jnp.float32),
                                          jax.ShapeDtypeStruct((128, 256), jnp.float32)),
-                          replicated_in=(0,), out_axes=None)
+                          state_in=(0,), out_axes=None)
   cpu_style, plain = make("xla_cpu"), make("default")
   assert tpu.hlo_has_layout_constraints(cpu_style)
   assert tpu.hlo_has_layout_constraints(cpu_style.as_text(dialect="hlo"))
@@ -570,12 +569,12 @@ def test_the_fix_line_names_the_first_variant_that_fits(monkeypatch, capsys):
 
 def test_tpu_layout_checks_devices_per_host_against_the_slice():
   c = v4_64.get_config()                    # 32 devices, 4 per host (a v4-64's 8 hosts)
-  layout = dry_run.tpu_layout(c, tpu.parse_target("v4-64"))
+  layout = dry_run.tpu_layout(trm_train.TRM(), c, tpu.parse_target("v4-64"))
   assert (layout.hosts, layout.devices_per_host, layout.per_host_batch,
           layout.per_device_batch) == (8, 4, 96, 24)
   c.num_devices, c.global_batch_size = 8, 768
   with pytest.raises(errors.ConfigError) as e:
-    dry_run.tpu_layout(c, tpu.parse_target("v6e-8"))       # 1 host x 8 chips
+    dry_run.tpu_layout(trm_train.TRM(), c, tpu.parse_target("v6e-8"))   # 1 host x 8 chips
   assert str(e.value) == (
       "config.devices_per_host=4: the config's per-host data layout is written for 4 devices per "
       "host but v6e-8 has 8 chips per host (1 host(s)). Fix: pass --config.devices_per_host=8, or a "

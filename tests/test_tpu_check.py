@@ -68,9 +68,8 @@ def test_every_row_builds_in_a_plain_clone(check):
   check.overrides(config)
   target = tpu.parse_target(check.target or config.target)
   trainer.check_config(check.experiment(), config)
-  with trainer.state_layout(check.experiment(), config):
-    layout = dry_run.tpu_layout(config, target)
-    build = check.experiment().build(config, layout)
+  layout = dry_run.tpu_layout(check.experiment(), config, target)
+  build = check.experiment().build(config, layout)
   assert layout.chips == target.num_devices
   assert layout.examples_per_update == config.global_batch_size * config.grad_accum
   for x in jax.tree.leaves(build.example_batch):       # [host devices, (accum,) per device, ...]

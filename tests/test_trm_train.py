@@ -56,13 +56,14 @@ def test_train_writes_metrics_checkpoints_table_and_resumes(tmp_path, monkeypatc
   workdir = str(tmp_path / "run")
   config = _smoke_config(tmp_path)
   steps = []                     # the steps compiled with split_reduce's XLA option (a CPU target)
-  init = parallel._CompiledOnCall.__init__          # pylint: disable=protected-access
+  init = parallel.Step.__init__
 
   def record(self, *args, **kwargs):
     init(self, *args, **kwargs)
-    steps.append(self)
+    if self.compiler_options:
+      steps.append(self)
 
-  monkeypatch.setattr(parallel._CompiledOnCall, "__init__", record)  # pylint: disable=protected-access
+  monkeypatch.setattr(parallel.Step, "__init__", record)
   results = train.train_and_evaluate(config, workdir)
   # The training step (precompiled at start from shapes) and the evaluation step: one compile each,
   # so the precompiled signature is the one the loop calls with.
@@ -335,8 +336,8 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
           "labels": sudoku.grid_to_tokens(solutions).reshape(n, per_device, 81).astype(np.int32),
           "puzzle_identifiers": ids})
       state, dstate, sums = step(state, dstate, batch, dev)
-    eval_step = parallel.pmap_step(evaluators.make_eval_step(model, per_device, sharded=shard),
-                                   replicated_in=(0, 1) if shard else (0, 1, 2), out_axes=0)
+    eval_step = parallel.compile_step(evaluators.make_eval_step(model, per_device, sharded=shard),
+                                   state_in=(0, 1) if shard else (0, 1, 2), out_axes=0)
     eval_batch = {"inputs": np.asarray(batch["inputs"]), "labels": np.asarray(batch["labels"]),
                   "puzzle_identifiers": np.asarray(batch["puzzle_identifiers"]),
                   "mask": np.ones((n, per_device), bool)}

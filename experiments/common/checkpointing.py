@@ -113,13 +113,13 @@ def _is_pmap_stacked(x: jax.Array) -> bool:
   return rows == x.shape[0] and all(s is None for s in spec[1:])
 
 
-def _replicated_to_numpy(name: str, x: Any) -> Any:
-  """One host copy of a replicated leaf (pmap-stacked arrays lose their device axis); under the
-  "fsdp" state layout (experiments/common/parallel.py) a leaf split over the devices stays the
-  global array it is (every process writes its blocks)."""
+def _replicated_to_numpy(name: str, x: Any, split: bool) -> Any:
+  """One host copy of a replicated leaf (pmap-stacked arrays lose their device axis); with `split`
+  (a state laid out by `parallel.Rules("fsdp")`) a leaf split over the devices stays the global
+  array it is (every process writes its blocks)."""
   if not isinstance(x, jax.Array):
     return np.asarray(x)
-  if parallel.sharding() == "fsdp" and not x.sharding.is_fully_replicated:
+  if split and not x.sharding.is_fully_replicated:
     return x
   # `x[0]` would run a computation (and fail on non-addressable arrays): read a local shard.
   data = np.array(x.addressable_shards[0].data, copy=True)
@@ -270,7 +270,7 @@ class CheckpointManager:
       raise ValueError(f"max_to_keep={max_to_keep}: must be >= 1 or None (keep all).")
     self._directory = directory
     self._layout = layout or layout_lib.of_devices()
-    self._mesh = parallel.global_mesh()
+    self._mesh = self._layout.rules.mesh()
     if self._mesh.shape[parallel.AXIS] != self._layout.devices:
       raise ValueError(f"layout of {self._layout.devices} devices ({self._layout.hosts} x "
                        f"{self._layout.devices_per_host}) but this run's mesh has "
@@ -323,7 +323,8 @@ class CheckpointManager:
                    self._directory)
       return False
     replicated_np = jax.tree_util.tree_map_with_path(
-        lambda p, x: _replicated_to_numpy(_keystr(_REPLICATED, p), x), replicated)
+        lambda p, x: _replicated_to_numpy(_keystr(_REPLICATED, p), x, self._layout.rules.split),
+        replicated)
     per_device_global = jax.tree_util.tree_map_with_path(
         lambda p, x: self._to_global(_keystr(_PER_DEVICE, p), x), per_device)
     # Orbax refuses empty pytrees ("Found empty item"): leafless trees are not written at all.
@@ -530,7 +531,7 @@ class CheckpointManager:
 
   @staticmethod
   def _to_local(x: jax.Array) -> np.ndarray:
-    """This process' rows of a global array sharded over `global_mesh()`, in row order (one copy
+    """This process' rows of a global array sharded over the run's mesh, in row order (one copy
     of each: a data group's devices hold the same rows)."""
     shards = sorted((s for s in x.addressable_shards if s.replica_id == 0),
                     key=lambda s: s.index[0].start or 0)

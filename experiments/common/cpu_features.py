@@ -32,7 +32,7 @@ CPU_DOTS_ONLY = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_IN
 never a dot fused with the reduction after it. XLA 0.10.2's default also fuses a dot with a following
 reduce (e.g. a projection, the residual add and RMSNorm's sum of squares in one YNNPACK fusion), and
 those fused kernels ran at a third to a half of the plain dot's rate on the dev CPU
-(docs/benchmarks.md). Options of one compile (`parallel.pmap_step(compiler_options=...)`), not of
+(docs/benchmarks.md). Options of one compile (`parallel.compile_step(compiler_options=...)`), not of
 the process: other programs keep XLA's defaults. TRM's steps take them on a CPU target
 (experiments/trm/cpu_tuning.py, split_reduce)."""
 

@@ -18,8 +18,8 @@ experiment says only what differs (jaxline's shape):
 `step` field: updates done) and the per-device state (or None) from `jax.random.key(config.seed)`;
 the trainer calls it for a fresh run and takes the abstract state (restore templates, dry runs,
 TPU compiles) from `jax.eval_shape` of it. `batches` and the evaluators open their data on first
-use, so a build reads no data and compiles no step. The train step runs on each device inside
-`pmap` (axis `parallel.AXIS`):
+use, so a build reads no data and compiles no step. The train step runs on each device
+(`parallel.compile_step`, axis `parallel.AXIS`):
 
   train_step(state, device_state, batch, rng) -> (state, device_state, metrics, finite)
 
@@ -27,7 +27,10 @@ use, so a build reads no data and compiles no step. The train step runs on each 
 device index; jaxline passes it in too). `metrics` is a dict of scalars already reduced over all
 devices (psum/pmean), added up over the log window and saved with checkpoints; `finite` is a []
 bool, the same on every device, False when the step's loss or gradients are not finite. The
-trainer adds the state check and the skip policy (config.nonfinite), so the step does not.
+trainer adds the state check and the skip policy (config.nonfinite), so the step does not. Where
+the run's rules split the state (config.sharding=fsdp) the step holds this device's blocks of it:
+`trainer.accumulated_update` reads and updates them as it should; a step that reads a state value
+itself takes it whole with `parallel.gather_state` (a new value returned whole is cut to the block).
 
 A complete example (an MLP classifier in ~60 lines, run as written by tests/test_trainer.py):
 docs/adding-an-experiment.md.
@@ -86,17 +89,20 @@ class Evaluator:
 
 @dataclasses.dataclass
 class Program:
-  """A per-device function compiled by the dry run: `pmap(fn)` with these argument roles.
+  """A per-device function compiled by the dry run: `parallel.compile_step(fn, layout.rules)` with
+  these argument roles.
 
-  args: abstract arguments (jax.ShapeDtypeStruct trees); those not in `replicated_in` have a leading
-  axis of this host's devices, which the dry run widens to the compile target's devices."""
+  args: abstract arguments (jax.ShapeDtypeStruct trees); `state_in` are state (laid out by the
+  run's rules), the others have a leading axis of this host's rows, which the dry run widens to
+  the compile target's. `blocks`: the step gets the state's blocks (the trainer's step only)."""
   fn: Callable[..., Any]
   args: Tuple[Any, ...]
-  replicated_in: Tuple[int, ...] = ()
+  state_in: Tuple[int, ...] = ()
   out_axes: Any = 0
   donate_argnums: Tuple[int, ...] = ()
   items: float = 0.0           # examples (or tokens) one call processes over all devices
   flops: Optional[float] = None  # analytic FLOPs of one call over all devices
+  blocks: bool = False
 
 
 class TrainState(NamedTuple):
@@ -164,7 +170,7 @@ class Build:
     model_config: the model's own config (readers of other checkpoint formats, samplers, exports).
     weights: how to read and replace the model weights of a state (default: `state.params`).
     compiler_options: XLA options for the training and evaluation steps' compiles
-      (`parallel.pmap_step`); experiments set them for a CPU target only (`layout.cpu_tuning`), so
+      (`parallel.compile_step`); experiments set them for a CPU target only (`layout.cpu_tuning`), so
       a TPU program never carries them.
     on_start: called once with the workdir and the start step before training (extra files).
     display: the console, TensorBoard and results side (`Display`).
@@ -216,8 +222,8 @@ class Experiment:
                       ) -> Optional[Callable[[str, str, int], Sequence[Optional[str]]]]:
     """How the model's weights split over the `model` mesh axis under config.model_parallel > 1:
     spec(module, name, ndim) -> per-axis mesh axis names of a Haiku parameter
-    (`parallel.use_sharding`'s model_spec), or None (the default): the experiment has no model
-    axis, and model_parallel > 1 is a ConfigError (`trainer.state_layout`)."""
+    (`parallel.Rules.model_spec`), or None (the default): the experiment has no model axis, and
+    model_parallel > 1 is a ConfigError (`trainer.run_layout`)."""
     del config
     return None
 

@@ -36,6 +36,7 @@ from typing import Any, Optional, Tuple
 import jax
 
 from experiments.common import errors
+from experiments.common import parallel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +51,13 @@ class BatchLayout:
   process_index: int         # this process
   platform: str              # the platform the program is compiled for: "cpu", "tpu", "gpu"
   cpu_tuning: bool = False   # CPU-only speed-ups are on (config.cpu_tuning and platform == "cpu")
-  model_parallel: int = 1    # JAX devices per data group (config.model_parallel; parallel.MODEL_AXIS)
+  rules: parallel.Rules = parallel.REPLICATED   # where the state lies (config.sharding,
+                                                # config.model_parallel; parallel.Rules)
+
+  @property
+  def model_parallel(self) -> int:
+    """JAX devices per data group (config.model_parallel; parallel.MODEL_AXIS)."""
+    return self.rules.model_parallel
 
   @property
   def chips(self) -> int:
@@ -174,8 +181,11 @@ def check_batch_multiple(config: Any, field: str, why: str) -> None:
 def batch_layout(config: Any, *, devices: Optional[int] = None,
                  devices_per_host: Optional[int] = None, process_index: Optional[int] = None,
                  platform: Optional[str] = None, check_num_devices: bool = True,
-                 target: Optional[str] = None) -> BatchLayout:
-  """The layout of `config` on this run's devices, or on the ones given (dry runs, TPU targets).
+                 target: Optional[str] = None,
+                 model_spec: Optional[parallel.ModelSpec] = None) -> BatchLayout:
+  """The layout of `config` on this run's devices, or on the ones given (dry runs, TPU targets);
+  its state rules from config.sharding, config.model_parallel and `model_spec` (the experiment's,
+  trainer.run_layout).
 
   Raises errors.ConfigError naming the field, the value and the fix when the config was written for
   another device count (config.num_devices > 0 and `check_num_devices`) or when the batch does not
@@ -241,6 +251,12 @@ def batch_layout(config: Any, *, devices: Optional[int] = None,
         + ("--config.global_batch_size=" if target else "")
         + f"{max(groups, batch // groups * groups)}")
   cpu_tuning = bool(config.get("cpu_tuning", False)) and platform == "cpu"
+  sharding = str(config.get("sharding", "replicated"))
+  if sharding not in parallel.SHARDINGS or (m > 1 and sharding != "fsdp"):
+    raise errors.ConfigError("sharding", sharding,
+                             f"must be one of {parallel.SHARDINGS}, fsdp with model_parallel={m}",
+                             "use replicated, or fsdp")
+  rules = parallel.Rules(sharding, m, model_spec)
   return BatchLayout(global_batch=batch, accum=accum, devices=devices // m, hosts=hosts,
                      devices_per_host=devices_per_host // m, process_index=process_index,
-                     platform=platform, cpu_tuning=cpu_tuning, model_parallel=m)
+                     platform=platform, cpu_tuning=cpu_tuning, rules=rules)

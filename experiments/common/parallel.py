@@ -1,80 +1,74 @@
-"""The one parallel-step wrapper of podlab: `pmap` over this host's devices, collectives over all hosts.
+"""The one step engine of podlab: `compile_step(fn, rules)`, `jit` of `shard_map` over one mesh.
 
-JAX 0.10's `pmap` is `jit(shard_map)`. State that is the same on every device (parameters, optimizer
-state, EMA) is passed with `in_axes=None` and returned with `out_axes=None`: it stays replicated on the
-devices between steps, with no per-device copies made by the caller. Per-device values (the batch, the
-TRM ACT carry, metrics) have a leading axis of length `jax.local_device_count()`. Collectives
-(`lax.pmean`/`psum`/`all_gather` over `AXIS`) span every device of every host.
+An experiment writes a per-device step (collectives over `AXIS`: `lax.pmean`, `psum`, ...; the
+design's pmap loop). `compile_step` runs it on every device of a (data, model) mesh for every state
+layout, the way JAX 0.10's `pmap` is built (`jit` of `shard_map`, the same program for
+"replicated"): training, evaluation, sampling, the dry run and the TPU compile all come through it.
+Where the state lies is a value, `Rules` (its rule table), never a mode of the process:
+
+- `REPLICATED` (`Rules()`): every device holds the whole state (data parallelism).
+- `Rules("fsdp")`: every state leaf of at least `FSDP_MIN_ELEMENTS` elements is split over the data
+  axis along its largest axis the device count divides (`fsdp_spec`), between and during steps.
+- `Rules("fsdp", model_parallel=m, model_spec=spec)`: the mesh is (devices / m, m) of axes
+  (AXIS, MODEL_AXIS); the step runs once per data group of m chips, each leaf is also split over
+  MODEL_AXIS where `spec(module, name, ndim)` names it (the model's rule table, e.g.
+  `dream.param_partition_spec`), and XLA's partitioner splits the group's matmuls over that axis
+  (the shard_map is manual over AXIS only).
+
+Arguments in `state_in` positions are state, laid out by the rules; the others are per-device: a
+leading axis of this host's rows (`Rules.local_rows`), one per device or data group. The step sees
+the state in one of two views:
+
+- whole (the default; evaluation, sampling): split leaves are gathered at the step's entry.
+- blocks (`blocks=True`: the trainer's step): each device holds its blocks of the split leaves, so
+  the state costs 1/n of its size. The step reads what it needs whole with `gather_state` (an
+  all-gather), averages gradients onto the blocks with `mean_state` (a reduce-scatter) and their
+  norm with `global_norm`, and updates the blocks elementwise (`trainer.accumulated_update` does
+  all of it). A new state value it returns whole is sliced to this device's block. Under
+  REPLICATED these are `lax.pmean`, `optax.tree.norm` and the identity: the same program as pmap.
+
+Since the step runs under `shard_map` for every layout, Pallas kernels (splash attention, the
+fused head+loss, the fused MLP) run in every layout without a model axis.
 
 Synopsis:
 
   import jax, jax.numpy as jnp
   from experiments.common import parallel
 
-  def step(w, x):                                  # w replicated, x per device
+  def step(w, x):                                  # w: state, x: this device's rows
     g = jax.lax.pmean(jnp.sum(x) * w, parallel.AXIS)
     return w - 0.1 * g, jnp.sum(x)
-  p_step = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0))
-  w = parallel.replicate(jnp.ones(3))
+  p_step = parallel.compile_step(step, parallel.REPLICATED, state_in=(0,), out_axes=(None, 0))
+  w = parallel.put_state(jnp.ones(3), parallel.REPLICATED)
   x = jnp.ones((jax.local_device_count(), 2))
-  w, s = p_step(w, x)                              # w: replicated [3]; s: [local_devices]
-  parallel.unreplicate(w)                          # host numpy copy of the replicated value
-
-Model parallelism (a model's weights split over a second mesh axis, `MODEL_AXIS`): in training,
-"fsdp" with `model_parallel` > 1 (below); Dream's sampler runs it by hand with `shard_map`
-(experiments/diffucoder/model_sharding.py).
-
-State sharding (`SHARDINGS`): `pmap_step` runs the same per-device program in one of two layouts of
-the state that its `replicated_in` arguments carry, chosen per run (`use_sharding`, set by the
-trainer from `config.sharding`), never by experiment code:
-- "replicated": every device holds the whole state (pmap: data parallelism, the default);
-- "fsdp": every state leaf larger than `FSDP_MIN_ELEMENTS` is split over the devices of all hosts
-  along its largest axis that the device count divides (`fsdp_shardings`), between and during
-  steps: parameters, optimizer moments, EMA. The step is `jit(vmap(fn, axis_name=AXIS))` with the
-  state's `NamedSharding`s as in/out shardings and the per-device arguments split over `AXIS`:
-  the named-axis collectives of `fn` (pmean/psum/pmin) reduce over the vmapped device axis, and
-  XLA's SPMD partitioner reduces each gradient onto its owner's shard (reduce-scatters, or
-  all-reduces and a slice). Where the step reads the state whole (`gather_state`, which
-  `trainer.accumulated_update` applies to the parameters) XLA all-gathers the split leaves;
-  elsewhere the partitioner chooses, and may gather the devices' activations instead. Per-device
-  arguments and outputs keep pmap's host-local `[local devices, ...]` form.
-- "fsdp" with `model_parallel` m > 1 (`use_sharding(..., model_parallel=m, model_spec=...)`): the
-  mesh is (devices / m, m) of axes (AXIS, MODEL_AXIS); `fn` runs once per data group of m devices
-  (per-device arguments: `[local_rows(), ...]`), each state leaf is also split over MODEL_AXIS as
-  `model_spec` names, and `gather_state` gathers over AXIS only: XLA's partitioner splits the
-  group's matmuls and places their collectives. The numbers are those of "replicated" on the
-  groups.
-
-  with parallel.use_sharding("fsdp"):
-    p_step = parallel.pmap_step(step, replicated_in=(0,), out_axes=(None, 0))
-    w = parallel.put_state(jnp.ones(4 * jax.device_count()))   # split over every device
-    w, s = p_step(w, x)                                         # the same numbers as above
+  w, s = p_step(w, x)                              # w: replicated [3]; s: [local devices]
+  parallel.unreplicate(w)                          # host numpy copy of the state
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import inspect
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
+import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 AXIS = "data"
-"""The one mesh axis of podlab's data parallelism: pmapped steps' collectives, `global_mesh()`,
-`local_mesh()` and the checkpoints' per-device arrays all use it."""
+"""The data axis of every mesh: the collectives of per-device steps and the checkpoints' per-device
+rows."""
 
 MODEL_AXIS = "model"
-"""The second mesh axis: a model's weights split over the chips of a data group (Megatron style).
-Dream's sampler runs on it by hand (experiments/diffucoder/model_sharding.py); the trainer's "fsdp"
-layout with `model_parallel > 1` splits state leaves over it as the experiment names
-(`Experiment.model_axis_spec`) and leaves the collectives to XLA's partitioner."""
+"""The second mesh axis: a model's weights split over the chips of a data group (Megatron style),
+as `Rules.model_spec` names them."""
 
 SHARDINGS = ("replicated", "fsdp")
-"""The layouts of a step's state (`use_sharding`; `config.sharding` in experiments/common/config_utils.py)."""
+"""The state layouts (`Rules.sharding`; `config.sharding`)."""
 
 FSDP_MIN_ELEMENTS = 2 ** 14
 """State leaves with fewer elements stay whole on every device under "fsdp" (norm scales, biases,
@@ -84,92 +78,13 @@ ModelSpec = Callable[[str, str, int], Optional[Sequence[Optional[str]]]]
 """model_spec(module, name, ndim) -> per-axis mesh axis names of a Haiku parameter (None: not
 split over the model axis); e.g. `dream.param_partition_spec`."""
 
-_sharding = "replicated"
-_model_parallel = 1
-_model_spec: Optional[ModelSpec] = None
-
-
-def sharding() -> str:
-  """The state layout `pmap_step` and `put_state` use now ("replicated" or "fsdp")."""
-  return _sharding
-
-
-def model_parallel() -> int:
-  """Chips per data group now (`use_sharding`): 1, or the size of the `MODEL_AXIS` mesh axis."""
-  return _model_parallel
-
-
-@contextlib.contextmanager
-def use_sharding(name: str, model_parallel: int = 1,
-                 model_spec: Optional[ModelSpec] = None) -> Iterator[None]:
-  """Within the block, `pmap_step` and `put_state` use the state layout `name` (one of SHARDINGS).
-  The trainer wraps a run in it (config.sharding, config.model_parallel; `trainer.state_layout`);
-  experiments never choose the layout.
-
-  `model_parallel` > 1 (with "fsdp" only): the devices form a (devices / m) x m mesh of axes
-  (AXIS, MODEL_AXIS); the per-device step runs once per data group of m chips, and every state
-  leaf is split over MODEL_AXIS where `model_spec(module, name, ndim)` says (the last two dict keys
-  of its path: a Haiku parameter, or an optimizer moment of one) and over AXIS as "fsdp" splits."""
-  global _sharding, _model_parallel, _model_spec
-  if name not in SHARDINGS:
-    raise ValueError(f"sharding={name!r}: must be one of {SHARDINGS}")
-  if not isinstance(model_parallel, (int, np.integer)) or model_parallel < 1:
-    raise ValueError(f"model_parallel={model_parallel!r}: must be a positive integer")
-  if model_parallel > 1 and (name != "fsdp" or model_spec is None):
-    raise ValueError(f"model_parallel={model_parallel} needs sharding='fsdp' and a model_spec "
-                     f"(got sharding={name!r}, model_spec={model_spec!r})")
-  previous = _sharding, _model_parallel, _model_spec
-  _sharding, _model_parallel, _model_spec = name, int(model_parallel), model_spec
-  try:
-    yield
-  finally:
-    _sharding, _model_parallel, _model_spec = previous
-
-
-def step_mesh(devices: Sequence[Any]) -> Mesh:
-  """The mesh of a step over `devices` (in order): 1-D (AXIS,), or with `model_parallel()` m > 1
-  (devices / m, m) of axes (AXIS, MODEL_AXIS), a data group being m consecutive devices (the same
-  host: m must divide the devices per host)."""
-  devices = np.array(list(devices))
-  m = _model_parallel
-  if m == 1:
-    return Mesh(devices, (AXIS,))
-  if devices.size % m:
-    raise ValueError(f"model_parallel={m} does not divide the {devices.size} devices; use a "
-                     "divisor of the devices per host")
-  return Mesh(devices.reshape(devices.size // m, m), (AXIS, MODEL_AXIS))
-
-
-def global_mesh() -> Mesh:
-  """Mesh over all devices of all processes, ordered by (process index, device id), so each
-  process owns one contiguous block: row `i` of a host-local `[local rows, ...]` array is global row
-  `process_index * local rows + i` when sharded `P(AXIS)`. 1-D, or (data groups, model_parallel())
-  (`step_mesh`)."""
-  return step_mesh(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
-
-
-def local_mesh() -> Mesh:
-  """The mesh over this process's devices (the devices a pmapped step runs on), as `step_mesh`."""
-  return step_mesh(jax.local_devices())
-
-
-def local_rows() -> int:
-  """Rows of this process in a per-device argument: its devices, or data groups under
-  model_parallel() > 1."""
-  return jax.local_device_count() // _model_parallel
-
-
-def replicate(tree: Any) -> Any:
-  """Puts every leaf on all local devices, replicated (no leading device axis)."""
-  return jax.device_put(tree, NamedSharding(local_mesh(), PartitionSpec()))
-
 
 def fsdp_spec(shape: Sequence[int], devices: int,
               model: Sequence[Optional[str]] = ()) -> PartitionSpec:
   """Where "fsdp" splits a leaf of `shape` over `devices` (the AXIS size): its largest axis that
   `devices` divides (the first of equal ones), or nowhere for a leaf under `FSDP_MIN_ELEMENTS`
-  elements or with no such axis. `model`: the leaf's split over MODEL_AXIS (per-axis names, as
-  `use_sharding`'s model_spec returns), kept; AXIS then takes another axis."""
+  elements or with no such axis. `model`: the leaf's split over MODEL_AXIS, kept; AXIS then takes
+  another axis."""
   model = tuple(model) + (None,) * (len(shape) - len(model))
   if int(np.prod(shape, dtype=np.int64)) < FSDP_MIN_ELEMENTS:
     return PartitionSpec(*model) if any(model) else PartitionSpec()
@@ -180,109 +95,126 @@ def fsdp_spec(shape: Sequence[int], devices: int,
   return PartitionSpec(*[AXIS if i == axis else model[i] for i in range(len(shape))])
 
 
-def _model_axes(path: Sequence[Any], shape: Sequence[int], mesh: Mesh) -> tuple:
-  """The MODEL_AXIS split of the state leaf at `path` on `mesh` (() when the mesh has no model
-  axis or the spec names none); a split that the model axis does not divide is a ValueError."""
-  if MODEL_AXIS not in mesh.shape or _model_spec is None:
-    return ()
-  keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
-  if len(keys) < 2:
-    return ()
-  spec = tuple(_model_spec(str(keys[-2]), str(keys[-1]), len(shape)) or ())
-  m = mesh.shape[MODEL_AXIS]
-  for i, axis in enumerate(spec):
-    if axis is not None and shape[i] % m:
-      raise ValueError(f"{keys[-2]}/{keys[-1]}: axis {i} of shape {tuple(shape)} is split over "
-                       f"model_parallel={m}, which does not divide it; use a divisor of {shape[i]}")
-  return spec
+@dataclasses.dataclass(frozen=True)
+class Rules:
+  """Where a step's state lies on the mesh: the sharding rule table of a run, passed as a value.
+
+  sharding: "replicated" or "fsdp" (module doc). model_parallel: chips per data group (> 1 with
+  "fsdp" only). model_spec: the model's rule table for MODEL_AXIS (None: nothing split over it).
+  """
+  sharding: str = "replicated"
+  model_parallel: int = 1
+  model_spec: Optional[ModelSpec] = None
+
+  def __post_init__(self):
+    if self.sharding not in SHARDINGS:
+      raise ValueError(f"sharding={self.sharding!r}: must be one of {SHARDINGS}")
+    m = self.model_parallel
+    if not isinstance(m, (int, np.integer)) or isinstance(m, bool) or m < 1:
+      raise ValueError(f"model_parallel={m!r}: must be a positive integer")
+    if m > 1 and self.sharding != "fsdp":
+      raise ValueError(f"model_parallel={m} needs sharding='fsdp' (got sharding="
+                       f"{self.sharding!r})")
+
+  @property
+  def split(self) -> bool:
+    """Whether state leaves are split over the data axis."""
+    return self.sharding == "fsdp"
+
+  def mesh(self, devices: Optional[Sequence[Any]] = None) -> Mesh:
+    """The mesh over `devices` (default: every device of every process, ordered by (process index,
+    device id), so each process owns one contiguous block of rows): 1-D (AXIS,), or (devices / m,
+    m) of axes (AXIS, MODEL_AXIS), a data group being m consecutive devices of one host."""
+    if devices is None:
+      devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    devices = np.array(list(devices))
+    m = self.model_parallel
+    if m == 1:
+      return Mesh(devices, (AXIS,))
+    if devices.size % m:
+      raise ValueError(f"model_parallel={m} does not divide the {devices.size} devices; use a "
+                       "divisor of the devices per host")
+    return Mesh(devices.reshape(devices.size // m, m), (AXIS, MODEL_AXIS))
+
+  def local_mesh(self) -> Mesh:
+    """The mesh over this process's devices."""
+    return self.mesh(jax.local_devices())
+
+  @property
+  def local_rows(self) -> int:
+    """Rows of this process in a per-device argument: its devices, or its data groups."""
+    return jax.local_device_count() // self.model_parallel
+
+  def model_axes(self, path: Sequence[Any], shape: Sequence[int], mesh: Mesh) -> tuple:
+    """The MODEL_AXIS split of the state leaf at `path` (its last two dict keys name a Haiku
+    parameter, or an optimizer moment of one); () without a model axis. A split that the model
+    axis does not divide is a ValueError."""
+    if MODEL_AXIS not in mesh.shape or self.model_spec is None:
+      return ()
+    keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    if len(keys) < 2:
+      return ()
+    spec = tuple(self.model_spec(str(keys[-2]), str(keys[-1]), len(shape)) or ())
+    m = mesh.shape[MODEL_AXIS]
+    for i, axis in enumerate(spec):
+      if axis is not None and shape[i] % m:
+        raise ValueError(f"{keys[-2]}/{keys[-1]}: axis {i} of shape {tuple(shape)} is split over "
+                         f"model_parallel={m}, which does not divide it; use a divisor of "
+                         f"{shape[i]}")
+    return spec
+
+  def spec(self, path: Sequence[Any], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+    """The PartitionSpec of the state leaf at `path` of `shape` on `mesh`."""
+    model = self.model_axes(path, shape, mesh)
+    if self.split:
+      return fsdp_spec(shape, mesh.shape[AXIS], model)
+    return PartitionSpec(*model) if any(model) else PartitionSpec()
+
+  def shardings(self, tree: Any, mesh: Optional[Mesh] = None) -> Any:
+    """`NamedSharding` of every leaf of `tree` (arrays or ShapeDtypeStructs) on `mesh` (default
+    the global one)."""
+    mesh = self.mesh() if mesh is None else mesh
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: NamedSharding(mesh, self.spec(path, np.shape(x), mesh)), tree)
 
 
-def fsdp_shardings(tree: Any, mesh: Optional[Mesh] = None) -> Any:
-  """`NamedSharding` of every leaf of `tree` (arrays or ShapeDtypeStructs) under "fsdp" on `mesh`
-  (default `global_mesh()`), model-axis splits included."""
-  mesh = global_mesh() if mesh is None else mesh
-  size = mesh.shape[AXIS]
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: NamedSharding(mesh, fsdp_spec(np.shape(x), size,
-                                                    _model_axes(path, np.shape(x), mesh))), tree)
+REPLICATED = Rules()
 
 
-def model_shardings(tree: Any, mesh: Mesh) -> Any:
-  """`NamedSharding` of every leaf of `tree` split over MODEL_AXIS only (whole over AXIS): what
-  `gather_state` makes of the state inside a step."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: NamedSharding(mesh, PartitionSpec(*_model_axes(path, np.shape(x), mesh))),
-      tree)
+# --------------------------------------------------------------------------------------------------
+# Placing values.
+
+def replicate(tree: Any) -> Any:
+  """Puts every leaf on all local devices, replicated (no leading device axis)."""
+  return jax.device_put(tree, NamedSharding(REPLICATED.local_mesh(), PartitionSpec()))
 
 
-def state_shardings(tree: Any, mesh: Optional[Mesh] = None) -> Any:
-  """The shardings `put_state` gives `tree` in the current layout (None leaves: replicated state
-  is placed by `replicate`)."""
-  if _sharding == "fsdp":
-    return fsdp_shardings(tree, mesh)
-  return jax.tree.map(lambda _: None, tree)
-
-
-_tracing_mesh: Optional[Mesh] = None      # the mesh of the "fsdp" step being traced, else None
-
-
-@contextlib.contextmanager
-def _tracing(mesh: Mesh) -> Iterator[None]:
-  global _tracing_mesh
-  previous, _tracing_mesh = _tracing_mesh, mesh
-  try:
-    yield
-  finally:
-    _tracing_mesh = previous
-
-
-def constrain_state(tree: Any) -> Any:
-  """Inside a step traced for "fsdp": `tree` (values shaped like state leaves, e.g. gradients that
-  were just reduced over the devices) laid out as the state is, split by `fsdp_shardings`, so XLA
-  keeps only each device's block (a reduce-scatter instead of an all-reduce). Anywhere else (the
-  "replicated" layout, shape-only tracing) `tree` unchanged."""
-  if _tracing_mesh is None:
-    return tree
-  return jax.lax.with_sharding_constraint(tree, fsdp_shardings(tree, _tracing_mesh))
-
-
-def gather_state(tree: Any) -> Any:
-  """Inside a step traced for "fsdp": `tree` (state-shaped values, e.g. the parameters a
-  micro-batch's forward pass reads) whole on every device (split only over MODEL_AXIS where the
-  model spec says), so XLA all-gathers the split weights and keeps the per-device batch on its
-  device (without it the partitioner may instead gather the activations of every device's batch
-  and compute with the split weights). Anywhere else `tree` unchanged."""
-  if _tracing_mesh is None:
-    return tree
-  return jax.lax.with_sharding_constraint(tree, model_shardings(tree, _tracing_mesh))
-
-
-def put_state(tree: Any) -> Any:
-  """The state onto the devices in the current layout: `replicate` for "replicated"; for "fsdp"
-  each leaf split by `fsdp_shardings` over the devices of all hosts (every host passes the whole
-  value; each device keeps its block)."""
-  if _sharding != "fsdp":
+def put_state(tree: Any, rules: Rules) -> Any:
+  """The state onto the devices as `rules` lay it out: `replicate` for a state split nowhere; else
+  each leaf a global array of the blocks the rules give it (every process passes the whole value;
+  each device keeps its block)."""
+  if not rules.split:
     return replicate(tree)
 
   def put(x, s):
     if isinstance(x, jax.Array) and x.sharding == s:
-      return x                       # already split so (a restored checkpoint)
+      return x                       # already laid out so (a restored checkpoint)
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
       return jax.device_put(x, s)    # another global layout: XLA moves the blocks
     value = np.asarray(x)
     return jax.make_array_from_callback(value.shape, s, lambda index: value[index])
-  return jax.tree.map(put, tree, fsdp_shardings(tree))
+  return jax.tree.map(put, tree, rules.shardings(tree))
 
 
-def shard(tree: Any) -> Any:
-  """Puts host arrays with leading axis `local_rows()` onto the local devices, one slice each (one
-  per data group, on each of its chips, under model_parallel() > 1)."""
-  return jax.device_put(tree, NamedSharding(local_mesh(), PartitionSpec(AXIS)))
+def shard(tree: Any, rules: Rules = REPLICATED) -> Any:
+  """Puts host arrays with leading axis `rules.local_rows` onto the local devices, one row each
+  (one per data group, on each of its chips)."""
+  return jax.device_put(tree, NamedSharding(rules.local_mesh(), PartitionSpec(AXIS)))
 
 
 def unreplicate(tree: Any) -> Any:
-  """Host numpy copy of a replicated value: reads one device's copy (not `x[0]`, which gathers). A
-  leaf split by "fsdp" is gathered (across processes too)."""
+  """Host numpy copy of a state value: reads one device's copy of a replicated leaf (not `x[0]`,
+  which gathers); a split leaf is gathered (across processes too)."""
   def one(x):
     if isinstance(x, jax.Array) and len(x.addressable_shards) > 1 and x.sharding.is_fully_replicated:
       return np.asarray(x.addressable_shards[0].data)
@@ -293,167 +225,119 @@ def unreplicate(tree: Any) -> Any:
 
 
 def first_local(x: Any) -> np.ndarray:
-  """Host copy of the first local device's part of `x` (a per-device output keeps its length-1
-  device axis); no cross-device gather, unlike `x[0]`."""
+  """Host copy of the first local row of a per-device output (keeps its length-1 row axis); no
+  cross-device gather, unlike `x[0]`."""
   if isinstance(x, jax.Array):
     return np.asarray(x.addressable_shards[0].data)
   return np.asarray(x)
 
 
-def _signature(args: Any) -> Any:
-  """(tree structure, ((shape, dtype) per leaf)) of arrays or ShapeDtypeStructs."""
-  leaves, tree = jax.tree.flatten(args)
-  return tree, tuple((tuple(x.shape), np.dtype(x.dtype)) if hasattr(x, "dtype")
-                     else (np.shape(x), np.result_type(x)) for x in leaves)
-
-
-class _CompiledOnCall:
-  """A pmapped function compiled ahead of time with XLA `compiler_options`, once per argument
-  signature (tree structure, shapes, dtypes): on its first call with that signature, or in a
-  background thread from `precompile`. Traced calls (`jax.eval_shape`) go to the pmapped function;
-  `lower` is its own (callers compiling by hand pass `compiler_options` themselves)."""
-
-  def __init__(self, pmapped: Callable[..., Any], compiler_options: dict):
-    self._pmapped = pmapped
-    self.compiler_options = dict(compiler_options)
-    self.lower = pmapped.lower
-    self._compiled = {}          # signature -> Compiled, or a Future of one (precompile)
-
-  def precompile(self, *args) -> Any:
-    """Lowers for `args` (arrays or ShapeDtypeStructs) on this thread and compiles in a background
-    thread, so that the host can do other start-up work meanwhile (XLA compiles without the GIL);
-    the first call with that signature waits for it. Returns the Lowered (`out_info`: the outputs'
-    shapes)."""
-    lowered = self._pmapped.lower(*args)
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="podlab-compile")
-    self._compiled[_signature(args)] = pool.submit(lowered.compile,
-                                                   compiler_options=self.compiler_options)
-    pool.shutdown(wait=False)
-    return lowered
-
-  def __call__(self, *args):
-    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
-      return self._pmapped(*args)            # traced (jax.eval_shape, an outer jit): no compile
-    key = _signature(args)
-    compiled = self._compiled.get(key)
-    if isinstance(compiled, concurrent.futures.Future):
-      compiled = self._compiled[key] = compiled.result()
-    if compiled is None:
-      compiled = self._pmapped.lower(*args).compile(compiler_options=self.compiler_options)
-      self._compiled[key] = compiled
-    return compiled(*args)
-
-
-class _FsdpStep:
-  """`pmap_step` under "fsdp": `jit(vmap(fn, axis_name=AXIS))` over a 1-D mesh of `devices` (default
-  every device of every process), compiled once per argument signature. Arguments and results keep
-  pmap's conventions: state (`replicated_in`, out_axes None) as whole-shaped arrays, split by
-  `fsdp_shardings`; per-device values as this host's `[local devices, ...]` rows (or, when lowering
-  for a TPU topology's `devices`, `[len(devices), ...]`)."""
-
-  def __init__(self, fn: Callable[..., Any], in_axes: tuple, out_axes: Any,
-               donate_argnums: Sequence[int], devices: Optional[Sequence[Any]],
-               compiler_options: dict):
-    self._vmapped = jax.vmap(fn, in_axes=in_axes, out_axes=out_axes, axis_name=AXIS)
-    self._in_axes, self._out_axes = in_axes, out_axes
-    self._donate = tuple(donate_argnums)
-    self._mesh = global_mesh() if devices is None else step_mesh(devices)
-    self.compiler_options = dict(compiler_options)
-    self._compiled = {}
-
-  def _jitted(self, args: Sequence[Any]) -> Callable[..., Any]:
-    """The jitted program for global-shaped `args` (arrays or ShapeDtypeStructs)."""
-    split = NamedSharding(self._mesh, PartitionSpec(AXIS))
-    in_shardings = tuple(
-        fsdp_shardings(a, self._mesh) if axis is None else jax.tree.map(lambda _: split, a)
-        for a, axis in zip(args, self._in_axes))
-    with _tracing(self._mesh):
-      out = jax.eval_shape(self._vmapped, *args)
-    out_shardings = jax.tree_util.tree_map(
-        lambda axis, sub: (fsdp_shardings(sub, self._mesh) if axis is None
-                           else jax.tree.map(lambda _: split, sub)),
-        self._out_axes, out, is_leaf=lambda x: x is None)
-    jitted = jax.jit(self._vmapped, in_shardings=in_shardings, out_shardings=out_shardings,
-                     donate_argnums=self._donate)
-    mesh = self._mesh
-
-    class _Traced:                     # lowers (traces) with `constrain_state` pointing at the mesh
-      @staticmethod
-      def lower(*a):
-        with _tracing(mesh):
-          return jitted.lower(*a)
-    return _Traced
-
-  def _global(self, args: Sequence[Any]) -> tuple:
-    """Per-device arguments from this host's rows to global arrays over the mesh (no copy)."""
-    return tuple(a if axis is None else multihost_utils.host_local_array_to_global_array(
-        a, self._mesh, PartitionSpec(AXIS)) for a, axis in zip(args, self._in_axes))
-
-  def lower(self, *args) -> Any:
-    """Lowers for global-shaped `args` (per-device leaves `[len(devices), ...]`), e.g. a TPU
-    topology's abstract devices (experiments/tools/tpu.py)."""
-    return self._jitted(args).lower(*args)
-
-  def __call__(self, *args):
-    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
-      return self._vmapped(*args)            # traced (jax.eval_shape, an outer jit): shapes only
-    gargs = self._global(args)
-    key = _signature(gargs)
-    compiled = self._compiled.get(key)
-    if compiled is None:
-      compiled = self._jitted(gargs).lower(*gargs).compile(
-          compiler_options=self.compiler_options or None)
-      self._compiled[key] = compiled
-    out = compiled(*gargs)
-    return jax.tree_util.tree_map(
-        lambda axis, sub: sub if axis is None else multihost_utils.global_array_to_host_local_array(
-            sub, self._mesh, PartitionSpec(AXIS)),
-        self._out_axes, out, is_leaf=lambda x: x is None)
-
-
-def pmap_step(fn: Callable[..., Any], *, replicated_in: Sequence[int] = (), out_axes: Any = 0,
-              donate_argnums: Sequence[int] = (),
-              devices: Optional[Sequence[Any]] = None,
-              compiler_options: Optional[dict] = None) -> Callable[..., Any]:
-  """The per-device step `fn` over the devices, in the current state layout (`use_sharding`):
-  `jax.pmap(fn)` with axis name `AXIS` ("replicated"), or `_FsdpStep` ("fsdp"); `fn` and the
-  calling convention are the same in both.
-
-  Args:
-    fn: the per-device step (positional arguments only).
-    replicated_in: positions of arguments that are the same on every device (`in_axes=None`); the
-      others carry a leading device axis.
-    out_axes: as in `jax.pmap`: None for outputs that are the same on every device (they stay
-      replicated, with no device axis), 0 for per-device outputs; a tuple for a tuple of outputs.
-    donate_argnums: arguments whose buffers may be reused for outputs (state updated in place).
-    devices: the devices to map over, in order (default: this process's devices, as `jax.pmap`;
-      under "fsdp" every process's); `experiments.tools.tpu` passes a TPU topology's devices to
-      compile for a whole slice.
-    compiler_options: XLA options for this step's compiles (`cpu_features.CPU_DOTS_ONLY`; callers
-      pass them only for a CPU target). The step is then compiled ahead of time on its first call per
-      argument signature. Single-process only under "replicated": with several processes the
-      options are not applied (JAX's ahead-of-time pmap has no host-local to global conversion)
-      and the step is plain.
-  """
-  num_args = len(inspect.signature(fn).parameters)
-  in_axes = tuple(None if i in replicated_in else 0 for i in range(num_args))
-  if _sharding == "fsdp":
-    return _FsdpStep(fn, in_axes, out_axes, donate_argnums, devices, dict(compiler_options or {}))
-  pmapped = jax.pmap(fn, axis_name=AXIS, in_axes=in_axes, out_axes=out_axes,
-                     donate_argnums=tuple(donate_argnums), devices=devices)
-  if compiler_options and jax.process_count() == 1:
-    return _CompiledOnCall(pmapped, compiler_options)
-  return pmapped
-
-
-def device_indices() -> np.ndarray:
-  """Global index of each local device ([local_rows()] int32: data groups under model_parallel()
-  > 1), passed INTO pmapped steps.
-
-  Follows jaxline: the host and device ids are inputs of the step (for per-device RNG), not read inside.
-  """
-  n = local_rows()
+def device_indices(rules: Rules = REPLICATED) -> np.ndarray:
+  """Global index of each local row ([rules.local_rows] int32: data groups under a model axis),
+  passed INTO steps (jaxline: the host and device ids are inputs of the step, not read inside)."""
+  n = rules.local_rows
   return (jax.process_index() * n + np.arange(n)).astype(np.int32)
+
+
+# --------------------------------------------------------------------------------------------------
+# Inside a step: the state's blocks.
+
+@dataclasses.dataclass
+class _Trace:
+  """A step `compile_step` is tracing with state blocks: the mesh and the blocks of its state
+  arguments (id -> (block, the axis AXIS splits); the block is kept so that its id stays its)."""
+  mesh: Mesh
+  blocks: Dict[int, Tuple[Any, int]]
+
+
+_TRACES: List[_Trace] = []     # set only while compile_step traces a step with state blocks
+
+
+@contextlib.contextmanager
+def _tracing(trace: Optional[_Trace]) -> Iterator[None]:
+  if trace is None:
+    yield
+    return
+  _TRACES.append(trace)
+  try:
+    yield
+  finally:
+    _TRACES.pop()
+
+
+def _block(x: Any) -> Optional[int]:
+  """The axis AXIS splits when `x` is a state block of the step being traced, else None."""
+  if not _TRACES:
+    return None
+  hit = _TRACES[-1].blocks.get(id(x))
+  return hit[1] if hit is not None and hit[0] is x else None
+
+
+def holds_blocks() -> bool:
+  """Whether the step being traced holds blocks of its state (`compile_step(blocks=True)` under
+  rules that split): its gradients are then averaged onto the blocks (`mean_state`) per
+  micro-batch, not once (trainer.accumulated_update)."""
+  return bool(_TRACES)
+
+
+def whole_shapes(tree: Any) -> Any:
+  """ShapeDtypeStructs of the whole values of `tree` (blocks of the state are n times as large
+  along their split axis): a shape-only trace of code that reads the state whole."""
+  def one(x):
+    shape, axis = list(np.shape(x)), _block(x)
+    if axis is not None:
+      shape[axis] *= _TRACES[-1].mesh.shape[AXIS]
+    return jax.ShapeDtypeStruct(tuple(shape), x.dtype)
+  return jax.tree.map(one, tree)
+
+
+def gather_state(tree: Any) -> Any:
+  """Inside a step with state blocks (`compile_step(blocks=True)`): `tree` with each block of the
+  step's state arguments whole on every device (an all-gather over AXIS; a model axis keeps its
+  split); anything else unchanged. Elsewhere `tree` itself."""
+  def one(x):
+    axis = _block(x)
+    return x if axis is None else jax.lax.all_gather(x, AXIS, axis=axis, tiled=True)
+  return jax.tree.map(one, tree)
+
+
+def mean_state(tree: Any, like: Any) -> Any:
+  """The mean over every device of `tree` (e.g. gradients), laid out like `like` (the state values
+  of the same structure, e.g. the parameters): where `like` holds a block of a split leaf, this
+  device's block of the mean (a reduce-scatter); elsewhere the whole mean (`lax.pmean`; outside a
+  step with state blocks `lax.pmean(tree, AXIS)` itself)."""
+  if not _TRACES:
+    return jax.lax.pmean(tree, AXIS)
+  n = _TRACES[-1].mesh.shape[AXIS]
+
+  def one(x, s):
+    axis = _block(s)
+    if axis is None:
+      return jax.lax.pmean(x, AXIS)
+    return jax.lax.psum_scatter(x, AXIS, scatter_dimension=axis, tiled=True) / n
+  return jax.tree.map(one, tree, like)
+
+
+def global_norm(tree: Any, like: Any) -> jax.Array:
+  """The L2 norm of the whole of `tree`, laid out like `like` (as `mean_state` returns it), the same
+  on every device: the squares of blocks are summed over AXIS. Outside a step with state blocks
+  `optax.tree.norm(tree)`."""
+  if not _TRACES:
+    return optax.tree.norm(tree)
+  total = 0
+  for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(like)):
+    square = jax.numpy.sum(jax.numpy.square(x))
+    total = total + (square if _block(s) is None else jax.lax.psum(square, AXIS))
+  return jax.numpy.sqrt(jax.numpy.asarray(total))
+
+
+def all_devices(pred: Any) -> Any:
+  """A [] bool computed from this device's part of the state, true on every device: inside a step
+  with state blocks the AND over AXIS; elsewhere `pred` (the whole state decides alike on every
+  device)."""
+  if not _TRACES:
+    return pred
+  return jax.lax.pmin(jax.numpy.asarray(pred).astype(jax.numpy.int32), AXIS) > 0
 
 
 _STEP_DEVICE_INDEX: list = []
@@ -461,8 +345,8 @@ _STEP_DEVICE_INDEX: list = []
 
 @contextlib.contextmanager
 def step_device_index(index: Any) -> Iterator[None]:
-  """Holds this device's global index (the pmapped step's `device_indices()` argument) while the
-  trainer traces an experiment's train step (experiments/common/trainer.guarded_step)."""
+  """Holds this device's global index (the step's `device_indices()` argument) while the trainer
+  traces an experiment's train step (experiments/common/trainer.guarded_step)."""
   _STEP_DEVICE_INDEX.append(index)
   try:
     yield
@@ -478,3 +362,234 @@ def device_index() -> Any:
                        "trainer.parallel_train_step (the trainer passes the index in)")
   return _STEP_DEVICE_INDEX[-1]
 
+
+# --------------------------------------------------------------------------------------------------
+# The engine.
+
+def _signature(args: Any) -> Any:
+  """(tree structure, ((shape, dtype) per leaf)) of arrays or ShapeDtypeStructs."""
+  leaves, tree = jax.tree.flatten(args)
+  return tree, tuple((tuple(x.shape), str(x.dtype)) if hasattr(x, "dtype")   # key<fry> too
+                     else (np.shape(x), str(np.result_type(x))) for x in leaves)
+
+
+def _is_spec(x: Any) -> bool:
+  return isinstance(x, PartitionSpec)
+
+
+def _manual(spec: PartitionSpec) -> PartitionSpec:
+  """`spec` over the manual axis only (MODEL_AXIS stays automatic inside the step)."""
+  return PartitionSpec(*[a if a == AXIS else None for a in tuple(spec)])
+
+
+def _traced(args: Any) -> bool:
+  return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
+
+
+class Step:
+  """A per-device step compiled by `compile_step`. Call it as the step, with state arguments laid
+  out by its rules (`put_state`) and per-device ones as this host's rows (`shard`); `lower(*args)`
+  with global shapes (a compile-only target's devices); `precompile(*args)` compiles in a
+  background thread. Compiled once per argument signature (tree structure, shapes, dtypes)."""
+
+  def __init__(self, fn: Callable[..., Any], rules: Rules, *, state_in: Sequence[int],
+               out_axes: Any, donate_argnums: Sequence[int], devices: Optional[Sequence[Any]],
+               compiler_options: Optional[Dict[str, str]], blocks: bool):
+    self._fn, self.rules = fn, rules
+    self._num_args = len(inspect.signature(fn).parameters)
+    self._state_in = frozenset(state_in)
+    self._out_axes = out_axes
+    self._donate = tuple(donate_argnums)
+    self.mesh = rules.mesh(devices)
+    self.compiler_options = dict(compiler_options or {})
+    self._blocks = bool(blocks) and rules.split
+    self._programs: Dict[Any, Any] = {}
+    self._compiled: Dict[Any, Any] = {}   # signature -> Compiled, or a Future of one (precompile)
+
+  def _state_specs(self, arg: Any) -> Any:
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: self.rules.spec(path, np.shape(x), self.mesh), arg)
+
+  def _outputs(self, args: Sequence[Any]) -> Tuple[Any, Any]:
+    """(the outputs' PartitionSpecs, their global shapes or None): per-device outputs P(AXIS);
+    state outputs as the rules lay out their whole shapes, found by a shape-only trace of the step
+    mapped over the rows (not needed when the rules split nothing)."""
+    rows = PartitionSpec(AXIS)
+    if not self.rules.split:
+      return jax.tree.map(lambda a: PartitionSpec() if a is None else rows, self._out_axes,
+                          is_leaf=lambda x: x is None), None
+    in_axes = tuple(None if i in self._state_in else 0 for i in range(self._num_args))
+    shapes = jax.eval_shape(jax.vmap(self._fn, in_axes=in_axes, out_axes=self._out_axes,
+                                     axis_name=AXIS), *args)
+    specs = jax.tree_util.tree_map(
+        lambda a, sub: self._state_specs(sub) if a is None else jax.tree.map(lambda _: rows, sub),
+        self._out_axes, shapes, is_leaf=lambda x: x is None)
+    return specs, shapes
+
+  def _program(self, args: Sequence[Any]) -> Any:
+    """The jitted program for global-shaped `args` (arrays or ShapeDtypeStructs)."""
+    key = _signature(args)
+    if key in self._programs:
+      return self._programs[key]
+    if len(args) != self._num_args:
+      raise TypeError(f"the step takes {self._num_args} arguments, got {len(args)}")
+    mesh, state_in, blocks, n = self.mesh, self._state_in, self._blocks, len(args)
+    rows = PartitionSpec(AXIS)
+    full_in = tuple(self._state_specs(a) if i in state_in else jax.tree.map(lambda _: rows, a)
+                    for i, a in enumerate(args))
+    full_out, out_shapes = self._outputs(args)
+    # Inside: rows and state blocks over the manual axis; a whole state gathered on entry.
+    manual_in = tuple(
+        jax.tree.map(lambda s: _manual(s) if i not in state_in or blocks else PartitionSpec(),
+                     spec, is_leaf=_is_spec) for i, spec in enumerate(full_in))
+    manual_out = jax.tree.map(_manual, full_out, is_leaf=_is_spec)
+    fn, out_axes, data = self._fn, self._out_axes, mesh.shape[AXIS]
+    for i, a in enumerate(args):
+      for x in ([] if i in state_in else jax.tree.leaves(a)):
+        if not np.shape(x) or np.shape(x)[0] != data:
+          raise ValueError(f"argument {i} of the step has {np.shape(x)[:1]} rows, the mesh "
+                           f"{data} ({'data groups' if MODEL_AXIS in mesh.shape else 'devices'}): "
+                           "pass one row per device (parallel.shard of the layout's host rows)")
+
+    # One data group on a model axis: a manual axis of size 1 trips XLA's partitioner (its
+    # collectives are no-ops), so the step is mapped over it (vmap) and the model axis left to XLA.
+    mapped_over_one = MODEL_AXIS in mesh.shape and data == 1
+    expand = lambda tree: jax.tree.map(lambda x: jax.lax.expand_dims(x, [0]), tree)  # noqa: E731
+
+    def body(*xs):
+      xs, found = list(xs), {}
+      for i in range(n):
+        if i not in state_in and not mapped_over_one:
+          xs[i] = jax.tree.map(lambda x: jax.lax.squeeze(x, [0]), xs[i])
+        elif i in state_in and blocks and not mapped_over_one:
+          for x, s in zip(jax.tree.leaves(xs[i]), jax.tree.leaves(manual_in[i], is_leaf=_is_spec)):
+            if AXIS in tuple(s):
+              found[id(x)] = (x, tuple(s).index(AXIS))
+      with _tracing(_Trace(mesh, found) if blocks and not mapped_over_one else None):
+        out = fn(*xs)
+      if mapped_over_one:
+        return out
+      if out_shapes is None:       # nothing split: pmap's program
+        return jax.tree_util.tree_map(lambda a, sub: sub if a is None else expand(sub),
+                                      out_axes, out, is_leaf=lambda x: x is None)
+
+      def place(a, sub, specs, shapes):
+        if a is not None:
+          return expand(sub)
+
+        def one(x, s, whole):      # a state value returned whole: this device's block of it
+          if AXIS not in tuple(s) or tuple(x.shape) != tuple(whole.shape):
+            return x
+          axis = tuple(s).index(AXIS)
+          size = whole.shape[axis] // data
+          return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(AXIS) * size, size, axis=axis)
+        return jax.tree.map(one, sub, specs, shapes)
+      return jax.tree_util.tree_map(place, out_axes, out, full_out, out_shapes,
+                                    is_leaf=lambda x: x is None)
+
+    if mapped_over_one:
+      mapped = jax.vmap(body, in_axes=tuple(None if i in state_in else 0 for i in range(n)),
+                        out_axes=out_axes, axis_name=AXIS, axis_size=1)
+    else:
+      axis_names = {AXIS} if MODEL_AXIS in mesh.shape else set(mesh.axis_names)
+      mapped = jax.shard_map(body, mesh=mesh, in_specs=manual_in, out_specs=manual_out,
+                             check_vma=False, axis_names=axis_names)
+    named = lambda tree: jax.tree.map(lambda s: NamedSharding(mesh, s), tree,  # noqa: E731
+                                      is_leaf=_is_spec)
+    program = jax.jit(mapped, in_shardings=named(full_in), out_shardings=named(full_out),
+                      donate_argnums=self._donate)
+    self._programs[key] = (program, full_in, full_out)
+    return self._programs[key]
+
+  # Calling conventions: this host's rows and state <-> the program's global arrays.
+  def _multiprocess(self) -> bool:
+    return len({d.process_index for d in self.mesh.devices.flat}) > 1
+
+  def _to_global(self, args: Sequence[Any], full_in: Any) -> tuple:
+    """With several processes: host-local rows and a replicated state to global arrays (no copy);
+    a state already global (laid out by `put_state`) as it is."""
+    if not self._multiprocess():
+      return tuple(args)
+
+    def one(x, s):
+      if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return x
+      return multihost_utils.host_local_array_to_global_array(x, self.mesh, s)
+    return tuple(jax.tree.map(one, a, spec) for a, spec in zip(args, full_in))
+
+  def _to_local(self, out: Any, full_out: Any) -> Any:
+    """With several processes: per-device outputs (and a replicated state, as pmap returns it) back
+    to this host's rows; a split state stays global."""
+    if not self._multiprocess():
+      return out
+    return jax.tree_util.tree_map(
+        lambda a, sub, specs: sub if a is None and self.rules.split else
+        multihost_utils.global_array_to_host_local_array(sub, self.mesh, specs),
+        self._out_axes, out, full_out, is_leaf=lambda x: x is None)
+
+  def lower(self, *args) -> jax.stages.Lowered:
+    """Lowers for global-shaped `args` (per-device leaves `[rows of the mesh, ...]`), e.g. a TPU
+    topology's abstract devices (experiments/tools/tpu.py)."""
+    return self._program(args)[0].lower(*args)
+
+  def precompile(self, *args) -> jax.stages.Lowered:
+    """Lowers for `args` (arrays or ShapeDtypeStructs, this host's rows) on this thread and
+    compiles in a background thread, so the host can do other start-up work meanwhile (XLA
+    compiles without the GIL); the first call with that signature waits for it. Returns the
+    Lowered (`out_info`: the outputs' shapes)."""
+    shapes = self._global_shapes(args)
+    lowered = self._program(shapes)[0].lower(*shapes)
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="podlab-compile")
+    self._compiled[_signature(shapes)] = pool.submit(
+        lowered.compile, compiler_options=self.compiler_options or None)
+    pool.shutdown(wait=False)
+    return lowered
+
+  def _global_shapes(self, args: Sequence[Any]) -> tuple:
+    """This host's argument shapes as the program's global ones (rows of every process)."""
+    procs = len({d.process_index for d in self.mesh.devices.flat})
+    if procs == 1:
+      return tuple(args)
+    return tuple(a if i in self._state_in else jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((x.shape[0] * procs,) + tuple(x.shape[1:]), x.dtype), a)
+                 for i, a in enumerate(args))
+
+  def __call__(self, *args):
+    if _traced(args):            # traced (jax.eval_shape, an outer jit): the program itself
+      return self._program(self._global_shapes(args))[0](*args)
+    program, full_in, full_out = self._program(self._global_shapes(args))
+    gargs = self._to_global(args, full_in)
+    key = _signature(gargs)
+    compiled = self._compiled.get(key)
+    if isinstance(compiled, concurrent.futures.Future):
+      compiled = self._compiled[key] = compiled.result()
+    if compiled is None:
+      compiled = program.lower(*gargs).compile(compiler_options=self.compiler_options or None)
+      self._compiled[key] = compiled
+    return self._to_local(compiled(*gargs), full_out)
+
+
+def compile_step(fn: Callable[..., Any], rules: Rules = REPLICATED, *,
+                 state_in: Sequence[int] = (), out_axes: Any = 0,
+                 donate_argnums: Sequence[int] = (), devices: Optional[Sequence[Any]] = None,
+                 compiler_options: Optional[Dict[str, str]] = None,
+                 blocks: bool = False) -> Step:
+  """The per-device step `fn` on every device of `rules`' mesh: `jit(shard_map(fn))` (module doc).
+
+  Args:
+    fn: the per-device step (positional arguments only).
+    rules: where the state lies (`Rules`; REPLICATED: the program of `jax.pmap`).
+    state_in: positions of the state arguments (the same on every device, laid out by `rules`);
+      the others carry a leading axis of rows (devices, or data groups).
+    out_axes: None for outputs that are state (laid out by `rules`, no row axis), 0 for per-device
+      outputs; a tuple for a tuple of outputs.
+    donate_argnums: arguments whose buffers may be reused for outputs (state updated in place).
+    devices: the devices, in order (default: every device of every process);
+      experiments/tools/tpu.py passes a TPU topology's to compile for a whole slice.
+    compiler_options: XLA options of this step's compiles (`cpu_features.CPU_DOTS_ONLY`; callers
+      pass them only for a CPU target).
+    blocks: the step gets this device's blocks of split state leaves (and reads them whole through
+      `gather_state`); default: the state whole.
+  """
+  return Step(fn, rules, state_in=state_in, out_axes=out_axes, donate_argnums=donate_argnums,
+              devices=devices, compiler_options=compiler_options, blocks=blocks)

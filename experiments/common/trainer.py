@@ -17,11 +17,12 @@ What it owns, in the order of a run:
    `config.init_from` (the weights of a podlab checkpoint or of a file of another format, read by
    `Experiment.load_init`; a fresh optimizer and step 0: fine-tuning), else `Build.init(rng)`
    (rng = key(config.seed)). Before the build, `Experiment.prepare` readies the data.
-3. The loop: one pmapped step per update, the experiment's step given its rng (`step_rng`: seed,
-   step, device index) (`parallel.pmap_step`, state replicated with
-   `in_axes=None`, donated; with the Build's XLA `compiler_options`, a CPU target's, the step is
-   lowered once at start and compiled in a background thread while the checkpoint manager, the
-   writers and the input pipeline start); metric sums stay on the devices and are read once per
+3. The loop: one step per update on every device (`parallel_train_step`: `parallel.compile_step`
+   of the experiment's step with its rng (`step_rng`: seed, step, device index), the state laid
+   out by the run's rules (`layout.rules`: replicated, or split in blocks), donated; with the
+   Build's XLA `compiler_options`, a CPU target's, the step is lowered once at start and compiled
+   in a background thread while the checkpoint manager, the writers and the input pipeline
+   start); metric sums stay on the devices and are read once per
    log interval;
    the non-finite guard (config.nonfinite: "stop" ends the run naming the first non-finite metric
    and the last good checkpoint; "skip" drops the update; "continue" as the references do) is checked
@@ -92,26 +93,27 @@ def check_config(experiment: Experiment, config: ml_collections.ConfigDict) -> N
   experiment.validate(config)
 
 
+def run_layout(experiment: Experiment, config: ml_collections.ConfigDict,
+               **kwargs) -> layout_lib.BatchLayout:
+  """The run's layout (`layout_lib.batch_layout(config, **kwargs)`) with its state rules: config.
+  sharding and config.model_parallel (> 1: the experiment's `model_axis_spec`; an experiment
+  without one is a ConfigError naming the field)."""
+  m = int(config.get("model_parallel", 1))
+  spec = experiment.model_axis_spec(config) if m > 1 else None
+  if m > 1 and spec is None:
+    raise errors.ConfigError("model_parallel", m, f"the {experiment.name} experiment names no "
+                             "split of its weights over a model axis", "use 1")
+  return layout_lib.batch_layout(config, model_spec=spec, **kwargs)
+
+
 def build(experiment: Experiment, config: ml_collections.ConfigDict, *,
           layout: Optional[layout_lib.BatchLayout] = None
           ) -> Tuple[layout_lib.BatchLayout, Build]:
   """Checks `config` and builds the experiment on this run's devices (or `layout`); reads no data
   (a real run calls `experiment.prepare(config)` first)."""
   check_config(experiment, config)
-  layout = layout or layout_lib.batch_layout(config)
+  layout = layout or run_layout(experiment, config)
   return layout, experiment.build(config, layout)
-
-
-def state_layout(experiment: Experiment, config: ml_collections.ConfigDict):
-  """The context every run, dry run and compile of `config` runs in: `parallel.use_sharding` with
-  config.sharding and config.model_parallel (> 1: the experiment's `model_axis_spec`; an
-  experiment without one is a ConfigError naming the field)."""
-  m = int(config.get("model_parallel", 1))
-  spec = experiment.model_axis_spec(config) if m > 1 else None
-  if m > 1 and spec is None:
-    raise errors.ConfigError("model_parallel", m, f"the {experiment.name} experiment names no "
-                             "split of its weights over a model axis", "use 1")
-  return parallel.use_sharding(config.sharding, model_parallel=m, model_spec=spec)
 
 
 def init_rng(config: ml_collections.ConfigDict) -> jax.Array:
@@ -162,7 +164,7 @@ def guarded_step(train_step: Callable[..., Any], nonfinite: str, *, seed: int,
     with parallel.step_device_index(device_index):
       new_state, new_device_state, metrics, finite = train_step(
           state, device_state, batch, step_rng(seed, count, device_index))
-    state_finite = _floating_leaves_finite(new_state)
+    state_finite = parallel.all_devices(_floating_leaves_finite(new_state))
     if jax.tree.leaves(new_device_state):
       local = _floating_leaves_finite(new_device_state).astype(jnp.int32)
       state_finite &= jax.lax.pmin(local, parallel.AXIS) > 0
@@ -192,67 +194,70 @@ class Update(NamedTuple):
 
 def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransformation, params: Any,
                        opt_state: Any, micro_batches: Any, accum: int, key: jax.Array) -> Update:
-  """One data-parallel optimizer update from `accum` micro-batches (inside a pmapped step).
+  """One data-parallel optimizer update from `accum` micro-batches (inside the trainer's step).
 
   loss_fn(params, micro_batch, key) -> (loss, sums): the micro-batch's mean loss and a pytree of
   per-device sums ({} for none). `micro_batches`: a pytree whose leaves are [A, ...] (A = accum);
   micro-batch i gets fold_in(key, i). Gradients and loss are averaged over the micro-batches (each
-  added as g / A, in order) and then over every device (pmean; under "fsdp" each micro-batch's
-  before it is added, the same to float32 rounding, and the split weights gathered whole for each
-  micro-batch's passes); sums are added, then psum'd. With A == 1 no loop is built.
+  added as g / A, in order) and then over every device; sums are added, then psum'd. With A == 1
+  no loop is built. `tx.update` gets `global_norm=` (the whole gradient's norm, also returned), so
+  a clipping transform that takes it (`optim.clip_by_global_norm`) clips alike in every layout.
+
+  With the state in blocks (fsdp, `parallel.holds_blocks`) each micro-batch's forward pass reads
+  the parameters whole (`parallel.gather_state`: an all-gather per micro-batch) and its gradient is
+  averaged over the devices onto this device's blocks at once (`parallel.mean_state`: a
+  reduce-scatter), so the accumulator, the optimizer state and the update are blocks; the numbers
+  are those of the whole state to float32 rounding. Otherwise the mean is taken once, after the
+  loop.
   """
-  # Under "fsdp" each micro-batch's forward pass reads the parameters whole (parallel.gather_state:
-  # XLA all-gathers the split weights and keeps each device's batch on its device), and each
-  # micro-batch's gradient is averaged over the devices at once and kept split like the parameters
-  # (parallel.constrain_state: a reduce-scatter), so the accumulator holds a device's block, not a
-  # whole gradient; "replicated" averages once, after the loop.
-  reduce_each = parallel.sharding() == "fsdp"
+  blocks = parallel.holds_blocks()
 
   def micro(carry, inputs):
     grads, loss, sums = carry
     batch, i = inputs
-    p = parallel.gather_state(params) if reduce_each else params
+    p = parallel.gather_state(params)
     (l, s), g = jax.value_and_grad(loss_fn, has_aux=True)(p, batch, jax.random.fold_in(key, i))
-    if reduce_each:
-      g = parallel.constrain_state(jax.lax.pmean(g, parallel.AXIS))
+    if blocks:
+      g = parallel.mean_state(g, like=params)
       l = jax.lax.pmean(l, parallel.AXIS)
     return (jax.tree.map(lambda a, b: a + b / accum, grads, g), loss + l / accum,
             jax.tree.map(jnp.add, sums, s)), None
 
   first = jax.tree.map(lambda x: x[0], micro_batches)
-  sums_shape = jax.eval_shape(lambda: loss_fn(params, first, key)[1])
-  zeros = (parallel.constrain_state(jax.tree.map(jnp.zeros_like, params)),
-           jnp.zeros((), jnp.float32),
+  sums_shape = jax.eval_shape(lambda p: loss_fn(p, first, key)[1], parallel.whole_shapes(params))
+  zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
            jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), sums_shape))
   if accum == 1:
     (grads, loss, sums), _ = micro(zeros, (first, 0))
   else:
     (grads, loss, sums), _ = jax.lax.scan(micro, zeros, (micro_batches, jnp.arange(accum)))
-  if not reduce_each:
+  if not blocks:
     grads = jax.lax.pmean(grads, parallel.AXIS)
     loss = jax.lax.pmean(loss, parallel.AXIS)
   sums = jax.lax.psum(sums, parallel.AXIS)
-  grad_norm = optax.tree.norm(grads)
-  updates, opt_state = tx.update(grads, opt_state, params)
+  grad_norm = parallel.global_norm(grads, like=params)
+  updates, opt_state = optax.with_extra_args_support(tx).update(grads, opt_state, params,
+                                                                global_norm=grad_norm)
   return Update(optax.apply_updates(params, updates), opt_state, loss, grad_norm, sums,
                 jnp.isfinite(loss) & jnp.isfinite(grad_norm))
 
 
 def parallel_train_step(train_step: Callable[..., Any], nonfinite: str, *, seed: int,
+                        rules: parallel.Rules = parallel.REPLICATED,
                         rng_step_offset: int = 0,
                         devices: Optional[Sequence[Any]] = None,
                         donate: bool = True,
                         compiler_options: Optional[Mapping[str, str]] = None
-                        ) -> Callable[..., Any]:
-  """`guarded_step` pmapped: (state, device_state, batch, parallel.device_indices() sharded) ->
-  (state, device_state, metrics); state replicated (in and out), per-device state and batch sharded,
-  state and per-device state donated (`donate=False` keeps the inputs, e.g. for tests that reuse
-  them); `seed`, `rng_step_offset`: the step rng (`guarded_step`); `compiler_options`: the Build's
-  XLA options (`parallel.pmap_step`)."""
-  return parallel.pmap_step(guarded_step(train_step, nonfinite, seed=seed,
-                                         rng_step_offset=rng_step_offset), replicated_in=(0,),
-                            out_axes=(None, 0, 0), donate_argnums=(0, 1) if donate else (),
-                            devices=devices, compiler_options=dict(compiler_options or {}))
+                        ) -> parallel.Step:
+  """`guarded_step` on every device (`parallel.compile_step`, the state in blocks where `rules`
+  split it): (state, device_state, batch, parallel.device_indices(rules) sharded) -> (state,
+  device_state, metrics); per-device state and batch as rows, state and per-device state donated
+  (`donate=False` keeps the inputs, e.g. for tests that reuse them); `seed`, `rng_step_offset`: the
+  step rng (`guarded_step`); `compiler_options`: the Build's XLA options."""
+  return parallel.compile_step(
+      guarded_step(train_step, nonfinite, seed=seed, rng_step_offset=rng_step_offset), rules,
+      state_in=(0,), out_axes=(None, 0, 0), donate_argnums=(0, 1) if donate else (),
+      devices=devices, compiler_options=dict(compiler_options or {}), blocks=True)
 
 
 def _per_device_specs(tree: Any) -> Any:
@@ -267,19 +272,20 @@ def _checkpoint_items(state: Any, acc: metrics_lib.SumAccumulator, keys: Sequenc
 # --------------------------------------------------------------------------------------------------
 # The start: resume, init_from, or random init.
 
-def _state_template(state: Any) -> Any:
-  """The state's restore template: under "fsdp" ShapeDtypeStructs with the split shardings, so each
-  process reads only its blocks (whichever layout saved the checkpoint); else the state itself."""
-  if parallel.sharding() != "fsdp":
+def _state_template(state: Any, rules: parallel.Rules) -> Any:
+  """The state's restore template: where `rules` split it, ShapeDtypeStructs with their shardings,
+  so each process reads only its blocks (whichever layout saved the checkpoint); else the state."""
+  if not rules.split:
     return state
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s),
-                      state, parallel.fsdp_shardings(state))
+                      state, rules.shardings(state))
 
 
 def _restore_own(ckpt: checkpointing.CheckpointManager, abstract: Tuple[Any, Any],
-                 keys: Sequence[str], fallback: bool):
+                 keys: Sequence[str], fallback: bool, rules: parallel.Rules):
   state, device_state = abstract
-  template = {STATE: _state_template(state), WINDOW: metrics_lib.SumAccumulator().state(keys)}
+  template = {STATE: _state_template(state, rules),
+              WINDOW: metrics_lib.SumAccumulator().state(keys)}
   return ckpt.restore_latest(replicated_like=template,
                              per_device_like=device_state if device_state is not None else {},
                              fallback=fallback)
@@ -437,13 +443,12 @@ def train_and_evaluate(experiment: Experiment, config: ml_collections.ConfigDict
   (config.nonfinite = "stop"); Preempted (SIGTERM/SIGINT: the step was saved; the same call resumes).
   """
   check_config(experiment, config)
-  layout = layout_lib.batch_layout(config)
+  layout = run_layout(experiment, config)
   existed = workdir_lib.exists(workdir)
   wd = workdir_lib.Workdir(workdir)
   with _cleanup_on_bad_input(workdir, existed):
     workdir_lib.check_writable(workdir)
-    with (_owned_workdir(wd, config) as lock, preemption.PreemptionGuard() as guard,
-          state_layout(experiment, config)):
+    with _owned_workdir(wd, config) as lock, preemption.PreemptionGuard() as guard:
       return _Run(experiment, config, layout, wd, guard, lock=lock).train()
 
 
@@ -452,25 +457,25 @@ def evaluate(experiment: Experiment, config: ml_collections.ConfigDict,
   """`--mode=eval`: evaluates the workdir's newest checkpoint, else `config.init_from`, with every
   evaluator (final, full); writes the table (printed), `eval_results.json` and TensorBoard scalars."""
   check_config(experiment, config)
-  layout = layout_lib.batch_layout(config)
+  layout = run_layout(experiment, config)
   existed = workdir_lib.exists(workdir)
   with _cleanup_on_bad_input(workdir, existed):
     workdir_lib.check_writable(workdir)
-    with preemption.PreemptionGuard() as guard, state_layout(experiment, config):
+    with preemption.PreemptionGuard() as guard:
       return _Run(experiment, config, layout, workdir_lib.Workdir(workdir), guard).evaluate()
 
 
 def restore_state(experiment: Experiment, config: ml_collections.ConfigDict, workdir: str, *,
-                  per_device: bool = True) -> Tuple[int, Any, Any, Build]:
+                  per_device: bool = True, laid_out: bool = False) -> Tuple[int, Any, Any, Build]:
   """(step, state, per-device state, build) of the newest checkpoint in `workdir`, restored with the
   run's templates (the per-device state needs the saving run's device count; `per_device=False`
-  skips it: None); for samplers and exports (e.g. TRM's sharded puzzle table). The arrays come in
-  the layout in use (`parallel.use_sharding`): outside a run's `state_layout`, whole, whatever
-  config.model_parallel the run had."""
+  skips it: None); for samplers and exports (e.g. TRM's sharded puzzle table). The arrays come
+  whole, whatever layout the run had, or with `laid_out` as the config's run lays them out
+  (config.sharding, config.model_parallel)."""
   check_config(experiment, config)
-  if int(config.get("model_parallel", 1)) != parallel.model_parallel():
+  if not laid_out:
     config = config.copy_and_resolve_references()
-    config.model_parallel = parallel.model_parallel()
+    config.sharding, config.model_parallel = "replicated", 1
   layout, b = build(experiment, config)
   state_like, device_like = abstract_state(b, config)
   found = checkpointing.find_checkpoint(workdir)
@@ -482,7 +487,7 @@ def restore_state(experiment: Experiment, config: ml_collections.ConfigDict, wor
   manager = checkpointing.CheckpointManager(directory, layout=layout, save_interval_steps=1)
   try:
     step, saved, device_state = manager.restore(
-        step, replicated_like={STATE: _state_template(state_like)}, partial=True,
+        step, replicated_like={STATE: _state_template(state_like, layout.rules)}, partial=True,
         per_device_like=device_like if with_device else {})
   finally:
     manager.close()
@@ -490,9 +495,11 @@ def restore_state(experiment: Experiment, config: ml_collections.ConfigDict, wor
 
 
 def restore_params(experiment: Experiment, config: ml_collections.ConfigDict,
-                   workdir: str) -> Tuple[int, Any]:
-  """(step, params) of the newest checkpoint in `workdir` (samplers, exports)."""
-  step, state, _, b = restore_state(experiment, config, workdir, per_device=False)
+                   workdir: str, laid_out: bool = False) -> Tuple[int, Any]:
+  """(step, params) of the newest checkpoint in `workdir` (samplers, exports); `laid_out` as for
+  `restore_state`."""
+  step, state, _, b = restore_state(experiment, config, workdir, per_device=False,
+                                    laid_out=laid_out)
   return step, b.weights.get(state)
 
 
@@ -524,10 +531,11 @@ class _Run:
       notice = cpu_features.bf16_notice(compute_dtype(self.b.model_config))
       if notice:
         logging.warning("%s", notice)
+    self.rules = layout.rules
     self.p_step = parallel_train_step(self.b.train_step, config.nonfinite, seed=config.seed,
-                                      rng_step_offset=experiment.rng_step_offset,
+                                      rules=self.rules, rng_step_offset=experiment.rng_step_offset,
                                       compiler_options=self.b.compiler_options)
-    self.device_index = parallel.shard(parallel.device_indices())
+    self.device_index = parallel.shard(parallel.device_indices(self.rules), self.rules)
     self.ckpt = checkpointing.CheckpointManager(
         wd.checkpoints, layout=layout, max_to_keep=config.keep_checkpoints,
         save_interval_steps=config.checkpoint_every_steps, enable_async=config.async_checkpoints)
@@ -552,7 +560,8 @@ class _Run:
   def _start(self) -> Tuple[int, Any, Any, str]:
     """(start step, state, device state, where from)."""
     b, config = self.b, self.config
-    restored = _restore_own(self.ckpt, self.abstract, self.metric_keys, config.restore_fallback)
+    restored = _restore_own(self.ckpt, self.abstract, self.metric_keys, config.restore_fallback,
+                            self.rules)
     if restored is not None:
       step, saved, device_state = restored
       self.acc.restore(saved[WINDOW], self.layout.devices_per_host)
@@ -606,8 +615,9 @@ class _Run:
     evals = _Evaluations(b, self.wd, writer, self.progress, self.history)
     if b.on_start is not None:
       b.on_start(self.wd, start_step)
-    state = parallel.put_state(state)
-    device_state = parallel.shard(device_state) if device_state is not None else None
+    state = parallel.put_state(state, self.rules)
+    device_state = (parallel.shard(device_state, self.rules) if device_state is not None
+                    else None)
     batches = b.batches(start_step)
     peak = mfu.peak_flops_per_device(config.peak_flops) * layout.devices if b.flops_per_step else 0
     profile = (periodic_actions.Profile(num_profile_steps=config.profile_steps,
@@ -636,13 +646,13 @@ class _Run:
           evals.run(ev, state, device_state, 0, final=False)
     split = (f"; state split over {layout.chips} devices (fsdp"
              + (f" x model_parallel={layout.model_parallel})" if layout.model_parallel > 1 else ")")
-             if parallel.sharding() == "fsdp" else "")
+             if self.rules.split else "")
     console.say(f"Training from step {start_step} to {total} ({layout.describe()}{split})")
     pending = None              # (step, metric sums): checked one step late (no host sync)
     window_t, window_paused = time.perf_counter(), 0.0
     step_ms = []
     for step in range(start_step + 1, total + 1):
-      batch = parallel.shard(next(batches))
+      batch = parallel.shard(next(batches), self.rules)
       state, device_state, sums = self.p_step(state, device_state, batch, self.device_index)
       check(pending)
       pending = (step, sums)
@@ -723,8 +733,9 @@ class _Run:
     self.progress = console.Progress(total_steps=start_step, start_step=start_step,
                                      enabled=jax.process_index() == 0)
     evals = _Evaluations(b, self.wd, writer, self.progress, {})
-    state = parallel.put_state(state)
-    device_state = parallel.shard(device_state) if device_state is not None else None
+    state = parallel.put_state(state, self.rules)
+    device_state = (parallel.shard(device_state, self.rules) if device_state is not None
+                    else None)
     final = {ev.name: {k: float(v) for k, v in
                        evals.run(ev, state, device_state, start_step, final=True).items()}
              for ev in b.evaluators}

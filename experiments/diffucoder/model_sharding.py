@@ -2,8 +2,9 @@
 one `shard_map` step. Only this experiment splits a model's weights over devices (a 7.6B sampler
 does not fit one chip); the trainer's data parallelism and FSDP are experiments/common/parallel.py.
 
-`mesh_2d(data, model)` and `shard_map_step(fn, mesh, in_specs, out_specs)` are the model-parallel
-counterparts of `parallel.local_mesh` and `parallel.pmap_step`: the same per-device-program style,
+`mesh_2d(data, model)` and `shard_map_step(fn, mesh, in_specs, out_specs)` are the sampler's
+hand-written model-parallel counterparts of `parallel.Rules.local_mesh` and `parallel.compile_step`
+(whose model axis is left to XLA's partitioner): the same per-device-program style,
 with `PartitionSpec`s saying which mesh axes split each argument (`MODEL_AXIS` for weights,
 `parallel.AXIS` for the batch rows). `put_sharded` places one host array block by block.
 
@@ -57,8 +58,8 @@ def shard_map_step(fn: Callable[..., Any], mesh: Mesh, *, in_specs: Any, out_spe
                    donate_argnums: Sequence[int] = ()) -> Callable[..., Any]:
   """`jit(shard_map(fn))` over `mesh`: `fn` is the per-device program; `in_specs` / `out_specs`
   (PartitionSpec pytrees, a prefix of the arguments / outputs) say which mesh axes split each array
-  (`P()` = the same on every device). The model-parallel counterpart of `pmap_step` (which is
-  `jit(shard_map)` over the 1-D `AXIS` mesh). Collectives inside name `AXIS` / `MODEL_AXIS`.
+  (`P()` = the same on every device). Manual over both axes, unlike `parallel.compile_step`
+  (manual over `AXIS`, the model axis left to XLA's partitioner). Collectives inside name `AXIS` / `MODEL_AXIS`.
   `check_vma` is off: values made equal over an axis by a collective (psum, pmax) are returned
   unsplit over it without the replication checker's proof (inference programs; no autodiff)."""
   mapped = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)

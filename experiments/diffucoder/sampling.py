@@ -696,7 +696,7 @@ class Output:
 class Runner:
   """Compiles and caches the sampler's step functions for one (forward, options, mask id).
 
-  `data_parallel=True` pmaps over this host's devices (`experiments/common/parallel.py`): params
+  `data_parallel=True` runs the step on every device (`parallel.compile_step`): params
   replicated, rows split over devices (B must be a multiple of the local device count), the batch
   average M taken over every device of every host. `mesh` (a `model_sharding.mesh_2d(data, model)`):
   model parallelism, one `model_sharding.shard_map_step` over the mesh: `forward` is the per-device
@@ -733,7 +733,7 @@ class Runner:
       elif self.data_parallel:
         fn = make(parallel.AXIS, None)
         replicated = tuple(range(5, len(inspect.signature(fn).parameters)))
-        self._fns[key] = parallel.pmap_step(fn, replicated_in=(0,) + replicated)
+        self._fns[key] = parallel.compile_step(fn, state_in=(0,) + replicated)
       else:
         self._fns[key] = jax.jit(make(None, None))
     return self._fns[key]

@@ -254,8 +254,8 @@ def masked_token_eval(model: dream.DreamConfig, config: ml_collections.ConfigDic
                       unigram: np.ndarray) -> Callable[[Any], Dict[str, float]]:
   """`run(replicated params) -> metrics` on the fixed evaluation set (module doc); every host
   evaluates its devices' rows of each global batch, the sums are taken over all devices."""
-  step = parallel.pmap_step(make_eval_step(model, int(config.mask_id)), replicated_in=(0,),
-                            out_axes=None)
+  step = parallel.compile_step(make_eval_step(model, int(config.mask_id)), layout.rules,
+                               state_in=(0,), out_axes=None)
   E, L = evalset["tokens"].shape
   g, per_host = layout.global_batch, layout.per_host_batch
   lo = layout.host_rows[0]
@@ -271,7 +271,7 @@ def masked_token_eval(model: dream.DreamConfig, config: ml_collections.ConfigDic
       rows = slice(start + lo, start + lo + per_host)
       batch = {k: v[rows].reshape((layout.devices_per_host, layout.per_device_batch)
                                   + v.shape[1:]) for k, v in evalset.items()}
-      sums = parallel.unreplicate(step(params, parallel.shard(batch)))
+      sums = parallel.unreplicate(step(params, parallel.shard(batch, layout.rules)))
       for k in totals:
         totals[k] += float(sums[k])
     count = max(totals["count"], 1.0)

@@ -102,10 +102,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 def model_config(config: ml_collections.ConfigDict, vocab_size: int,
                  kernels: str = "default", platform: str = "cpu") -> gpt.GPTConfig:
   """GPTConfig of the config's model fields; `kernels` "xla_cpu" for a CPU target
-  (layout.cpu_tuning); model.attention and model.loss "auto" resolved for the target `platform`
-  and the state layout (kernels only in a replicated one: dispatch.PARTITIONED_NOTE)."""
+  (layout.cpu_tuning); model.attention and model.loss "auto" resolved for the target
+  `platform` (modules/kernels/dispatch.py: the kernels run in every state layout)."""
   m = config.model
-  partitioned = config.get("sharding", "replicated") != "replicated"
   try:
     return gpt.GPTConfig(block_size=m.block_size,
                          vocab_size=m.vocab_size if m.vocab_size > 0 else vocab_size,
@@ -115,9 +114,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int,
                          remat=bool(m.remat),
                          attention=dispatch.attention_for(platform, m.dtype,
                                                           m.get("attention", "auto"),
-                                                          seq_len=m.block_size,
-                                                          partitioned=partitioned),
-                         loss=dispatch.loss_for(platform, m.get("loss", "auto"), partitioned))
+                                                          seq_len=m.block_size),
+                         loss=dispatch.loss_for(platform, m.get("loss", "auto")))
   except ValueError as e:
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
 
@@ -451,14 +449,14 @@ class NanoGPT(experiment.Experiment):
     tokens, flops_per_token = layout.examples_per_update * T, gpt.flops_per_token(model, n_params)
     init_draws = hf_gpt2.nanogpt_init_draws(folder or model) if config.rng == "torch" else 0
     train_batches, eval_batches, data = batch_streams(config, layout, init_draws)
-    p_eval_step = functools.cache(lambda: parallel.pmap_step(
-        make_eval_step(gpt_model), replicated_in=(0,), out_axes=None))
+    p_eval_step = functools.cache(lambda: parallel.compile_step(
+        make_eval_step(gpt_model), layout.rules, state_in=(0,), out_axes=None))
 
     def estimate_loss(ctx: experiment.EvalContext) -> Dict[str, float]:
       out = {}
       for which in ("train", "val"):
         it = eval_batches(ctx.step, which)
-        losses = [p_eval_step()(ctx.state.params, parallel.shard(next(it)))
+        losses = [p_eval_step()(ctx.state.params, parallel.shard(next(it), layout.rules))
                   for _ in range(config.eval_iters)]
         out[f"{which}_loss"] = float(np.mean([float(parallel.unreplicate(l)) for l in losses]))
       return out
@@ -477,7 +475,7 @@ class NanoGPT(experiment.Experiment):
     evaluation = experiment.Evaluator(
         "eval", estimate_loss, every=config.eval_interval, at_start=True, at_end=False,
         size=2 * config.eval_iters * layout.global_batch, program=experiment.Program(
-            make_eval_step(gpt_model), (params, eval_batch), replicated_in=(0,), out_axes=None,
+            make_eval_step(gpt_model), (params, eval_batch), state_in=(0,), out_axes=None,
             items=layout.global_batch * T, flops=flops_per_token / 3 * layout.global_batch * T))
     return experiment.Build(
         init=init, train_step=make_train_step(gpt_model, tx, config, layout.accum),

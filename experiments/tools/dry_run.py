@@ -91,21 +91,24 @@ def programs(experiment: experiment_lib.Experiment, b: experiment_lib.Build,
                            rng_step_offset=experiment.rng_step_offset),
       (state, device_state, b.example_batch,
        jax.ShapeDtypeStruct((layout.devices_per_host,), jnp.int32)),
-      replicated_in=(0,), out_axes=(None, 0, 0), donate_argnums=(0, 1),
-      items=b.display.items_per_step, flops=b.flops_per_step)}
+      state_in=(0,), out_axes=(None, 0, 0), donate_argnums=(0, 1),
+      items=b.display.items_per_step, flops=b.flops_per_step, blocks=True)}
   evals = [ev for ev in b.evaluators if ev.program is not None]
   out.update({"eval_step" if len(evals) == 1 else f"{ev.name}_step": ev.program for ev in evals})
   return out
 
 
-def compile_program(p: experiment_lib.Program, *, devices: Optional[Sequence[Any]] = None,
+def compile_program(p: experiment_lib.Program, rules: parallel.Rules = parallel.REPLICATED, *,
+                    devices: Optional[Sequence[Any]] = None,
                     compiler_options: Optional[Dict[str, str]] = None):
-  """(compiled, seconds): `pmap(p.fn)` over `devices` (default: this host's), arguments widened,
-  with the Build's XLA `compiler_options` (CPU targets only)."""
-  n = len(devices) if devices is not None else jax.local_device_count()
-  args = tuple(a if i in p.replicated_in else widen(a, n) for i, a in enumerate(p.args))
-  fn = parallel.pmap_step(p.fn, replicated_in=p.replicated_in, out_axes=p.out_axes,
-                          donate_argnums=p.donate_argnums, devices=devices)
+  """(compiled, seconds): `parallel.compile_step(p.fn, rules)` over `devices` (default: this
+  host's), arguments widened to the mesh's rows, with the Build's XLA `compiler_options` (CPU
+  targets only)."""
+  devices = jax.local_devices() if devices is None else devices
+  args = tuple(a if i in p.state_in else widen(a, len(devices) // rules.model_parallel)
+               for i, a in enumerate(p.args))
+  fn = parallel.compile_step(p.fn, rules, state_in=p.state_in, out_axes=p.out_axes,
+                             donate_argnums=p.donate_argnums, devices=devices, blocks=p.blocks)
   t0 = time.perf_counter()
   compiled = fn.lower(*args).compile(compiler_options=dict(compiler_options or {}) or None)
   return compiled, time.perf_counter() - t0
@@ -115,8 +118,8 @@ def _cpu_report(experiment: experiment_lib.Experiment, config: ml_collections.Co
                 name: str) -> str:
   n_local = jax.local_device_count()
   devices = config.num_devices if config.num_devices > 0 else n_local
-  layout = layout_lib.batch_layout(config, devices=devices, devices_per_host=n_local,
-                                   process_index=0, platform="cpu", check_num_devices=False)
+  layout = trainer.run_layout(experiment, config, devices=devices, devices_per_host=n_local,
+                              process_index=0, platform="cpu", check_num_devices=False)
   trainer.check_config(experiment, config)
   b = experiment.build(config, layout)
   rows: List[tuple] = [
@@ -128,7 +131,8 @@ def _cpu_report(experiment: experiment_lib.Experiment, config: ml_collections.Co
   if b.display.summary:
     rows += [("model", line) for line in b.display.summary.splitlines()]
   for pname, p in programs(experiment, b, config, layout).items():
-    compiled, seconds = compile_program(p, compiler_options=dict(b.compiler_options))
+    compiled, seconds = compile_program(p, layout.rules,
+                                        compiler_options=dict(b.compiler_options))
     mem = compiled.memory_analysis()
     text = f"compile {seconds:.1f} s"
     if mem is not None:
@@ -147,19 +151,27 @@ def _cpu_report(experiment: experiment_lib.Experiment, config: ml_collections.Co
 # --------------------------------------------------------------------------------------------------
 # TPU targets.
 
-def tpu_layout(config: ml_collections.ConfigDict, target: tpu.Target) -> layout_lib.BatchLayout:
-  """The batch layout of `config` on a TPU slice (every figure checked against the slice by
-  layout.batch_layout: num_devices, devices_per_host, the batch's divisibility)."""
-  return layout_lib.batch_layout(config, devices=target.num_devices,
-                                 devices_per_host=target.devices_per_host, process_index=0,
-                                 platform="tpu", target=target.name)
+def tpu_layout(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict,
+               target: tpu.Target) -> layout_lib.BatchLayout:
+  """The layout of `config` on a TPU slice (every figure checked against the slice by
+  layout.batch_layout: num_devices, devices_per_host, the batch's divisibility; the state rules)."""
+  return trainer.run_layout(experiment, config, devices=target.num_devices,
+                            devices_per_host=target.devices_per_host, process_index=0,
+                            platform="tpu", target=target.name)
 
 
 def _per_device(p: experiment_lib.Program) -> tuple:
-  """The program's arguments without their leading (local) device axis (tpu.lower_pmap adds the
+  """The program's arguments without their leading (local) device axis (tpu.lower_step adds the
   slice's)."""
   strip = lambda s: jax.ShapeDtypeStruct(tuple(s.shape[1:]), s.dtype)  # noqa: E731
-  return tuple(a if i in p.replicated_in else jax.tree.map(strip, a) for i, a in enumerate(p.args))
+  return tuple(a if i in p.state_in else jax.tree.map(strip, a) for i, a in enumerate(p.args))
+
+
+def lower_for_tpu(p: experiment_lib.Program, target: tpu.Target,
+                  layout: layout_lib.BatchLayout) -> jax.stages.Lowered:
+  """The program lowered for the whole slice as the run lays it out (tpu.lower_step)."""
+  return tpu.lower_step(p.fn, target, _per_device(p), rules=layout.rules, state_in=p.state_in,
+                        out_axes=p.out_axes, donate_argnums=p.donate_argnums, blocks=p.blocks)
 
 
 def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict,
@@ -171,22 +183,19 @@ def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collection
   (tpu.loop_aware_cost: each loop body compiled too); the fit searches, which need only the memory,
   turn it off; `breakdown`: each report's bytes per operation (tpu.compile_report)."""
   trainer.check_config(experiment, config)
-  layout = tpu_layout(config, target)
+  layout = tpu_layout(experiment, config, target)
   reports = []
-  with trainer.state_layout(experiment, config):   # the config's state layout (a fix may change it)
-    b = experiment.build(config, layout)
-    for pname, p in programs(experiment, b, config, layout).items():
-      if only is not None and pname not in only:
-        continue
-      args = _per_device(p)
-      lowered = tpu.lower_pmap(p.fn, target, args, replicated_in=p.replicated_in,
-                               out_axes=p.out_axes, donate_argnums=p.donate_argnums)
-      reports.append(tpu.compile_report(
-          lowered, target=target, name=pname,
-          analytic_flops_per_device=p.flops / target.num_devices if p.flops else None,
-          items_per_step=p.items or None, item_name=b.display.item_name,
-          jaxpr=tpu.per_device_jaxpr(p.fn, target, args) if loop_aware else None,
-          breakdown=breakdown))
+  b = experiment.build(config, layout)
+  for pname, p in programs(experiment, b, config, layout).items():
+    if only is not None and pname not in only:
+      continue
+    lowered = lower_for_tpu(p, target, layout)
+    reports.append(tpu.compile_report(
+        lowered, target=target, name=pname,
+        analytic_flops_per_device=p.flops / target.num_devices if p.flops else None,
+        items_per_step=p.items or None, item_name=b.display.item_name,
+        jaxpr=tpu.per_device_jaxpr(p.fn, target, _per_device(p)) if loop_aware else None,
+        breakdown=breakdown))
   return reports, int(b.total_steps)
 
 
@@ -254,7 +263,7 @@ def _fixes(experiment, config, target: tpu.Target):
     out.append((label, flags, lambda c=c: compile_for_tpu(experiment, c, target,
                                                           only=("train_step",),
                                                           loop_aware=False)[0][0]))
-  per_device = tpu_layout(config, target).per_device_batch
+  per_device = tpu_layout(experiment, config, target).per_device_batch
   if per_device > 1:
     c, flag = layout_lib.with_per_device_batch(config, per_device // 2, target.num_devices)
     out.append((f"half the per-device batch ({per_device // 2}; a deviation from the recipe)",
@@ -275,7 +284,7 @@ def _chip_hours(report: tpu.Report, target: tpu.Target, steps: int) -> str:
 
 def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -> str:
   target = tpu.parse_target(target_name)
-  tpu_layout(config, target)        # a layout the slice cannot take is one line, before libtpu
+  tpu_layout(experiment, config, target)   # a layout the slice cannot take: one line, before libtpu
   tpu.load_libtpu()
   reports, steps = compile_for_tpu(experiment, config, target)
   text = [f"Dry run of {name} for {target.name}:", tpu.format_report(reports)]
@@ -283,7 +292,7 @@ def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -
   if hours:
     text.append(hours)
   if search:
-    per_device = tpu_layout(config, target).per_device_batch
+    per_device = tpu_layout(experiment, config, target).per_device_batch
 
     def compile_at(b: int) -> tpu.Report:
       c, _ = layout_lib.with_per_device_batch(config, b, target.num_devices)
@@ -321,10 +330,9 @@ def run(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict
   (`config.sharding`); returns the report (see the module doc)."""
   target = resolve_target(config, target)
   inputs = "".join(f"\n{what}: {where}" for what, where in experiment.describe_inputs(config))
-  with trainer.state_layout(experiment, config):
-    if target == "cpu":
-      if search_batch:
-        raise errors.ConfigError("target", target, "--search_batch needs a TPU target",
-                                 "pass --target=v4-8 (or the pod's accelerator type)")
-      return _cpu_report(experiment, config, name) + inputs
-    return _tpu_report(experiment, config, target, search_batch, name) + inputs
+  if target == "cpu":
+    if search_batch:
+      raise errors.ConfigError("target", target, "--search_batch needs a TPU target",
+                               "pass --target=v4-8 (or the pod's accelerator type)")
+    return _cpu_report(experiment, config, name) + inputs
+  return _tpu_report(experiment, config, target, search_batch, name) + inputs

@@ -11,7 +11,7 @@ one means).
 
 - `parse_target("v4-64")`: a gcloud accelerator type -> `Target` (chips, hosts, chip figures).
 - `load_libtpu()`, `target_devices(target)`: the topology's compile-only devices.
-- `lower_pmap(fn, target, args, ...)`: `parallel.pmap_step` over all of the target's devices.
+- `lower_step(fn, target, args, ...)`: `parallel.compile_step` over all of the target's devices.
 - `compile_report(lowered, target=...)` -> `Report`; `format_report([...])` prints one table;
   `fits(report)` and `does_not_fit_message(report)`.
 - `first_fitting(variants)`, `search_batch(compile_at, lo, hi)`: the usual fixes, the largest batch.
@@ -33,9 +33,9 @@ Synopsis (on a CPU, with libtpu installed):
   def step(w, x):                                     # w replicated [D, D], x per device [B, D]
     g = jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
     return w - 0.1 * jax.lax.pmean(g, parallel.AXIS)
-  lowered = tpu.lower_pmap(step, target, (jax.ShapeDtypeStruct((D, D), jnp.float32),
+  lowered = tpu.lower_step(step, target, (jax.ShapeDtypeStruct((D, D), jnp.float32),
                                           jax.ShapeDtypeStruct((B, D), jnp.float32)),
-                           replicated_in=(0,), out_axes=None)
+                           state_in=(0,), out_axes=None)
   report = tpu.compile_report(lowered, target=target, name="mlp step",
                               analytic_flops_per_device=4 * B * D * D,   # forward + weight gradient
                               items_per_step=B * target.num_devices)
@@ -346,29 +346,30 @@ def target_devices(target: Target) -> List[Any]:
   return list(_topology_devices(target))
 
 
-def lower_pmap(fn: Callable[..., Any], target: Target, args: Sequence[Any], *,
-               replicated_in: Sequence[int] = (), out_axes: Any = 0,
-               donate_argnums: Sequence[int] = ()) -> jax.stages.Lowered:
-  """Lowers `parallel.pmap_step(fn, ...)` over ALL of the target's devices.
+def lower_step(fn: Callable[..., Any], target: Target, args: Sequence[Any], *,
+               rules: parallel.Rules = parallel.REPLICATED, state_in: Sequence[int] = (),
+               out_axes: Any = 0, donate_argnums: Sequence[int] = (),
+               blocks: bool = False) -> jax.stages.Lowered:
+  """Lowers `parallel.compile_step(fn, rules, ...)` over ALL of the target's devices.
 
   Args:
-    fn: the per-device step, as for `parallel.pmap_step`.
+    fn: the per-device step, as for `parallel.compile_step`.
     target: the slice.
     args: one pytree of `jax.ShapeDtypeStruct` (or arrays) per argument of `fn`: the PER-DEVICE
-      shapes; a leading axis of length `target.num_devices` is added to every argument not in
-      `replicated_in` (the layout of the pod's global step).
-    replicated_in, out_axes, donate_argnums: as for `parallel.pmap_step`.
+      shapes; a leading axis of the mesh's rows (devices, or data groups under a model axis) is
+      added to every argument not in `state_in` (the layout of the pod's global step).
+    rules, state_in, out_axes, donate_argnums, blocks: as for `parallel.compile_step`.
   """
   devices = target_devices(target)
-  n = len(devices) // parallel.model_parallel()
+  n = len(devices) // rules.model_parallel
 
   def with_device_axis(x):
     return jax.ShapeDtypeStruct((n,) + tuple(x.shape), x.dtype)
 
-  global_args = [a if i in replicated_in else jax.tree.map(with_device_axis, a)
+  global_args = [a if i in state_in else jax.tree.map(with_device_axis, a)
                  for i, a in enumerate(args)]
-  step = parallel.pmap_step(fn, replicated_in=replicated_in, out_axes=out_axes,
-                            donate_argnums=donate_argnums, devices=devices)
+  step = parallel.compile_step(fn, rules, state_in=state_in, out_axes=out_axes,
+                               donate_argnums=donate_argnums, devices=devices, blocks=blocks)
   return step.lower(*global_args)
 
 
@@ -446,7 +447,7 @@ class LoopAwareCost:
 
 
 def per_device_jaxpr(fn: Callable[..., Any], target: Target, args: Sequence[Any]) -> Any:
-  """The jaxpr of the per-device step `fn` at the PER-DEVICE `args` (as for `lower_pmap`), with the
+  """The jaxpr of the per-device step `fn` at the PER-DEVICE `args` (as for `lower_step`), with the
   data axis bound to the slice's device count: what `loop_aware_cost` reads the loops from."""
   return jax.make_jaxpr(fn, axis_env=[(parallel.AXIS, target.num_devices)])(*args)
 
@@ -502,7 +503,7 @@ def _loop_name(eqn: Any) -> str:
 def _compile_jaxpr(closed: Any, target: Target) -> Any:
   fun = jax.extend.core.jaxpr_as_fun(closed)
   avals = tuple(jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars)
-  lowered = lower_pmap(lambda xs: fun(*xs), target, (avals,))
+  lowered = lower_step(lambda xs: fun(*xs), target, (avals,))
   with _native_output_captured():
     return lowered.compile()
 

@@ -196,12 +196,13 @@ def evaluate(p_eval_step, state: Any, eval_batches, use_ema: bool, *,
   acc = metrics_lib.SumAccumulator()
   params = state.ema if use_ema else state.params
   table = state.puzzle_table if table is None else table
+  rules = p_eval_step.rules
   if device_index is None:
-    device_index = parallel.shard(parallel.device_indices())
+    device_index = parallel.shard(parallel.device_indices(rules), rules)
   for batch in eval_batches:
     out = p_eval_step(params, state.model_state, table, parallel.shard(
-        {k: v for k, v in batch.items() if k in ("inputs", "labels", "puzzle_identifiers", "mask")}),
-                      device_index)
+        {k: v for k, v in batch.items() if k in ("inputs", "labels", "puzzle_identifiers", "mask")},
+        rules), device_index)
     if on_predictions is not None:
       out, preds = out
       on_predictions(batch, jax.tree.map(local_rows, preds))
@@ -231,10 +232,10 @@ def test_evaluator(config: ml_collections.ConfigDict, layout: layout_lib.BatchLa
   scorers = functools.cache(lambda: make_scorers(
       config, lambda name: arc_agi.load_metadata(datasets.get_builder(
           data().name, data().data_dir, data().builder_kwargs)), layout))
-  p_eval_step = functools.cache(lambda: parallel.pmap_step(
+  p_eval_step = functools.cache(lambda: parallel.compile_step(
       make_eval_step(model, b, sharded=bool(config.shard_puzzle_table),
-                     predictions=scoring),
-      replicated_in=(0, 1) if config.shard_puzzle_table else (0, 1, 2), out_axes=0,
+                     predictions=scoring), layout.rules,
+      state_in=(0, 1) if config.shard_puzzle_table else (0, 1, 2), out_axes=0,
       compiler_options=options))
   num_test = functools.cache(lambda: data().num_examples(ds.test_split))
 
@@ -262,7 +263,7 @@ def test_evaluator(config: ml_collections.ConfigDict, layout: layout_lib.BatchLa
       (state.params, state.model_state, table,
        dict(example_batch, mask=jax.ShapeDtypeStruct((n_local, b), jnp.bool_)),
        jax.ShapeDtypeStruct((n_local,), jnp.int32)),
-      replicated_in=(0, 1) if config.shard_puzzle_table else (0, 1, 2),
+      state_in=(0, 1) if config.shard_puzzle_table else (0, 1, 2),
       items=layout.global_batch,
       flops=forward_flops * model.config.halt_max_steps * layout.global_batch)
   return experiment.Evaluator(

@@ -27,7 +27,7 @@ Synopsis (4 fake CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=4
   table = np.arange(10 * 3, dtype=np.float32).reshape(10, 3)             # [N, E]
   shards = sharded_table.shard_host_table(table, run.devices, n, run.process_index)  # [n, R, E]
   ids = np.arange(n * 2, dtype=np.int32).reshape(n, 2) % 10               # [n, B]
-  look = parallel.pmap_step(
+  look = parallel.compile_step(
       lambda s, i, dev: sharded_table.lookup(s, i, dev, parallel.AXIS), out_axes=0)
   rows = look(parallel.shard(shards), parallel.shard(ids), parallel.shard(parallel.device_indices()))
   assert np.array_equal(np.asarray(rows), table[ids])

@@ -110,10 +110,9 @@ def model_config(config: ml_collections.ConfigDict, metadata: Dict[str, Any],
     config_ = trm.TRMConfig(seq_len=int(metadata["seq_len"]), vocab_size=int(metadata["vocab_size"]),
                             num_puzzle_identifiers=int(metadata["num_puzzle_identifiers"]),
                             kernels=kernels, **fields)
-    partitioned = config.get("sharding", "replicated") != "replicated"
     attention = dispatch.attention_for(platform, config_.forward_dtype, choice,
-                                       seq_len=config_.total_len, partitioned=partitioned)
-    mlp = dispatch.mlp_for(platform, mlp_choice, partitioned)
+                                       seq_len=config_.total_len)
+    mlp = dispatch.mlp_for(platform, mlp_choice)
     return dataclasses.replace(config_, attention=attention, mlp=mlp)
   except ValueError as e:   # TRMConfig names the field, the value and the fix
     raise errors.ConfigError("model", "", str(e), "change the named model field") from None
@@ -213,15 +212,18 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
     carry, shard = device_state
     step = state.step + 1                                        # 1-based optimizer step
     device_index = parallel.device_index() if shard is not None else None
-    carry = trm.act_reset(carry, batch, *model.latents(state.model_state))
+    # The state whole (its blocks gathered under fsdp; the optimizers update the blocks).
+    params, model_state, puzzle_table = parallel.gather_state(
+        (state.params, state.model_state, state.puzzle_table))
+    carry = trm.act_reset(carry, batch, *model.latents(model_state))
     data = carry.current_data
     if shard is not None and cfg.prefix_len:                     # [B, E] from the sharded table
       rows = sharded_table.lookup(shard, data["puzzle_identifiers"], device_index, parallel.AXIS)
     else:
-      rows = model.puzzle_rows(state.puzzle_table, data)         # [B, E] or None
+      rows = model.puzzle_rows(puzzle_table, data)               # [B, E] or None
 
     def loss_fn(params, rows):
-      z_H, z_L, logits, q_halt, q_cont = model.inner(params, state.model_state, carry.z_H, carry.z_L,
+      z_H, z_L, logits, q_halt, q_cont = model.inner(params, model_state, carry.z_H, carry.z_L,
                                                      data["inputs"], rows)
       new_carry = trm.act_halt(cfg, carry._replace(z_H=z_H, z_L=z_L), q_halt, training=True, rng=rng)
       loss, sums = losses.act_loss_and_metrics(logits, data["labels"], q_halt, q_cont,
@@ -231,18 +233,18 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
 
     if slices == 1:
       (_, (carry, sums)), (g_params, g_rows) = jax.value_and_grad(
-          loss_fn, argnums=(0, 1), has_aux=True)(state.params, rows)
+          loss_fn, argnums=(0, 1), has_aux=True)(params, rows)
     else:                       # batch_slices: slice by slice, forward and backward, gradients summed
       split = lambda x: x.reshape((slices, per_device_batch // slices) + x.shape[1:])  # noqa: E731
       grad_fn = jax.value_and_grad(slice_loss, argnums=(0, 2), has_aux=True)
 
       def one_slice(g_sum, xs):
-        (_, outs), (g_p, g_r) = grad_fn(state.params, state.model_state, *xs)
+        (_, outs), (g_p, g_r) = grad_fn(params, model_state, *xs)
         return jax.tree.map(jnp.add, g_sum, g_p), (outs, g_r)
 
       xs = (None if rows is None else split(rows), split(carry.z_H), split(carry.z_L),
             split(data["inputs"]), split(data["labels"]))
-      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      zeros = jax.tree.map(jnp.zeros_like, params)
       g_params, (outs, g_rows) = jax.lax.scan(one_slice, zeros, xs)
       z_H, z_L, logits, q_halt, q_cont = jax.tree.map(
           lambda x: x.reshape((per_device_batch,) + x.shape[2:]), outs)
@@ -250,10 +252,10 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
       carry = trm.act_halt(cfg, carry._replace(z_H=z_H, z_L=z_L), q_halt, training=True, rng=rng)
       _, sums = losses.act_loss_and_metrics(logits, data["labels"], q_halt, q_cont, carry.halted,
                                             carry.steps, loss_divisor=per_device_batch)
-    g_params = jax.lax.pmean(g_params, parallel.AXIS)
+    g_params = parallel.mean_state(g_params, like=state.params)
     updates, opt_state = adam.update(g_params, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    table, sign_state = state.puzzle_table, state.sign_state
+    table, sign_state = puzzle_table, state.sign_state
     rows_finite = jnp.array(True)
     if rows is not None:
       ids, grads = optim.all_gather_rows(data["puzzle_identifiers"], g_rows, parallel.AXIS)
@@ -265,7 +267,7 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
       rows_finite = jnp.all(jnp.isfinite(grads))                 # gathered: same on every device
     ema = optim.ema_update(state.ema, params, config.ema_rate) if config.ema else params
     sums = jax.lax.psum(sums, parallel.AXIS)
-    sums["grad_norm"] = optax.global_norm(g_params)
+    sums["grad_norm"] = parallel.global_norm(g_params, like=state.params)
     # Identical on every device (psummed / pmeaned / gathered values), so every device decides alike;
     # the trainer adds the new state's check and the skip policy (trainer.guarded_step).
     finite = (jnp.isfinite(sums["lm_loss"]) & jnp.isfinite(sums["q_halt_loss"])

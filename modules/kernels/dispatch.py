@@ -63,7 +63,7 @@ ATTENTIONS = ("xla", "splash", "cudnn")
 MLPS = ("xla", "pallas")
 """A SwiGLU MLP: "xla" (gate|up written, then down) or "pallas" (modules/kernels/fused_mlp.py: one
 TPU kernel per block of rows, no [N, 2F] gate|up in HBM); configs also take "auto": pallas on a
-TPU (replicated layouts), xla elsewhere."""
+TPU, xla elsewhere."""
 
 LOSSES = ("xla", "pallas")
 """A language model's head and loss: "xla" (the logits written, then the cross-entropy) or
@@ -87,24 +87,12 @@ def check_loss(name: str, field: str = "loss") -> str:
   return name
 
 
-PARTITIONED_NOTE = ("a Pallas kernel cannot run under the SPMD partitioner that sharding='fsdp' "
-                    "uses (the step is jit(vmap), not shard_map)")
-
-
-def _check_unpartitioned(name: str, field: str, partitioned: bool, kernels: Tuple[str, ...]):
-  if partitioned and name in kernels:
-    raise ValueError(f"{field}={name!r} with sharding='fsdp': {PARTITIONED_NOTE}. Fix: "
-                     f"{field}='auto' (xla under fsdp) or sharding='replicated'")
-
-
-def loss_for(platform: str, choice: str = "auto", partitioned: bool = False) -> str:
+def loss_for(platform: str, choice: str = "auto") -> str:
   """The head-and-loss implementation of a program compiled for `platform`: `choice`, or for
-  "auto" pallas on a TPU and xla elsewhere; xla in a `partitioned` (fsdp) step, where a named
-  kernel is an error (PARTITIONED_NOTE)."""
+  "auto" pallas on a TPU and xla elsewhere."""
   if choice != "auto":
-    _check_unpartitioned(check_loss(choice), "model.loss", partitioned, ("pallas",))
-    return choice
-  return "pallas" if platform == "tpu" and not partitioned else "xla"
+    return check_loss(choice)
+  return "pallas" if platform == "tpu" else "xla"
 
 
 def head_loss_rows(name: str, x: jax.Array, w: jax.Array, targets: jax.Array, *, dtype,
@@ -126,26 +114,20 @@ def check_mlp(name: str, field: str = "mlp") -> str:
   return name
 
 
-def mlp_for(platform: str, choice: str = "auto", partitioned: bool = False) -> str:
-  """The SwiGLU MLP of a program compiled for `platform`: `choice`, or for "auto" pallas on a TPU
-  in a replicated layout, xla otherwise (PARTITIONED_NOTE)."""
+def mlp_for(platform: str, choice: str = "auto") -> str:
+  """The SwiGLU MLP of a program compiled for `platform`: `choice`, or for "auto" pallas on a TPU,
+  xla elsewhere."""
   if choice != "auto":
-    _check_unpartitioned(check_mlp(choice), "model.mlp", partitioned, ("pallas",))
-    return choice
-  return "pallas" if platform == "tpu" and not partitioned else "xla"
+    return check_mlp(choice)
+  return "pallas" if platform == "tpu" else "xla"
 
 
-def attention_for(platform: str, dtype, choice: str = "auto", seq_len: int = 0,
-                  partitioned: bool = False) -> str:
+def attention_for(platform: str, dtype, choice: str = "auto", seq_len: int = 0) -> str:
   """The attention a program compiled for `platform` ("cpu", "tpu", "gpu") runs: `choice` itself,
   or for "auto" splash on a TPU for sequences of at least `splash.MIN_AUTO_LENGTH` (`seq_len`; 0 =
-  unknown, long), cudnn on a GPU for a bfloat16/float16 model, else xla. A `partitioned` (fsdp)
-  step takes xla; splash named there is an error (PARTITIONED_NOTE)."""
+  unknown, long), cudnn on a GPU for a bfloat16/float16 model, else xla."""
   if choice != "auto":
-    _check_unpartitioned(check_attention(choice), "model.attention", partitioned, ("splash",))
-    return choice
-  if partitioned:
-    return "xla"
+    return check_attention(choice)
   if platform == "tpu":
     return "splash" if not seq_len or seq_len >= splash.MIN_AUTO_LENGTH else "xla"
   if platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):

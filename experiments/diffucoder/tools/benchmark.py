@@ -554,10 +554,10 @@ def dry_run_child(n: int) -> Dict[str, Any]:
   params = dream.param_shapes(config)
   opts = sampling.SamplerOptions(steps=canvas - start, alg=_ALG.value,
                                  temperature=_TEMPERATURE.value, top_p=_TOP_P.value)
-  step = parallel.pmap_step(sampling.plain_step_fn(sampler_forward(config), opts,
+  step = parallel.compile_step(sampling.plain_step_fn(sampler_forward(config), opts,
                                                    mask_id=151666, start=start,
                                                    axis_name=parallel.AXIS),
-                            replicated_in=(0, 5))
+                            state_in=(0, 5))
   sd = jax.ShapeDtypeStruct
   key = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), n))
   t0 = time.perf_counter()

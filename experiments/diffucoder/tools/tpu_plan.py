@@ -2,7 +2,7 @@ r"""Dream 7.6B sampling compiled for TPU slices by the TPU compiler: which model
 
 The program is one step of the reference sampler (`sampling.plain_step_fn`: a full forward over the
 canvas and one unmask step) at canvas 512 = 128 prompt + 384 new tokens, built exactly as
-`sampling.Runner` runs it: `pmap` over every device when model_parallel is 1 (today's data-parallel
+`sampling.Runner` runs it: `parallel.compile_step` over every device when model_parallel is 1 (today's data-parallel
 program), else one `shard_map` over a (data, model) mesh of the slice's devices (`model_sharding.mesh_2d`)
 with the weights split Megatron style (modules/dream.py). Parameters are `jax.ShapeDtypeStruct`s: no
 weight is allocated. A global batch smaller than the data groups uses `batch` of them (the other
@@ -114,7 +114,7 @@ def lower_step(target: tpu.Target, batch: int, model_parallel: int,
     key = jax.eval_shape(lambda: jax.random.key(0))
     args = (shapes, jax.ShapeDtypeStruct((rows, CANVAS), i32), jax.ShapeDtypeStruct((rows, CANVAS), b),
             jax.ShapeDtypeStruct((rows, CANVAS), i32), key, jax.ShapeDtypeStruct((), jnp.float32))
-    return tpu.lower_pmap(step, target, args, replicated_in=(0, 5))
+    return tpu.lower_step(step, target, args, state_in=(0, 5))
   mesh = model_sharding.mesh_2d(groups, model_parallel, devices=devices)
   specs = dream.param_partition_specs(config, model_sharding.MODEL_AXIS)
   model = (dream.dream_forward(config, model_sharding.MODEL_AXIS, model_parallel) if model_parallel > 1

@@ -22,7 +22,6 @@ from experiments.common import console
 
 console.quiet_native_logs()
 
-from experiments.common import trainer  # noqa: E402
 from experiments.nanogpt import train  # noqa: E402
 from experiments.nanogpt.configs import finetune_shakespeare  # noqa: E402
 from experiments.tools import dry_run  # noqa: E402
@@ -52,14 +51,10 @@ def main(argv) -> None:
     node[last] = (value.lower() in ("1", "true") if isinstance(old, bool) else type(old)(value))
   tpu.load_libtpu()
   t0 = time.time()
-  with trainer.state_layout(train.NanoGPT(), c):
-    layout = dry_run.tpu_layout(c, target)
-    build = train.NanoGPT().build(c, layout)
-    p = dry_run.programs(train.NanoGPT(), build, c, layout)["train_step"]
-    lowered = tpu.lower_pmap(p.fn, target, dry_run._per_device(p),  # pylint: disable=protected-access
-                             replicated_in=p.replicated_in, out_axes=p.out_axes,
-                             donate_argnums=p.donate_argnums)
-    compiled = lowered.compile()
+  layout = dry_run.tpu_layout(train.NanoGPT(), c, target)
+  build = train.NanoGPT().build(c, layout)
+  p = dry_run.programs(train.NanoGPT(), build, c, layout)["train_step"]
+  compiled = dry_run.lower_for_tpu(p, target, layout).compile()
   m = compiled.memory_analysis()
   peak = getattr(m, "peak_memory_in_bytes", 0)
   print(f"train_step {' '.join(argv)} on {target.name}: args {m.argument_size_in_bytes / GIB:.2f} "

@@ -596,13 +596,11 @@ def tpu_train_step(config: ml_collections.ConfigDict, target_name: str):
   """(lowered, compiled) of the trainer's training step of a TRM `config` for a TPU slice, compiled
   by libtpu on this machine as `--dry_run --target=...` does (experiments/tools/dry_run.py)."""
   target = tpu.parse_target(target_name)
-  layout = dry_run.tpu_layout(config, target)
+  layout = dry_run.tpu_layout(train.TRM(), config, target)
   trainer.check_config(train.TRM(), config)
   b = train.TRM().build(config, layout)
   p = dry_run.programs(train.TRM(), b, config, layout)["train_step"]
-  lowered = tpu.lower_pmap(p.fn, target, dry_run._per_device(p),  # pylint: disable=protected-access
-                           replicated_in=p.replicated_in, out_axes=p.out_axes,
-                           donate_argnums=p.donate_argnums)
+  lowered = dry_run.lower_for_tpu(p, target, layout)
   return lowered, lowered.compile()
 
 
