@@ -67,7 +67,7 @@ def podlab_py_test(name, srcs, deps = [], data = [], size = "medium", slow = Fal
       srcs: [the test file].
       deps: project targets it imports or runs (worker scripts, tests/torch_trm_reference, ...).
       data: other files it reads or runs (launch scripts, the fake gcloud).
-      size: Bazel's test size (timeout: medium 300 s, large 900 s, enormous 3600 s).
+      size: Bazel's test size (timeouts, .bazelrc's hang guards: medium 1800 s, enormous 7200 s).
       slow: the file has `@pytest.mark.slow` tests; adds NAME_slow (size "enormous").
       tags: Bazel tags ("exclusive" for tests that start several JAX processes).
       **kwargs: passed to py_test.
