@@ -47,6 +47,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from modules.kernels import xla
+
 BLOCK_ROWS = 1024
 """Rows per block in the forward and dx kernels (w is read N / BLOCK_ROWS times)."""
 BLOCK_VOCAB = 512
@@ -64,15 +66,6 @@ _NEG = -1e30
 
 def _round(z: jax.Array, logits_dtype) -> jax.Array:
   return z.astype(logits_dtype).astype(jnp.float32)
-
-
-def _pad_to(a: jax.Array, axis: int, multiple: int) -> jax.Array:
-  extra = -a.shape[axis] % multiple
-  if not extra:
-    return a
-  pad = [(0, 0)] * a.ndim
-  pad[axis] = (0, extra)
-  return jnp.pad(a, pad)
 
 
 def _forward_kernel(x_ref, w_ref, t_ref, lse_ref, tgt_ref, m_sc, l_sc, t_sc, *, vocab,
@@ -169,8 +162,8 @@ def _forward(xc, wc, targets, logits_dtype, interpret):
   from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
   N, C, V, bn = _shapes(xc, wc)
   bv = BLOCK_VOCAB
-  xp = _pad_to(xc, 0, bn)
-  tp = _pad_to(targets.astype(jnp.int32)[:, None], 0, bn)
+  xp = xla.pad_to(xc, 0, bn)
+  tp = xla.pad_to(targets.astype(jnp.int32)[:, None], 0, bn)
   Np, Vp = xp.shape[0], -(-V // bv) * bv       # w is not padded: its last block reads past V
   item = xc.dtype.itemsize
   kernel = functools.partial(_forward_kernel, vocab=V, block_vocab=bv, logits_dtype=logits_dtype)
@@ -203,8 +196,8 @@ def _backward(xc, wc, targets, lse, g_rows, logits_dtype, interpret):
   # The per-row statistics in one float32 array (targets < 2^24 are exact): t, lse, g.
   stats = jnp.stack([targets.astype(jnp.float32), lse, g_rows.astype(jnp.float32)], axis=1)
   # dx: rows in blocks of bn, the vocabulary in blocks of bv (reduced over).
-  xp = _pad_to(xc, 0, bn)
-  sp = _pad_to(stats, 0, bn)                                   # padded rows: g = 0
+  xp = xla.pad_to(xc, 0, bn)
+  sp = xla.pad_to(stats, 0, bn)                                   # padded rows: g = 0
   Np, Vp = xp.shape[0], -(-V // bv) * bv
   dx = pl.pallas_call(
       functools.partial(_dx_kernel, vocab=V, block_vocab=bv, logits_dtype=logits_dtype),
@@ -223,7 +216,7 @@ def _backward(xc, wc, targets, lse, g_rows, logits_dtype, interpret):
   # dw: the vocabulary in blocks of dbv, rows in blocks of dbn (reduced over), transposed blocks.
   dbn = min(DW_BLOCK_ROWS, -(-N // LANES) * LANES)
   dbv = DW_BLOCK_VOCAB
-  xq = _pad_to(xc, 0, dbn)
+  xq = xla.pad_to(xc, 0, dbn)
   Nq, Vq = xq.shape[0], -(-V // dbv) * dbv
   dw = pl.pallas_call(
       functools.partial(_dw_kernel, vocab=V, block_vocab=dbv, logits_dtype=logits_dtype),
@@ -238,7 +231,7 @@ def _backward(xc, wc, targets, lse, g_rows, logits_dtype, interpret):
                           V * C * item + (Vq // dbv) * N * C * item + V * C * 4 + 3 * N * 4),
       interpret=interpret,
       name="fused_ce_dw",
-  )(wc, xq, _pad_to(stats.T, 1, dbn))
+  )(wc, xq, xla.pad_to(stats.T, 1, dbn))
   return dx, dw
 
 
@@ -270,7 +263,7 @@ def loss_rows(x: jax.Array, w: jax.Array, targets: jax.Array, *, dtype="bfloat16
   targets [N] int in [0, V). `dtype`: the product's operands; `logits_dtype`: the logits' rounding
   (float32: none). C is zero-padded to a multiple of 128 (the TPU's lanes; exact)."""
   C = x.shape[1]
-  xp, wp = _pad_to(x, 1, LANES), _pad_to(w, 1, LANES)
+  xp, wp = xla.pad_to(x, 1, LANES), xla.pad_to(w, 1, LANES)
   if xp.shape[1] == C:
     return _loss_rows(x, w, targets, jnp.dtype(dtype).name, jnp.dtype(logits_dtype), interpret)
   return _loss_rows(xp, wp, targets, jnp.dtype(dtype).name, jnp.dtype(logits_dtype), interpret)

@@ -43,15 +43,6 @@ VMEM_LIMIT = 16 * 2 ** 20
 TRM's sizes need less."""
 
 
-def _pad_to(a: jax.Array, axis: int, multiple: int) -> jax.Array:
-  extra = -a.shape[axis] % multiple
-  if not extra:
-    return a
-  pad = [(0, 0)] * a.ndim
-  pad[axis] = (0, extra)
-  return jnp.pad(a, pad)
-
-
 def reference(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, dtype) -> jax.Array:
   """The layer in XLA (what the kernel computes): x [N, I] -> [N, O] in `dtype`."""
   gate_up = xla.matmul(x, w_gate_up, dtype).astype(dtype)         # [N, 2F]
@@ -79,7 +70,7 @@ def _forward(x, w_gate_up, w_down, dtype, interpret):
   bn = min(BLOCK_ROWS, -(-N // 8) * 8)
   # Feature axes stay whole (a block may span an array's full dimension, aligned or not: padding
   # TRM's 97 positions to 128 cost the v4-64 step 0.2 GB of pad copies); rows padded to a block.
-  xp = _pad_to(x.astype(dtype), 0, bn)                            # [Np, I]
+  xp = xla.pad_to(x.astype(dtype), 0, bn)                            # [Np, I]
   wgu, wd = w_gate_up.astype(dtype), w_down.astype(dtype)          # [I, 2F], [F, O]
   Np, Ip, Op = xp.shape[0], I, O
   item = jnp.dtype(dtype).itemsize

@@ -33,6 +33,16 @@ from modules import numerics
 _dot = numerics.dot
 
 
+def pad_to(a: jax.Array, axis: int, multiple: int) -> jax.Array:
+  """`a` zero-padded at the end of `axis` to a multiple of `multiple` (kernels' whole blocks)."""
+  extra = -a.shape[axis] % multiple
+  if not extra:
+    return a
+  pad = [(0, 0)] * a.ndim
+  pad[axis] = (0, extra)
+  return jnp.pad(a, pad)
+
+
 def is_low_precision(dtype) -> bool:
   return jnp.dtype(dtype) != jnp.float32
 
