@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -79,20 +79,30 @@ def check_attention(name: str, field: str = "attention") -> str:
   return name
 
 
-def check_loss(name: str, field: str = "loss") -> str:
-  """`name` itself when it names a head-and-loss implementation; else a ValueError."""
-  if name not in LOSSES:
-    raise ValueError(f"{field}={name!r}: use one of {LOSSES} (or 'auto' in a config: pallas on a "
+def _check_kernel(name: str, field: str, names: Tuple[str, ...]) -> str:
+  """`name` itself when it is one of `names` (xla | pallas); else a ValueError naming the fix."""
+  if name not in names:
+    raise ValueError(f"{field}={name!r}: use one of {names} (or 'auto' in a config: pallas on a "
                      "TPU, xla elsewhere)")
   return name
+
+
+def _kernel_for(platform: str, choice: str, check: Callable[[str], str]) -> str:
+  """`choice` checked, or for "auto" pallas on a TPU target and xla elsewhere."""
+  if choice != "auto":
+    return check(choice)
+  return "pallas" if platform == "tpu" else "xla"
+
+
+def check_loss(name: str, field: str = "loss") -> str:
+  """`name` itself when it names a head-and-loss implementation; else a ValueError."""
+  return _check_kernel(name, field, LOSSES)
 
 
 def loss_for(platform: str, choice: str = "auto") -> str:
   """The head-and-loss implementation of a program compiled for `platform`: `choice`, or for
   "auto" pallas on a TPU and xla elsewhere."""
-  if choice != "auto":
-    return check_loss(choice)
-  return "pallas" if platform == "tpu" else "xla"
+  return _kernel_for(platform, choice, check_loss)
 
 
 def head_loss_rows(name: str, x: jax.Array, w: jax.Array, targets: jax.Array, *, dtype,
@@ -108,18 +118,14 @@ def head_loss_rows(name: str, x: jax.Array, w: jax.Array, targets: jax.Array, *,
 
 
 def check_mlp(name: str, field: str = "mlp") -> str:
-  if name not in MLPS:
-    raise ValueError(f"{field}={name!r}: use one of {MLPS} (or 'auto' in a config: pallas on a "
-                     "TPU, xla elsewhere)")
-  return name
+  """`name` itself when it names a SwiGLU MLP implementation; else a ValueError."""
+  return _check_kernel(name, field, MLPS)
 
 
 def mlp_for(platform: str, choice: str = "auto") -> str:
   """The SwiGLU MLP of a program compiled for `platform`: `choice`, or for "auto" pallas on a TPU,
   xla elsewhere."""
-  if choice != "auto":
-    return check_mlp(choice)
-  return "pallas" if platform == "tpu" else "xla"
+  return _kernel_for(platform, choice, check_mlp)
 
 
 def attention_for(platform: str, dtype, choice: str = "auto", seq_len: int = 0) -> str:
