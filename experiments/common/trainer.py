@@ -182,18 +182,22 @@ def guarded_step(train_step: Callable[..., Any], nonfinite: str, *, seed: int,
 
 class Update(NamedTuple):
   """What `accumulated_update` returns: the new params and optimizer state, the loss and gradient
-  norm (means over every device), the experiment's sums (over every device) and whether the loss
-  and the gradient are finite (the guard of `guarded_step` adds the state's own check)."""
+  norm (means over every device), the experiment's sums (over every device), whether the loss and
+  the gradient are finite (the guard of `guarded_step` adds the state's own check), and, when asked
+  for, the micro-batches' outputs and input gradients (leaves [A, ...]; else None)."""
   params: Any
   opt_state: Any
   loss: jax.Array
   grad_norm: jax.Array
   sums: Any
   finite: jax.Array
+  outputs: Any = None
+  input_grads: Any = None
 
 
 def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransformation, params: Any,
-                       opt_state: Any, micro_batches: Any, accum: int, key: jax.Array) -> Update:
+                       opt_state: Any, micro_batches: Any, accum: int, key: jax.Array, *,
+                       outputs: bool = False, input_grads: bool = False) -> Update:
   """One data-parallel optimizer update from `accum` micro-batches (inside the trainer's step).
 
   loss_fn(params, micro_batch, key) -> (loss, sums): the micro-batch's mean loss and a pytree of
@@ -202,6 +206,13 @@ def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransforma
   added as g / A, in order) and then over every device; sums are added, then psum'd. With A == 1
   no loop is built. `tx.update` gets `global_norm=` (the whole gradient's norm, also returned), so
   a clipping transform that takes it (`optim.clip_by_global_norm`) clips alike in every layout.
+
+  `outputs`: loss_fn returns (loss, (sums, outputs)) and `Update.outputs` holds every
+  micro-batch's outputs, stacked [A, ...] (e.g. the forward values a step reads after the update:
+  TRM's recursion state). `input_grads`: each micro-batch is a pair (data, inputs) and
+  `Update.input_grads` holds the gradient of the update's loss (the mean over the micro-batches)
+  with respect to each micro-batch's `inputs`, stacked [A, ...], on this device, not averaged over
+  devices (e.g. embedding rows that another optimizer updates: TRM's puzzle table).
 
   With the state in blocks (fsdp, `parallel.holds_blocks`) each micro-batch's forward pass reads
   the parameters whole (`parallel.gather_state`: an all-gather per micro-batch) and its gradient is
@@ -212,25 +223,40 @@ def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransforma
   """
   blocks = parallel.holds_blocks()
 
+  def split(aux):
+    return aux if outputs else (aux, None)                             # (sums, outputs)
+
+  def value_and_grads(p, batch, k):
+    """((loss, (sums, outputs)), param grads, input grads) of one micro-batch."""
+    if not input_grads:
+      (l, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(p, batch, k)
+      return (l, split(aux)), g, None
+    data, inputs = batch
+    (l, aux), (g, g_in) = jax.value_and_grad(
+        lambda p, x: loss_fn(p, (data, x), k), argnums=(0, 1), has_aux=True)(p, inputs)
+    return (l, split(aux)), g, jax.tree.map(lambda x: x / accum, g_in)
+
   def micro(carry, inputs):
     grads, loss, sums = carry
     batch, i = inputs
     p = parallel.gather_state(params)
-    (l, s), g = jax.value_and_grad(loss_fn, has_aux=True)(p, batch, jax.random.fold_in(key, i))
+    (l, (s, out)), g, g_in = value_and_grads(p, batch, jax.random.fold_in(key, i))
     if blocks:
       g = parallel.mean_state(g, like=params)
       l = jax.lax.pmean(l, parallel.AXIS)
     return (jax.tree.map(lambda a, b: a + b / accum, grads, g), loss + l / accum,
-            jax.tree.map(jnp.add, sums, s)), None
+            jax.tree.map(jnp.add, sums, s)), (out, g_in)
 
   first = jax.tree.map(lambda x: x[0], micro_batches)
-  sums_shape = jax.eval_shape(lambda p: loss_fn(p, first, key)[1], parallel.whole_shapes(params))
+  sums_shape = jax.eval_shape(lambda p: split(loss_fn(p, first, key)[1])[0],
+                              parallel.whole_shapes(params))
   zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
            jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), sums_shape))
   if accum == 1:
-    (grads, loss, sums), _ = micro(zeros, (first, 0))
+    (grads, loss, sums), stacked = micro(zeros, (first, 0))
+    stacked = jax.tree.map(lambda x: x[None], stacked)
   else:
-    (grads, loss, sums), _ = jax.lax.scan(micro, zeros, (micro_batches, jnp.arange(accum)))
+    (grads, loss, sums), stacked = jax.lax.scan(micro, zeros, (micro_batches, jnp.arange(accum)))
   if not blocks:
     grads = jax.lax.pmean(grads, parallel.AXIS)
     loss = jax.lax.pmean(loss, parallel.AXIS)
@@ -239,7 +265,7 @@ def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransforma
   updates, opt_state = optax.with_extra_args_support(tx).update(grads, opt_state, params,
                                                                 global_norm=grad_norm)
   return Update(optax.apply_updates(params, updates), opt_state, loss, grad_norm, sums,
-                jnp.isfinite(loss) & jnp.isfinite(grad_norm))
+                jnp.isfinite(loss) & jnp.isfinite(grad_norm), *stacked)
 
 
 def parallel_train_step(train_step: Callable[..., Any], nonfinite: str, *, seed: int,
