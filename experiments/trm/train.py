@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from experiments.common import device_step
 from experiments.common import errors
 from experiments.common import experiment
 from experiments.common import layout as layout_lib
@@ -186,7 +187,7 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
   finite) as experiments/common/experiment.py describes; `rng` folds in the 1-based step
   (`TRM.rng_step_offset`), as the reference's; the sharded table reads this device's global index
   (parallel.device_index()). The gradients and the Adam update are the trainer's
-  (`trainer.accumulated_update`): with `slices` > 1 (config.batch_slices) its micro-batches are
+  (`device_step.accumulated_update`): with `slices` > 1 (config.batch_slices) its micro-batches are
   that many equal slices of the device's batch, forward and backward one slice after another, each
   slice's mean loss and gradients / slices added in order. Every example's recursion is independent
   of the others', so the recursion's values, the halting (`trm.act_halt` on the whole batch after
@@ -230,8 +231,8 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
     split = lambda x: x.reshape((slices, per_device_batch // slices) + x.shape[1:])  # noqa: E731
     micro_batches = jax.tree.map(split, ((carry.z_H, carry.z_L, data["inputs"], data["labels"]),
                                          rows))
-    u = trainer.accumulated_update(slice_loss, adam, state.params, state.opt_state, micro_batches,
-                                   slices, rng, outputs=True, input_grads=True)
+    u = device_step.accumulated_update(slice_loss, adam, state.params, state.opt_state,
+                                       micro_batches, slices, rng, outputs=True, input_grads=True)
     whole = lambda x: x.reshape((per_device_batch,) + x.shape[2:])  # noqa: E731
     z_H, z_L, logits, q_halt, q_cont = jax.tree.map(whole, u.outputs)
     carry = trm.act_halt(cfg, carry._replace(z_H=z_H, z_L=z_L), q_halt, training=True, rng=rng)
@@ -252,7 +253,7 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
     sums = jax.lax.psum(sums, parallel.AXIS)
     sums["grad_norm"] = u.grad_norm
     # Identical on every device (psummed / pmeaned / gathered values), so every device decides alike;
-    # the trainer adds the new state's check and the skip policy (trainer.guarded_step).
+    # the trainer adds the new state's check and the skip policy (device_step.guarded_step).
     finite = (jnp.isfinite(sums["lm_loss"]) & jnp.isfinite(sums["q_halt_loss"])
               & jnp.isfinite(sums["grad_norm"]) & rows_finite)
     new_state = TrainState(step=step, params=u.params, opt_state=u.opt_state, ema=ema,

@@ -63,6 +63,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from experiments.common import device_step  # noqa: E402
 from experiments.common import distributed  # noqa: E402
 from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.common import mfu  # noqa: E402
@@ -225,7 +226,7 @@ def gpt_side(side: str, batch: int, *, steps: int, warmup: int, quick: bool = Fa
     w = window.reshape(n, 1, layout.per_device_batch, T + 1)
     data = parallel.shard({"x": w[..., :-1], "y": w[..., 1:]})
     di = parallel.shard(parallel.device_indices())
-    step = trainer.parallel_train_step(built.train_step, c.nonfinite, seed=c.seed)
+    step = device_step.parallel_train_step(built.train_step, c.nonfinite, seed=c.seed)
     box = {"state": parallel.replicate(state)}
 
     def one() -> float:
