@@ -92,7 +92,8 @@ class Update(NamedTuple):
 
 def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransformation, params: Any,
                        opt_state: Any, micro_batches: Any, accum: int, key: jax.Array, *,
-                       outputs: bool = False, input_grads: bool = False) -> Update:
+                       outputs: bool = False, input_grads: bool = False,
+                       summed: bool = False) -> Update:
   """One data-parallel optimizer update from `accum` micro-batches (inside the trainer's step).
 
   loss_fn(params, micro_batch, key) -> (loss, sums): the micro-batch's mean loss and a pytree of
@@ -107,7 +108,12 @@ def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransforma
   TRM's recursion state). `input_grads`: each micro-batch is a pair (data, inputs) and
   `Update.input_grads` holds the gradient of the update's loss (the mean over the micro-batches)
   with respect to each micro-batch's `inputs`, stacked [A, ...], on this device, not averaged over
-  devices (e.g. embedding rows that another optimizer updates: TRM's puzzle table).
+  devices (e.g. embedding rows that another optimizer updates: TRM's puzzle table). `summed`:
+  loss_fn returns the micro-batch's part of the update's loss (its sum over the whole batch's
+  divisor) instead of its mean, and gradients, loss and input gradients are added as they come,
+  not divided by A: the same sums in the same order as one loop over slices of a whole-batch loss
+  (TRM's batch slices keep the numbers of their own loop so, bit for bit; a gradient / A, even a
+  power of two, changes the compiled program and with it float32 rounding).
 
   With the state in blocks (fsdp, `parallel.holds_blocks`) each micro-batch's forward pass reads
   the parameters whole (`parallel.gather_state`: an all-gather per micro-batch) and its gradient is
@@ -129,7 +135,7 @@ def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransforma
     data, inputs = batch
     (l, aux), (g, g_in) = jax.value_and_grad(
         lambda p, x: loss_fn(p, (data, x), k), argnums=(0, 1), has_aux=True)(p, inputs)
-    return (l, split(aux)), g, jax.tree.map(lambda x: x / accum, g_in)
+    return (l, split(aux)), g, jax.tree.map(lambda x: x if summed else x / accum, g_in)
 
   def micro(carry, inputs):
     grads, loss, sums = carry
@@ -139,7 +145,8 @@ def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransforma
     if blocks:
       g = parallel.mean_state(g, like=params)
       l = jax.lax.pmean(l, parallel.AXIS)
-    return (jax.tree.map(lambda a, b: a + b / accum, grads, g), loss + l / accum,
+    share = (lambda x: x) if summed else (lambda x: x / accum)  # noqa: E731
+    return (jax.tree.map(lambda a, b: a + share(b), grads, g), loss + share(l),
             jax.tree.map(jnp.add, sums, s)), (out, g_in)
 
   first = jax.tree.map(lambda x: x[0], micro_batches)

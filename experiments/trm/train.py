@@ -187,14 +187,13 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
   finite) as experiments/common/experiment.py describes; `rng` folds in the 1-based step
   (`TRM.rng_step_offset`), as the reference's; the sharded table reads this device's global index
   (parallel.device_index()). The gradients and the Adam update are the trainer's
-  (`device_step.accumulated_update`): with `slices` > 1 (config.batch_slices) its micro-batches are
-  that many equal slices of the device's batch, forward and backward one slice after another, each
-  slice's mean loss and gradients / slices added in order. Every example's recursion is independent
-  of the others', so the recursion's values, the halting (`trm.act_halt` on the whole batch after
-  the update: the loss never reads it), the loss and the metrics are the whole batch's; the weight
-  gradients are the same sums over the examples added up slice by slice (float32 rounding; a power
-  of two slices scales each slice's gradient exactly). The step's activation memory shrinks to
-  about one slice's.
+  (`device_step.accumulated_update`, `summed`): with `slices` > 1 (config.batch_slices) its
+  micro-batches are that many equal slices of the device's batch, forward and backward one slice
+  after another, each slice's loss over the whole batch's divisor and its gradients added in order.
+  Every example's recursion is independent of the others', so the recursion's values, the halting
+  (`trm.act_halt` on the whole batch after the update: the loss never reads it), the loss and the
+  metrics are the whole batch's; the weight gradients are the same sums over the examples added up
+  slice by slice (float32 rounding). The step's activation memory shrinks to about one slice's.
   """
   cfg = model.config
   if slices < 1 or per_device_batch % slices:
@@ -217,7 +216,7 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
       rows = model.puzzle_rows(puzzle_table, data)               # [B, E] or None
 
     def slice_loss(params, micro_batch, key):
-      """One slice's mean loss and its outputs; the loss never reads halting."""
+      """One slice's part of the batch's loss, and its outputs; the loss never reads halting."""
       del key                                                    # the halting's rng is rng, after
       (z_H, z_L, inputs, labels), slice_rows = micro_batch
       z_H, z_L, logits, q_halt, q_cont = model.inner(params, model_state, z_H, z_L, inputs,
@@ -225,14 +224,15 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
       no_halt = jnp.zeros(q_halt.shape, jnp.bool_)
       loss, _ = losses.act_loss_and_metrics(logits, labels, q_halt, q_cont, no_halt,
                                             jnp.zeros(q_halt.shape, jnp.int32),
-                                            loss_divisor=per_device_batch // slices)
+                                            loss_divisor=per_device_batch)
       return loss, ({}, (z_H, z_L, logits, q_halt, q_cont))
 
     split = lambda x: x.reshape((slices, per_device_batch // slices) + x.shape[1:])  # noqa: E731
     micro_batches = jax.tree.map(split, ((carry.z_H, carry.z_L, data["inputs"], data["labels"]),
                                          rows))
     u = device_step.accumulated_update(slice_loss, adam, state.params, state.opt_state,
-                                       micro_batches, slices, rng, outputs=True, input_grads=True)
+                                       micro_batches, slices, rng, outputs=True, input_grads=True,
+                                       summed=True)
     whole = lambda x: x.reshape((per_device_batch,) + x.shape[2:])  # noqa: E731
     z_H, z_L, logits, q_halt, q_cont = jax.tree.map(whole, u.outputs)
     carry = trm.act_halt(cfg, carry._replace(z_H=z_H, z_L=z_L), q_halt, training=True, rng=rng)
