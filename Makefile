@@ -135,7 +135,7 @@ gpt-bench: $(STAMP)
 clean-venv:
 	rm -rf $(VENV)
 
-# Bazel (issue 7): `bazel test //...` over the same test files as `make test` (the @pytest.mark.slow
+# Bazel: `bazel test //...` over the same test files as `make test` (the @pytest.mark.slow
 # tests are NAME_slow targets tagged out; BAZEL_ARGS=--config=slow runs only them). The Bazel is
 # Debian's bazel-bootstrap 4.2.3, installed here with apt when missing: it works offline with the
 # local stand-ins in third_party/ (WORKSPACE says why not npm's @bazel/bazel 2.1.0). Its output base
