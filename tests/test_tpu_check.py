@@ -13,9 +13,9 @@ from experiments.common import trainer
 from experiments.diffucoder.tools import tpu_plan
 from experiments.tools import dry_run
 from experiments.tools import gpu_measured
-from experiments.tools import tpu
 from experiments.tools import tpu_check
 from experiments.tools import tpu_rows
+from experiments.tools import tpu_target
 from experiments.trm.tools import tpu_rows as trm_rows
 
 
@@ -84,7 +84,7 @@ def test_every_row_builds_in_a_plain_clone(check):
   packaged vocabulary): the layout spans the slice and keeps the config's examples per update."""
   config = importlib.import_module(check.config_module).get_config(check.arg)
   check.overrides(config)
-  target = tpu.parse_target(check.target or config.target)
+  target = tpu_target.parse_target(check.target or config.target)
   trainer.check_config(check.experiment(), config)
   layout = dry_run.tpu_layout(check.experiment(), config, target)
   build = check.experiment().build(config, layout)

@@ -12,9 +12,9 @@ import pathlib
 
 import pytest
 
-from experiments.tools import tpu
 from experiments.tools import tpu_check
 from experiments.tools import tpu_docs
+from experiments.tools import tpu_target
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIB = 2 ** 30
@@ -28,8 +28,8 @@ def _gib(cell: str) -> float:
 @pytest.mark.slow
 def test_tpu_temporaries_per_pod_config_have_not_grown():
   try:
-    tpu.load_libtpu()
-  except tpu.LibtpuMissingError as e:
+    tpu_target.load_libtpu()
+  except tpu_target.LibtpuMissingError as e:
     pytest.skip(str(e))
   rows = tpu_docs.parse_table((REPO / "docs/tpu.md").read_text())
   recorded = {(r["program"], r["slice"]): r for r in rows if r["temp GiB"] not in ("-", "")}

@@ -18,10 +18,10 @@ decoding and with the instruct configs' sampler (temperature 0.4, top_p 0.95), e
 model-parallel degree that fits (the rows of the degrees tried before it say by how much they do
 not). Each config is built abstractly (no data, no weights) and its training and evaluation steps
 are compiled as the pod runs them (experiments/tools/dry_run.py), each loop body once more to count
-its trips (tpu.loop_aware_cost). Every figure is a COMPILER ESTIMATE, not a measurement: per row the
-compiler's peak HBM and the margin, the compute and memory bounds and the larger ("bound (compiler
-estimate)"), speed and MFU at the bound (upper bounds), and where a real GPU measured the same
-program (experiments/tools/gpu_measured.py) its step beside it. The log gives each config's
+its trips (tpu_cost.loop_aware_cost). Every figure is a COMPILER ESTIMATE, not a measurement: per
+row the compiler's peak HBM and the margin, the compute and memory bounds and the larger ("bound
+(compiler estimate)"), speed and MFU at the bound (upper bounds), and where a real GPU measured the
+same program (experiments/tools/gpu_measured.py) its step beside it. The log gives each config's
 chip-hours at the bound (a lower bound).
 
 --write_docs (what `make tpu-check` passes) writes the rows into docs/tpu.md's table and the
@@ -54,9 +54,10 @@ from experiments.tools import doc_tables  # noqa: E402
 from experiments.tools import dry_run  # noqa: E402
 from experiments.tools import gpu_measured  # noqa: E402
 from experiments.tools import hlo_bytes  # noqa: E402
-from experiments.tools import tpu  # noqa: E402
 from experiments.tools import tpu_docs  # noqa: E402
+from experiments.tools import tpu_report  # noqa: E402
 from experiments.tools import tpu_rows  # noqa: E402
+from experiments.tools import tpu_target  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _ONLY = flags.DEFINE_string("only", "", "Run only the rows whose label contains this text.")
@@ -93,11 +94,12 @@ def load_rows(modules: Sequence[str] = ROW_MODULES
   return checks, program_checks
 
 
-# Loaded at import: a row module's flags (TRM's --arc_dir) exist before absl parses the command line.
+# Loaded at import, so that a row module's flags (TRM's --arc_dir) exist before absl parses.
 CHECKS, PROGRAM_CHECKS = load_rows()
 
 
-def run_program_checks(checks: Sequence[tpu_rows.ProgramCheck], log=print) -> List[tpu.Report]:
+def run_program_checks(checks: Sequence[tpu_rows.ProgramCheck],
+                       log=print) -> List[tpu_report.Report]:
   """Runs every program check; report names are prefixed with the check's label."""
   reports = []
   for check in checks:
@@ -111,7 +113,7 @@ def run_program_checks(checks: Sequence[tpu_rows.ProgramCheck], log=print) -> Li
 
 
 def run_checks(checks: Sequence[tpu_rows.Check], log=print, loop_aware: bool = True,
-               breakdown: bool = False) -> List[tpu.Report]:
+               breakdown: bool = False) -> List[tpu_report.Report]:
   """Compiles every check; returns the reports (names prefixed with the check's label).
   `loop_aware`: count loop trips (each loop body compiled too; the memory needs none of it);
   `breakdown`: each report's bytes per operation."""
@@ -123,7 +125,7 @@ def run_checks(checks: Sequence[tpu_rows.Check], log=print, loop_aware: bool = T
       continue
     config = importlib.import_module(check.config_module).get_config(check.arg)
     check.overrides(config)
-    target = tpu.parse_target(check.target or config.target)
+    target = tpu_target.parse_target(check.target or config.target)
     t0 = time.perf_counter()
     rows, steps = dry_run.compile_for_tpu(check.experiment(), config, target,   # its sharding
                                           loop_aware=loop_aware, breakdown=breakdown)
@@ -141,20 +143,20 @@ def commit() -> str:
   return doc_tables.commit(REPO_ROOT)
 
 
-def doc_row(report: tpu.Report, at: str) -> tpu_docs.Row:
+def doc_row(report: tpu_report.Report, at: str) -> tpu_docs.Row:
   """`report` as a row of docs/tpu.md's table (tpu_docs.COLUMNS), compiled at commit `at`."""
-  cells = dict(zip(tpu.TABLE_HEADER, tpu.report_row(report)))
+  cells = dict(zip(tpu_report.TABLE_HEADER, tpu_report.report_row(report)))
   return {"program": report.name, "slice": report.target.name, "commit": at,
           "temp GiB": cells["temp"], "peak GiB": cells["peak"], "usable GiB": cells["usable"],
           "fits (margin)": cells["fits (margin)"], "TFLOP analytic": cells["TFLOP analytic"],
           "TFLOP compiler": cells["TFLOP compiler"], "GB accessed": cells["GB accessed"],
           "compute bound": cells["compute bound"], "memory bound": cells["memory bound"],
-          "bound (compiler estimate)": cells[tpu.BOUND_HEADER],
+          "bound (compiler estimate)": cells[tpu_report.BOUND_HEADER],
           "speed at the bound": cells["speed at the bound"], "MFU": cells["MFU"],
           "measured GPU": gpu_measured.cell(gpu_measured.for_row(report.name))}
 
 
-def breakdown_text(report: tpu.Report, top: int) -> str:
+def breakdown_text(report: tpu_report.Report, top: int) -> str:
   """A program's largest operations by bytes (its `breakdown`), beside the compiler's total."""
   total = report.loop_bytes or report.compiler_bytes_accessed
   return hlo_bytes.format_breakdown(report.breakdown, top=top, compiler_bytes=total,
@@ -165,7 +167,7 @@ def breakdown_markers(program: str):
   return doc_tables.markers(f"tpu-breakdown {program}", "`make tpu-check`")
 
 
-def write_breakdowns(doc: str, reports: Sequence[tpu.Report], at: str, path: str) -> str:
+def write_breakdowns(doc: str, reports: Sequence[tpu_report.Report], at: str, path: str) -> str:
   """docs/tpu.md with the BREAKDOWN_IN_DOCS programs' blocks rewritten from this run's reports (a
   program not compiled in this run keeps its block)."""
   for r in reports:
@@ -178,7 +180,7 @@ def write_breakdowns(doc: str, reports: Sequence[tpu.Report], at: str, path: str
   return doc
 
 
-def write_docs(reports: Sequence[tpu.Report], root: str = REPO_ROOT,
+def write_docs(reports: Sequence[tpu_report.Report], root: str = REPO_ROOT,
                at: Optional[str] = None) -> None:
   """Merges the reports' rows into docs/tpu.md's table and rewrites the README's excerpt; `at`:
   the commit the rows were compiled at (default: this checkout's now)."""
@@ -187,7 +189,7 @@ def write_docs(reports: Sequence[tpu.Report], root: str = REPO_ROOT,
   with open(doc_path) as f:
     doc = f.read()
   rows = tpu_docs.merge(tpu_docs.parse_table(doc), [doc_row(r, at) for r in reports])
-  versions = ", ".join(sorted({r.libtpu_version for r in reports})) or tpu.libtpu_version()
+  versions = ", ".join(sorted({r.libtpu_version for r in reports})) or tpu_target.libtpu_version()
   doc = tpu_docs.replace_block(doc, tpu_docs.TABLE_BEGIN, tpu_docs.TABLE_END,
                                tpu_docs.table_block(rows, versions), doc_path)
   doc = write_breakdowns(doc, reports, at, doc_path)
@@ -203,7 +205,7 @@ def main(argv: Sequence[str]) -> None:
   del argv
   console.quiet_libraries()
   distributed.choose_platforms()          # the host backend is the CPU; libtpu only compiles
-  tpu.load_libtpu()
+  tpu_target.load_libtpu()
   at = commit()                           # what is compiled: edits during the run do not count
   log = lambda line: print(line, file=sys.stderr, flush=True)
   breakdown = bool(_BREAKDOWN.value) or _WRITE_DOCS.value
@@ -211,8 +213,8 @@ def main(argv: Sequence[str]) -> None:
                        breakdown=breakdown)
   reports += run_program_checks([c for c in PROGRAM_CHECKS if _ONLY.value in c.label], log=log)
   gpu = [gpu_measured.cell(gpu_measured.for_row(r.name)) for r in reports]
-  print(tpu.format_report(reports, extra={"measured GPU": gpu} if any(c != "-" for c in gpu)
-                          else None), flush=True)
+  print(tpu_report.format_report(reports, extra={"measured GPU": gpu} if any(c != "-" for c in gpu)
+                                 else None), flush=True)
   for r in reports:
     if _BREAKDOWN.value and r.breakdown is not None:
       print("\n" + breakdown_text(r, _BREAKDOWN.value), flush=True)

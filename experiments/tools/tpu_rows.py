@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, List, Optional
 
-from experiments.tools import tpu
+from experiments.tools import tpu_report
 
 
 @dataclasses.dataclass
@@ -43,6 +43,6 @@ class Check:
 @dataclasses.dataclass
 class ProgramCheck:
   """A row group compiled by an experiment's own function (no trainer config): its reports.
-  `compile(log)` returns one `tpu.Report` per program; `log` takes progress lines."""
+  `compile(log)` returns one `tpu_report.Report` per program; `log` takes progress lines."""
   label: str
-  compile: Callable[[Callable[[str], None]], List[tpu.Report]]
+  compile: Callable[[Callable[[str], None]], List[tpu_report.Report]]

@@ -29,7 +29,8 @@ def missing_arc_reason(arc_dir: str) -> Optional[str]:
   """Why the ARC rows cannot be built (their puzzle-id counts read the ARC JSON files), or None."""
   if not arc_dir:
     return ("no --arc_dir: the ARC recipes also train on ConceptARC, which no package ships; pass "
-            "--arc_dir=<folder with arc-agi_concept_{challenges,solutions}.json> to compile these rows")
+            "--arc_dir=<folder with arc-agi_concept_{challenges,solutions}.json> to compile these "
+            "rows")
   if os.path.isdir(arc_dir):
     return None
   return (f"{arc_dir} does not exist (the ARC-AGI JSON files); pass --arc_dir=DIR to compile these "
