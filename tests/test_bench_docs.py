@@ -13,6 +13,7 @@ from experiments.diffucoder.tools import benchmark as dream_bench
 from experiments.nanogpt.tools import bench as gpt_bench
 from experiments.tools import doc_tables
 from experiments.trm.tools import bench as trm_bench
+from experiments.trm.tools import bench_cli
 from experiments.trm.tools import bench_reference
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -100,20 +101,20 @@ def _trm_row(columns, model, dtype, batch, value):
 @pytest.mark.parametrize("tool", ["bench", "bench_reference"])
 def test_trm_tools_merge_rows_by_model_dtype_batch(tmp_path, tool):
   if tool == "bench":
-    columns, kw = trm_bench.COLUMNS, {}
+    columns, key = trm_bench.COLUMNS, trm_bench.DOC_KEY
     name, writer = trm_bench.DOC_TABLE, trm_bench.DOC_WRITER
   else:
-    columns = bench_reference.COLUMNS
+    columns, key = bench_reference.COLUMNS, ("model", "dtype", "batch")
     name, writer = bench_reference.DOC_TABLE, bench_reference.DOC_WRITER
-    kw = dict(name=name, writer=writer, columns=columns, key=("model", "dtype", "batch"))
+  kw = dict(name=name, writer=writer, columns=columns, key=key)
   path = _copy(tmp_path)
   first = [_trm_row(columns, "mlp", "float32", 64, 12345.6),
            _trm_row(columns, "att", "float32", 64, 0.5)]
-  trm_bench.write_docs(first, "cmd one", "header", None, path=path, **kw)
-  trm_bench.write_docs([_trm_row(columns, "att", "float32", 64, float("nan"))], "cmd two", "", None,
+  bench_cli.write_docs(first, "cmd one", "header", None, path=path, **kw)
+  bench_cli.write_docs([_trm_row(columns, "att", "float32", 64, float("nan"))], "cmd two", "", None,
                        path=path, **kw)
   written, content = _table(path, name, writer)
-  printed = trm_bench.format_table(first, columns).splitlines()
+  printed = bench_cli.format_table(first, columns).splitlines()
   assert printed[2].split() == [written[0][c] for c in columns]       # the cells as printed
   assert written[0]["podlab_ms" if tool != "bench" else "step_ms"] == "12,346"
   assert written[1][columns[-1]] == "nan" and [r["run"] for r in written] == ["1", "2"]

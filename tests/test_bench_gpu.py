@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from experiments.trm.tools import bench
+from experiments.trm.tools import bench_cli
 from experiments.trm.tools import bench_gpu
 
 torch = pytest.importorskip("torch")
@@ -23,7 +23,7 @@ def rows():
 @pytest.mark.slow
 def test_the_table_has_every_column_and_a_row_per_cell(rows):
   assert [(r["cell"], r["batch"]) for r in rows] == [("TRM-MLP bf16", 4), ("GPT-2 124M bf16", 4)]
-  text = bench.format_table(rows, bench_gpu.COLUMNS)
+  text = bench_cli.format_table(rows, bench_gpu.COLUMNS)
   header = text.splitlines()[0].split()
   assert header == list(bench_gpu.COLUMNS)
   for r in rows:

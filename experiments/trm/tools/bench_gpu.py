@@ -72,8 +72,10 @@ from experiments.nanogpt import nanogpt_checkpoint  # noqa: E402
 from experiments.nanogpt import train as gpt_train  # noqa: E402
 from experiments.nanogpt.configs import gpt2_124m  # noqa: E402
 from experiments.trm import flops  # noqa: E402
-from experiments.trm.tools import bench  # noqa: E402
+from experiments.trm.tools import bench_cli  # noqa: E402
 from experiments.trm.tools import bench_reference  # noqa: E402
+from experiments.trm.tools import measure  # noqa: E402
+from experiments.trm.tools import step_setup  # noqa: E402
 from modules import gpt  # noqa: E402
 
 GB = 1e9
@@ -134,7 +136,7 @@ def _timed(one: Callable[[], float], steps: int, warmup: int, label: str) -> Dic
     t0 = time.perf_counter()
     one()
     times.append(time.perf_counter() - t0)
-  p = bench.percentiles_ms(times)
+  p = measure.percentiles_ms(times)
   _log(f"{label}: median {p['ms']:.2f} ms (p10 {p['p10']:.2f}, p90 {p['p90']:.2f})")
   return {**p, "loss0": loss0}
 
@@ -143,8 +145,9 @@ def _timed(one: Callable[[], float], steps: int, warmup: int, label: str) -> Dic
 # TRM.
 
 def _trm_config(model: str, batch: int, quick: bool):
-  return bench.recipe_config(model, "bfloat16", per_device_batch=batch // jax.local_device_count(),
-                             hidden=QUICK_TRM["hidden"] if quick else None)
+  return step_setup.recipe_config(model, "bfloat16",
+                                  per_device_batch=batch // jax.local_device_count(),
+                                  hidden=QUICK_TRM["hidden"] if quick else None)
 
 
 def trm_side(side: str, model: str, batch: int, *, steps: int, warmup: int,
@@ -153,7 +156,7 @@ def trm_side(side: str, model: str, batch: int, *, steps: int, warmup: int,
   config = _trm_config(model, batch, quick)
   label = f"TRM-{model} batch {batch} {side}"
   if side == "podlab":
-    setup = bench.compile_config_step(config)
+    setup = step_setup.compile_config_step(config)
     state, carry, b, di = setup.args
     setup.args = (None, None, b, di)                         # state and carry get donated
 
@@ -165,7 +168,7 @@ def trm_side(side: str, model: str, batch: int, *, steps: int, warmup: int,
     out["mem_GB"] = _jax_peak_gb()
   else:
     torch = _torch(quick)
-    setup = bench.compile_config_step(config, compile=False)   # podlab's initial weights and batch
+    setup = step_setup.compile_config_step(config, compile=False)   # podlab's first weights, batch
     device = _device(torch)
     if device != "cpu":
       torch.set_default_device(device)      # the reference's tensors on the GPU as it creates them
@@ -296,7 +299,7 @@ def run_side_subprocess(cell: str, side: str, batch: int, *, steps: int, warmup:
     cmd = [sys.executable, "-m", "experiments.trm.tools.bench_gpu", f"--side={side}",
            f"--cell={cell}", f"--batch={batch}", f"--steps={steps}", f"--warmup={warmup}",
            f"--row_out={out}"] + (["--quick"] if quick else [])
-    proc = subprocess.run(cmd, cwd=bench.REPO_ROOT, env=env, check=False)
+    proc = subprocess.run(cmd, cwd=bench_cli.REPO_ROOT, env=env, check=False)
     if proc.returncode != 0 or not os.path.exists(out):
       _log(f"{cell} batch {batch} {side}: the process failed (exit code {proc.returncode}); NaN")
       return {k: float("nan") for k in ("ms", "p10", "p90", "loss0", "mem_GB", "items", "flops")}
@@ -368,13 +371,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--row_out", default="", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.quick:
-    bench.quick_defaults(args, argv, trm_models=["mlp"], trm_batches=["4"], gpt_batch=4, steps=2,
-                         warmup=1)
+    bench_cli.quick_defaults(args, argv, trm_models=["mlp"], trm_batches=["4"], gpt_batch=4,
+                             steps=2, warmup=1)
   for c in args.cells:
     if c not in ("trm", "gpt"):
       ap.error(f"--cells: {c!r}; use trm and/or gpt")
   for m in args.trm_models:
-    if m not in bench.RECIPES:
+    if m not in step_setup.RECIPES:
       ap.error(f"--trm_models: {m!r}; use mlp and/or att")
   for b in args.trm_batches:
     if not b.isdigit() or int(b) <= 0:
@@ -415,7 +418,7 @@ def main(argv: Sequence[str]) -> int:
   print()
   print("podlab vs the references, bf16 training steps on one device (ref = torch.compile, the "
         "references' default; eager = without it)")
-  bench.print_table(header, rows, COLUMNS, args.json_out)
+  bench_cli.print_table(header, rows, COLUMNS, args.json_out)
   return 0
 
 
