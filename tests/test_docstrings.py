@@ -16,6 +16,8 @@ RUNNABLE = ["modules.layers", "modules.trm", "experiments.common.parallel",
             "input_pipeline.text", "experiments.nanogpt.sampling", "experiments.nanogpt.torch_rng",
             "experiments.diffucoder.sampling", "experiments.diffucoder.model_sharding",
             "experiments.common.safetensors_io", "experiments.diffucoder.convert",
+            "experiments.diffucoder.hf_layout", "experiments.diffucoder.random_checkpoint",
+            "experiments.diffucoder.orbax_params", "experiments.diffucoder.tools.bench_table",
             "experiments.common.lazy_import", "experiments.common.chips",
             "experiments.tools.gpu_measured", "experiments.tools.doc_tables",
             "experiments.diffucoder.sandbox", "experiments.diffucoder.code_eval"]
