@@ -181,7 +181,6 @@ class Pod(Connection, RemoteCommands, LocalState, Subcommands, Shipping, Start, 
         pass
 
 
-
 def main(argv):
   try:
     opts = Options(argv, __doc__)

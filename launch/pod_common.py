@@ -29,6 +29,7 @@ BAD_INPUT = re.compile(r"NOT_FOUND|was not found|PERMISSION_DENIED|INVALID_ARGUM
 CONNECTION_FAILED = re.compile(r"^##### Command execution on worker (\d+) failed with exit status")
 ALL = "all"
 
+
 class Exit(Exception):
   """Ends pod.sh with `code` (the message is printed already)."""
 

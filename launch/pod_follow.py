@@ -13,6 +13,7 @@ import time
 from pod_common import (CONNECTION_FAILED, FAILFAST_GRACE_S, GCLOUD, RECONNECT_DELAY_S,
                         SSH_TIMEOUT_S, emit, shell_rc, show, warn)
 
+
 def lost_reason(s):
   if s["state"] in ("prepared", "shipping"):
     return f"its run never started there (state {s['state']}): no process and no exit code"

@@ -11,6 +11,7 @@ import time
 from pod_common import (ALL, BAD_INPUT, CONNECT_TIMEOUT_S, Exit, FORMAT, GCLOUD, GCLOUD_RETRY_S,
                         GCLOUD_TRIES, KEEPALIVE_S, die, q, shell_rc, show, warn)
 
+
 class Gcloud:
   """Runs gcloud; every child is ended when pod.sh is interrupted or exits."""
 
@@ -66,7 +67,6 @@ def gcloud_config(key):
       lines = proc.stdout.strip().splitlines()
       return lines[-1] if lines else ""
   return ""
-
 
 
 class Connection:

@@ -87,7 +87,6 @@ def follow_mode(follow, numbered):
   return "wait" if not follow else ("numbered" if numbered else "prefix")
 
 
-
 def attach(args, i):
   opts = parse_opts(args, {"--run-id": 1, "--attempt": 1, "--from-line": 1, "--from": 1,
                            "--alive-every": 1, "--follow": 0, "--numbered": 0}, "attach")

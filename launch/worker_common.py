@@ -50,7 +50,6 @@ def worker_index():
   return m.group(1) if m else "0"
 
 
-
 def now_epoch():
   return f"{time.time():.6f}"
 
@@ -79,7 +78,6 @@ def parse_opts(args, spec, sub):
     else:
       raise Fail(f"{sub}: unknown option '{a}' (expected {', '.join(spec)})")
   return out
-
 
 
 # --------------------------------------------------------------------------------------------------

@@ -87,7 +87,6 @@ def supervise(args):
   return 0
 
 
-
 def run(args, i):
   spec = {"--run-id": 1, "--attempt": 1, "--claimed-at": 1, "--log-dir": 1, "--from-line": 1,
           "--from": 1, "--alive-every": 1, "--detach": 0, "--follow": 0, "--stream": 0,
