@@ -22,7 +22,7 @@ import ml_collections
 from experiments.common import errors
 from experiments.common import lazy_import
 from input_pipeline import sources
-from input_pipeline.puzzles import arc
+from input_pipeline.puzzles import arc_dataset
 from input_pipeline.puzzles import maze
 from input_pipeline.puzzles import sudoku
 
@@ -49,9 +49,9 @@ def _puzzle_ids_bound(config: ml_collections.ConfigDict) -> int:
         f"{ds.name} is not prepared in {ds.data_dir} and its puzzle-id count comes from the data",
         "prepare it first (python -m input_pipeline.prepare)")
   kwargs = ds.builder_kwargs
-  variant = arc.get_variant(kwargs.get("variant", "arc1"))
+  variant = arc_dataset.get_variant(kwargs.get("variant", "arc1"))
   if ds.manual_dir:
-    tasks = len(arc.load_variant(ds.manual_dir, variant))
+    tasks = len(arc_dataset.load_variant(ds.manual_dir, variant))
   else:
     tasks = sum(sources.CONCEPT_ARC_TASKS if name == "concept" else
                 len(sources.arc_package_set(name)[0]) for name in variant.sets)
