@@ -415,7 +415,7 @@ def test_group_sampling_takes_one_augmentation_per_task_and_resumes(tmp_path, ar
 def test_memory_light_loading_keeps_values_and_dtypes(tmp_path, small_manual_dir):
   """The ARC stream stores only the host's rows, as uint8, without copies; batches come back in the
   builder's dtypes with exactly the dataset's values; eval padding still fits -100 labels."""
-  from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
+  from input_pipeline import evaluation, pipeline  # pylint: disable=g-import-not-at-top
   builder = _prepare(tmp_path, small_manual_dir, variant="arc1", num_aug=3, seed=0)
   full = pipeline.load_split(builder, "train")
   assert full["inputs"].dtype == np.int32 and np.all(np.diff(full["index"]) > 0)
@@ -440,7 +440,7 @@ def test_memory_light_loading_keeps_values_and_dtypes(tmp_path, small_manual_dir
     rows = [by_index[int(i)] for i in batch["index"].reshape(-1)]
     for name in full:
       assert np.array_equal(batch[name].reshape((8,) + full[name].shape[1:]), full[name][rows])
-  ev = pipeline.create_eval_iterator(str(tmp_path), "arc_agi",
+  ev = evaluation.create_eval_iterator(str(tmp_path), "arc_agi",
                                      {"variant": "arc1", "num_aug": 3, "seed": 0},
                                      layout=layout_lib.of(64, devices_per_host=2))
   test = pipeline.load_split(builder, "test")

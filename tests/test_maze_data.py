@@ -22,6 +22,7 @@ from input_pipeline.puzzles import augment
 from input_pipeline.puzzles import maze
 from input_pipeline.puzzles import maze_csv
 from input_pipeline.puzzles import maze_generator
+from input_pipeline import data_source
 from input_pipeline import pipeline
 from input_pipeline import prepare
 from input_pipeline.builders import maze_generated
@@ -541,7 +542,7 @@ def test_data_source_reads_generated_mazes(tmp_path, gen_dir, maze_hook):
   del maze_hook
   config = {"name": "maze_generated", "data_dir": str(tmp_path), "builder_config": "",
             "builder_kwargs": GEN_KWARGS, "prepare_if_missing": True, "manual_dir": ""}
-  source = pipeline.DataSource.from_config(config, seed=0)
+  source = data_source.DataSource.from_config(config, seed=0)
   assert source.num_examples("train") == 24 and source.num_examples("test") == 8
   meta = source.metadata()
   assert meta["splits"] == {"train": 24, "test": 8}

@@ -16,7 +16,9 @@ import pytest
 
 from experiments.common import errors as config_errors
 from experiments.common import layout as layout_lib
+from input_pipeline import data_source
 from input_pipeline import datasets
+from input_pipeline import evaluation
 from input_pipeline import pipeline
 from input_pipeline import prepare
 from input_pipeline.puzzles import augment
@@ -541,10 +543,10 @@ def test_start_step_resumes_exactly(gen_dir):
 # Eval stream.
 
 
-def _eval(gen_dir: str, host: int, **kw) -> pipeline.EvalIterator:
+def _eval(gen_dir: str, host: int, **kw) -> evaluation.EvalIterator:
   args = dict(layout=layout_lib.of(8, devices_per_host=2, hosts=2, process_index=host))
   args.update(kw)
-  return pipeline.create_eval_iterator(gen_dir, "sudoku_generated", GEN_KWARGS, **args)
+  return evaluation.create_eval_iterator(gen_dir, "sudoku_generated", GEN_KWARGS, **args)
 
 
 def test_eval_padding_and_host_agreement(gen_dir):
@@ -578,12 +580,12 @@ def test_eval_subset(gen_dir):
   iters = [_eval(gen_dir, h, subset_size=7, subset_seed=1) for h in range(2)]
   assert [it.num_batches for it in iters] == [1, 1]  # ceil(7 / 2) = 4 rows per host, batch 4
   index = [np.concatenate([_flat(b, "index")[_flat(b, "mask")] for b in it]) for it in iters]
-  chosen = pipeline.eval_subset_indices(20, 7, 1)
+  chosen = evaluation.eval_subset_indices(20, 7, 1)
   assert sorted(np.concatenate(index).tolist()) == chosen.tolist()
   assert not set(index[0].tolist()) & set(index[1].tolist())
   again = _eval(gen_dir, 0, subset_size=7, subset_seed=1)
   assert [b["index"].tolist() for b in again] == [b["index"].tolist() for b in iters[0]]
-  other = pipeline.eval_subset_indices(20, 7, 2)
+  other = evaluation.eval_subset_indices(20, 7, 2)
   assert not np.array_equal(chosen, other)
   assert iters[0].num_examples == 7
 
@@ -591,7 +593,7 @@ def test_eval_subset(gen_dir):
 def test_data_source(gen_dir, tmp_path):
   config = {"name": "sudoku_generated", "data_dir": str(tmp_path), "builder_config": "",
             "builder_kwargs": GEN_KWARGS, "prepare_if_missing": True, "manual_dir": ""}
-  source = pipeline.DataSource.from_config(config, seed=0)
+  source = data_source.DataSource.from_config(config, seed=0)
   assert source.num_examples("train") == 64 and source.num_examples("test") == 20
   meta = source.metadata()
   assert meta["splits"] == {"train": 64, "test": 20} and meta["vocab_size"] == 11
@@ -604,4 +606,4 @@ def test_data_source(gen_dir, tmp_path):
   assert full.num_examples == 20 and full is source.eval_batches("test", layout=layout,
                                                                  subset_size=None)
   with pytest.raises(ValueError, match="unknown builder kwargs"):
-    pipeline.DataSource.from_config(dict(config, builder_kwargs={"subsample_size": 3}), seed=0)
+    data_source.DataSource.from_config(dict(config, builder_kwargs={"subsample_size": 3}), seed=0)

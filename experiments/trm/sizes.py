@@ -26,7 +26,7 @@ from input_pipeline.puzzles import arc_dataset
 from input_pipeline.puzzles import maze
 from input_pipeline.puzzles import sudoku
 
-pipeline = lazy_import.module("input_pipeline.pipeline")
+data_source = lazy_import.module("input_pipeline.data_source")
 
 
 def epoch_examples(metadata: Dict[str, Any], num_train_rows: int) -> int:
@@ -66,7 +66,7 @@ _FORMAT_METADATA = {"sudoku_generated": sudoku.METADATA, "sudoku_extreme": sudok
 def _metadata(config: ml_collections.ConfigDict) -> Dict[str, Any]:
   ds = config.dataset
   try:
-    meta = dict(pipeline.dataset_metadata(ds))
+    meta = dict(data_source.dataset_metadata(ds))
   except ModuleNotFoundError as e:       # no TFDS (an accelerator image): nothing is prepared here
     if e.name not in ("tensorflow_datasets", "tensorflow") or ds.name not in _FORMAT_METADATA:
       raise
