@@ -8,7 +8,7 @@ global batches from a fixed numpy seed and takes its own devices' rows: with D d
 b = 8 / D rows per device, global device d = process * local + i gets rows [d * b, (d + 1) * b).
 
 Evaluation is the trainer's path end to end: a `sudoku_generated` test split of EVAL_SIZE = 13
-examples (not a multiple of the global batch) prepared by `pipeline.DataSource.from_config` (each
+examples (not a multiple of the global batch) prepared by `data_source.DataSource.from_config` (each
 process in its own data dir OUT_PATH.tfds<process>; the dataset is a pure function of its config),
 this host's padded and masked batches from `DataSource.eval_batches` (= `create_eval_iterator`: the
 split is cut per host by `tfds.split_for_jax_process`), `evaluators.make_eval_step` pmapped as in
@@ -58,6 +58,7 @@ from experiments.trm import evaluators  # noqa: E402
 from experiments.trm import train  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
 from input_pipeline import datasets  # noqa: E402
+from input_pipeline import data_source  # noqa: E402
 from input_pipeline import pipeline  # noqa: E402
 from modules import trm  # noqa: E402
 
@@ -174,7 +175,7 @@ def main() -> None:
     metrics.append({k: float(_first_local(v).reshape(-1)[0]) for k, v in sums.items()})
 
   # Evaluation as in train.train_and_evaluate's final run_eval (full test split).
-  source = pipeline.DataSource.from_config(c.dataset, seed=c.seed)
+  source = data_source.DataSource.from_config(c.dataset, seed=c.seed)
   eval_iter = source.eval_batches(c.dataset.test_split, layout=layout, subset_size=0)
   p_eval_step = parallel.compile_step(evaluators.make_eval_step(model, per_device, sharded=True),
                                    state_in=(0, 1), out_axes=0)

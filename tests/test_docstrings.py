@@ -7,7 +7,12 @@ import pytest
 
 RUNNABLE = ["modules.layers", "modules.trm", "experiments.common.parallel",
             "experiments.common.metrics", "experiments.trm.optim", "experiments.common.preemption",
-            "input_pipeline.puzzles.arc", "input_pipeline.puzzles.puzzle_csv", "experiments.trm.sharded_table",
+            "input_pipeline.puzzles.arc", "input_pipeline.puzzles.arc_files",
+            "input_pipeline.puzzles.arc_dataset", "input_pipeline.puzzles.sudoku",
+            "input_pipeline.puzzles.sudoku_generator", "input_pipeline.puzzles.sudoku_csv",
+            "input_pipeline.puzzles.maze", "input_pipeline.puzzles.maze_generator",
+            "input_pipeline.puzzles.maze_csv", "input_pipeline.puzzles.puzzle_csv",
+            "experiments.trm.sharded_table",
             "experiments.trm.losses", "modules.gpt", "modules.dream",
             "input_pipeline.text", "experiments.nanogpt.sampling", "experiments.nanogpt.torch_rng",
             "experiments.diffucoder.sampling", "experiments.diffucoder.model_sharding",

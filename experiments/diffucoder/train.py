@@ -53,7 +53,7 @@ from experiments.common import trainer
 from experiments.common import workdir as workdir_lib
 from experiments.diffucoder import convert
 from experiments.diffucoder.configs import shakespeare_mdm
-from input_pipeline import pipeline
+from input_pipeline import data_source
 from modules import dream
 
 PROGRESS = ("train/loss", "train/masked_ce", "train/lr")
@@ -157,9 +157,9 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
 # --------------------------------------------------------------------------------------------------
 # Data.
 
-def text_data(config: ml_collections.ConfigDict) -> pipeline.TextSplits:
+def text_data(config: ml_collections.ConfigDict) -> data_source.TextSplits:
   """This host's tokens of the dataset's train and val splits (the val split must hold a window)."""
-  data = pipeline.TextSplits(config.dataset, seed=config.seed)
+  data = data_source.TextSplits(config.dataset, seed=config.seed)
   n = len(data.tokens[data.val_split])
   if n <= config.seq_len:
     raise errors.ConfigError("seq_len", config.seq_len, f"the {data.val_split} split has only "
@@ -167,7 +167,7 @@ def text_data(config: ml_collections.ConfigDict) -> pipeline.TextSplits:
   return data
 
 
-def train_batches(data: pipeline.TextSplits, config: ml_collections.ConfigDict,
+def train_batches(data: data_source.TextSplits, config: ml_collections.ConfigDict,
                   layout: layout_lib.BatchLayout, start_step: int):
   """{"tokens": [local devices, accum, per-device batch, L] int32} per update (random windows,
   a pure function of (seed, host, step): resuming at start_step continues the same stream)."""
@@ -325,7 +325,7 @@ class MaskedDiffusion(experiment.Experiment):
     validate_config(config)
 
   def prepare(self, config: ml_collections.ConfigDict) -> None:
-    pipeline.DataSource.from_config(config.dataset, seed=config.seed)   # prepares when asked
+    data_source.DataSource.from_config(config.dataset, seed=config.seed)   # prepares when asked
 
   def model_axis_spec(self, config: ml_collections.ConfigDict):
     """Dream's Megatron split (`dream.param_partition_spec`) over `parallel.MODEL_AXIS` for
@@ -347,7 +347,7 @@ class MaskedDiffusion(experiment.Experiment):
   def build(self, config: ml_collections.ConfigDict,
             layout: layout_lib.BatchLayout) -> experiment.Build:
     model, L = model_config(config), int(config.seq_len)
-    vocab = int(pipeline.dataset_metadata(config.dataset).get("vocab_size") or 0)
+    vocab = int(data_source.dataset_metadata(config.dataset).get("vocab_size") or 0)
     if vocab and config.mask_id < vocab:
       raise errors.ConfigError(
           "mask_id", config.mask_id, f"is an id of the data ({config.dataset.name} uses ids "

@@ -48,7 +48,7 @@ def measure() -> list[tuple[str, str]]:
   """Rows (name, value) of the report."""
   # Imported here so that "RSS before loading" is measured before TensorFlow and the dataset load.
   from experiments.common import layout as layout_lib  # pylint: disable=g-import-not-at-top
-  from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
+  from input_pipeline import data_source  # pylint: disable=g-import-not-at-top
   kwargs = json.loads(_KWARGS.value)
   rows = [("dataset", f"{_DATASET.value} {kwargs}"),
           ("host", f"{_PROCESS_INDEX.value} of {_PROCESS_COUNT.value}, "
@@ -56,8 +56,8 @@ def measure() -> list[tuple[str, str]]:
           ("RSS before loading", f"{_rss_gb():.2f} GB")]
   layout = layout_lib.of(_BATCH.value, devices_per_host=_DEVICES.value, hosts=_PROCESS_COUNT.value,
                          process_index=_PROCESS_INDEX.value)     # the trainers' batch figures
-  source = pipeline.DataSource(name=_DATASET.value, data_dir=_DATA_DIR.value,
-                               builder_kwargs=kwargs, seed=0, group_sampling=_GROUP.value)
+  source = data_source.DataSource(name=_DATASET.value, data_dir=_DATA_DIR.value,
+                                  builder_kwargs=kwargs, seed=0, group_sampling=_GROUP.value)
   group = _GROUP.value and "train_groups" in source.metadata()
   t0 = time.perf_counter()
   it = source.train_iterator(layout=layout)
