@@ -458,9 +458,6 @@ KNOWN_VIOLATIONS: Dict[Tuple[str, str], str] = {
         "the stream benchmark sizes its batches with experiments.common.layout.BatchLayout",
     ("experiments", "experiments/trm/tools/bench_gpu.py"):
         "the GPU bench times nanoGPT's GPT-2 124M step beside TRM's, importing experiments.nanogpt",
-    ("step loads no data library", "experiments/diffucoder/train.py"):
-        "imports input_pipeline.pipeline at the top (TensorFlow and TFDS load with it), not "
-        "through lazy_import.module as nanoGPT's and TRM's train modules do",
 }
 
 
