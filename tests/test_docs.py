@@ -453,10 +453,7 @@ DATA_LIBRARIES = ("tensorflow", "tensorflow_datasets", "clu")
 EXPERIMENT_SHARED = ("common", "tools")
 # Rules the code breaks today: (rule, importing file) -> why. The test fails when one is fixed, so
 # the entry goes with the violation.
-KNOWN_VIOLATIONS: Dict[Tuple[str, str], str] = {
-    ("experiments", "experiments/trm/tools/bench_gpu.py"):
-        "the GPU bench times nanoGPT's GPT-2 124M step beside TRM's, importing experiments.nanogpt",
-}
+KNOWN_VIOLATIONS: Dict[Tuple[str, str], str] = {}
 
 
 @functools.lru_cache(maxsize=None)

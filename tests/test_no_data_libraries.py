@@ -35,7 +35,7 @@ setup = bench.compile_step("mlp", "bfloat16", 2, hidden=32)
 state, carry, batch, index = setup.args
 state, carry, sums = setup.compiled(state, carry, batch, index)
 loss = float(np.ravel(np.asarray(jax.device_get(sums["lm_loss"])))[0])
-from experiments.trm.tools import bench_gpu            # noqa: F401
+from experiments.tools import bench_gpu                # noqa: F401
 from experiments.trm.tools import bench_reference      # noqa: F401
 from experiments.trm.tools import profile_step         # noqa: F401
 from experiments.nanogpt import train as gpt_train     # noqa: F401
