@@ -25,7 +25,7 @@ while the split is read, stored in the narrowest integer dtype (tokens uint8, la
 order with a (puzzle, index) permutation instead of a sorted copy, and gathered per batch (cast back
 to the builder's dtypes). arc1 with 1000 augmentations (3.6M rows x 2 x 900 tokens, 26 GB as int32)
 is 6.5 GB on a single host and 1/process_count of it per host of a pod
-(`python -m input_pipeline.tools.stream_bench` measures a host's stream: load time, ms/batch, memory).
+(`python -m experiments.tools.stream_bench` measures a host's stream: load time, ms/batch, memory).
 
 Sudoku augmentation (TF ops, one random group element per example, same map on inputs and labels):
 digit permutation (pad and blank fixed), transpose with p = 0.5, a permutation of the bands and of

@@ -19,6 +19,7 @@ RUNNABLE = ["modules.layers", "modules.trm", "experiments.common.parallel",
             "experiments.common.safetensors_io", "experiments.diffucoder.convert",
             "experiments.common.lazy_import", "experiments.common.chips",
             "experiments.tools.gpu_measured", "experiments.tools.doc_tables",
+            "experiments.tools.step_timing",
             "experiments.diffucoder.sandbox", "experiments.diffucoder.code_eval"]
 
 

@@ -46,6 +46,7 @@ import optax
 from experiments.common import errors
 from experiments.common import experiment
 from experiments.common import layout as layout_lib
+from experiments.common import lazy_import
 from experiments.common import metrics as metrics_lib
 from experiments.common import optim
 from experiments.common import parallel
@@ -53,8 +54,10 @@ from experiments.common import trainer
 from experiments.common import workdir as workdir_lib
 from experiments.diffucoder import convert
 from experiments.diffucoder.configs import shakespeare_mdm
-from input_pipeline import data_source
 from modules import dream
+
+# The data libraries (TensorFlow, TFDS) load where data is read, not with the step (lazy_import).
+data_source = lazy_import.module("input_pipeline.data_source")
 
 PROGRESS = ("train/loss", "train/masked_ce", "train/lr")
 RUN_JSON = "mdm_run.json"

@@ -306,13 +306,6 @@ def _compile_config_step(config: ml_collections.ConfigDict, compile: bool) -> St
                    slices=slices, forms=forms)
 
 
-def percentiles_ms(times_s: Sequence[float]) -> Dict[str, float]:
-  """Step times in seconds -> {"ms": median, "p10", "p90"} in milliseconds."""
-  ms = 1e3 * np.asarray(times_s)
-  return {"ms": float(np.median(ms)), "p10": float(np.percentile(ms, 10)),
-          "p90": float(np.percentile(ms, 90))}
-
-
 def quick_defaults(args: Any, argv: Sequence[str], **defaults: Any) -> None:
   """For a tool's `--quick` smoke run: sets each `defaults` attribute of the parsed `args` unless its
   flag (`--name`) was given on the command line `argv` (flags given explicitly still win)."""

@@ -1,14 +1,16 @@
 r"""Time and memory of one host's training stream (and eval batches) of a prepared dataset.
 
 Answers "does host h of an n-host job fit this dataset, and how fast does it feed?" before pod time:
-it builds the same iterators the trainers build (`DataSource`), for any (process_index,
-process_count) on this machine, and prints a table: seconds to the first batch (the load), ms per
-batch after it (median), and the process's resident memory after the load and at its peak.
+it builds the same iterators the trainers build (`DataSource`, sized by the trainers' BatchLayout of
+experiments/common/layout.py: hence a tool of experiments/, not of input_pipeline/), for any
+(process_index, process_count) on this machine, and prints a table: seconds to the first batch (the
+load), ms per batch after it (median), and the process's resident memory after the load and at its
+peak.
 
-  python -m input_pipeline.tools.stream_bench --dataset=arc_agi --data_dir=/tmp/arcfull \
+  python -m experiments.tools.stream_bench --dataset=arc_agi --data_dir=/tmp/arcfull \
       --builder_kwargs='{"variant": "arc1", "num_aug": 1000, "seed": 0}' --global_batch=768 \
       --process_count=8 --process_index=0 --local_device_count=4
-  python -m input_pipeline.tools.stream_bench --dataset=sudoku_generated --data_dir=/tmp/tfds \
+  python -m experiments.tools.stream_bench --dataset=sudoku_generated --data_dir=/tmp/tfds \
       --builder_kwargs='{"config": "easy"}' --global_batch=32 --batches=20
 """
 
