@@ -80,6 +80,7 @@ from experiments.common import distributed  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
 from experiments.common import parallel  # noqa: E402
 from experiments.tools import doc_tables  # noqa: E402
+from experiments.tools import step_timing  # noqa: E402
 from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm import reference_checkpoint  # noqa: E402
 from experiments.trm import train  # noqa: E402
@@ -269,7 +270,7 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
   nan = float("nan")
   row.update({f"ref_{k}": nan for k in ("ms", "p10", "p90", "ex_s", "heap_GB")})
   for name in runs:
-    p = measure.percentiles_ms(times[name])
+    p = step_timing.percentiles_ms(times[name])
     row.update({f"{name}_ms": p["ms"], f"{name}_p10": p["p10"], f"{name}_p90": p["p90"],
                 f"{name}_ex_s": setup.global_batch / (p["ms"] / 1e3),
                 f"{name}_heap_GB": heap[name].peak_gb})

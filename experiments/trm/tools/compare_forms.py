@@ -53,6 +53,7 @@ from experiments.common import cpu_features  # noqa: E402
 from experiments.common import distributed  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
 from experiments.common import layout as layout_lib  # noqa: E402
+from experiments.tools import step_timing  # noqa: E402
 from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
 from experiments.trm.tools import bench_cli  # noqa: E402
@@ -122,10 +123,10 @@ def compare(args: argparse.Namespace) -> List[Dict[str, Any]]:
     print(f"round {r + 1}/{args.rounds}: " + ", ".join(
         f"{f} {1e3 * rounds[f][-1]:,.0f} ms [{faults[f]:,}]" for f in args.forms), flush=True)
   first = args.forms[0]
-  base_ms = measure.percentiles_ms(times[first])["ms"]
+  base_ms = step_timing.percentiles_ms(times[first])["ms"]
   rows = []
   for forms in args.forms:
-    p = measure.percentiles_ms(times[forms])
+    p = step_timing.percentiles_ms(times[forms])
     won = sum(a < b for a, b in zip(rounds[forms], rounds[first]))
     rows.append({"forms": forms, **p, "vs_first": p["ms"] / base_ms - 1.0,
                  "won": None if forms == first else won, "rounds": args.rounds,

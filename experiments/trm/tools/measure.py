@@ -1,10 +1,10 @@
-"""What the TRM bench tools measure besides the step: matmul peak, memory, page faults, percentiles.
+"""What the TRM bench tools measure besides the step: matmul peak, memory, page faults.
 
 `matmul_peak_flops` is the roofline a row's FLOP/s is compared with (a jitted square `jnp.dot` of
 the row's dtype, timed in the same run); `reset_peak_rss` / `peak_rss_gb` give a row's own peak
 resident memory (VmHWM, reset through /proc/self/clear_refs; getrusage's ru_maxrss where that is
-unavailable); `minor_page_faults` counts fresh pages touched (a step that grew the heap);
-`percentiles_ms` summarizes step times.
+unavailable); `minor_page_faults` counts fresh pages touched (a step that grew the heap). Step
+times are summarized by experiments/tools/step_timing.py (`percentiles_ms`).
 
 Synopsis:
 
@@ -13,7 +13,6 @@ Synopsis:
   peak = measure.matmul_peak_flops("float32", size=256, reps=2)        # FLOP/s
   ok = measure.reset_peak_rss()
   print(peak / 1e9, measure.peak_rss_gb(ok), measure.minor_page_faults())
-  print(measure.percentiles_ms([0.010, 0.012, 0.011]))                # {"ms": 11.0, "p10", "p90"}
 """
 
 from __future__ import annotations
@@ -22,11 +21,10 @@ import resource
 import statistics
 import sys
 import time
-from typing import Dict, Optional, Sequence
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 GB = 1e9
 
@@ -88,11 +86,4 @@ def minor_page_faults() -> int:
 def process_maxrss_gb() -> float:
   scale = 1 if sys.platform == "darwin" else 1024      # bytes on macOS, KiB on Linux
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / GB
-
-
-def percentiles_ms(times_s: Sequence[float]) -> Dict[str, float]:
-  """Step times in seconds -> {"ms": median, "p10", "p90"} in milliseconds."""
-  ms = 1e3 * np.asarray(times_s)
-  return {"ms": float(np.median(ms)), "p10": float(np.percentile(ms, 10)),
-          "p90": float(np.percentile(ms, 90))}
 

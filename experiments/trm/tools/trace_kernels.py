@@ -12,7 +12,7 @@ Synopsis:
 
   assert trace_kernels.gemm_dtype("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n") == "bf16"
   kernels = [trace_kernels.Kernel("sm90_xmma_gemm_f32f32_tf32f32_f32", 0.0, 500.0, "/device:GPU:0",
-                                  "Stream #14", "dot.5")]
+                                  "Stream 14", "dot.5")]
   rows, totals = trace_kernels.kernel_table(kernels, steps=1)
   print(trace_kernels.format_kernels(rows, totals))
 """
