@@ -53,6 +53,8 @@ from experiments.common import parallel
 from experiments.common import trainer
 from experiments.common import workdir as workdir_lib
 from experiments.diffucoder import convert
+from experiments.diffucoder import hf_layout
+from experiments.diffucoder import orbax_params
 from experiments.diffucoder.configs import shakespeare_mdm
 from modules import dream
 
@@ -313,7 +315,8 @@ def final_table(final: Any, history: Any) -> str:
 def is_dream_folder(path: str) -> bool:
   """A Hugging Face Dream folder (safetensors) or a converted orbax folder (dream_config.json)."""
   return bool(path) and os.path.isdir(path) and (
-      convert.is_hf_dir(path) or os.path.isfile(os.path.join(path, convert.PODLAB_CONFIG_JSON)))
+      convert.is_hf_dir(path)
+      or os.path.isfile(os.path.join(path, orbax_params.PODLAB_CONFIG_JSON)))
 
 
 class MaskedDiffusion(experiment.Experiment):
@@ -407,7 +410,7 @@ class MaskedDiffusion(experiment.Experiment):
           "model.safetensors[.index.json] or dream_config.json there)",
           "pass a podlab workdir, a Hugging Face Dream folder or the --out folder of `python -m "
           "experiments.diffucoder.convert`")
-    hf_json = os.path.join(path, convert.CONFIG_JSON)
+    hf_json = os.path.join(path, hf_layout.CONFIG_JSON)
     if convert.is_hf_dir(path) and os.path.isfile(hf_json):
       with open(hf_json, encoding="utf-8") as f:
         theirs = json.load(f).get("mask_token_id")

@@ -62,7 +62,7 @@ from experiments.common import mfu  # noqa: E402
 from experiments.nanogpt.tools import bench_gpu as gpt_cells  # noqa: E402
 from experiments.tools import doc_tables  # noqa: E402
 from experiments.tools import step_timing  # noqa: E402
-from experiments.trm.tools import bench as trm_bench  # noqa: E402
+from experiments.trm.tools import bench_cli  # noqa: E402
 from experiments.trm.tools import bench_gpu as trm_cells  # noqa: E402
 
 SIDES = ("podlab", "ref", "eager")
@@ -171,7 +171,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--row_out", default="", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.quick:
-    trm_bench.quick_defaults(args, argv, trm_models=["mlp"], trm_batches=["4"], gpt_batch=4,
+    bench_cli.quick_defaults(args, argv, trm_models=["mlp"], trm_batches=["4"], gpt_batch=4,
                              steps=2, warmup=1)
   for c in args.cells:
     if c not in ("trm", "gpt"):
@@ -220,7 +220,7 @@ def main(argv: Sequence[str]) -> int:
   print()
   print("podlab vs the references, bf16 training steps on one device (ref = torch.compile, the "
         "references' default; eager = without it)")
-  trm_bench.print_table(header, rows, COLUMNS, args.json_out)
+  bench_cli.print_table(header, rows, COLUMNS, args.json_out)
   return 0
 
 

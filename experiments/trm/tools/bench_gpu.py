@@ -1,7 +1,7 @@
 """TRM's cells of `make bench-gpu` (experiments/tools/bench_gpu.py): one side of a TRM-MLP or
 TRM-Att training step at a batch, podlab's or the reference's, timed on this process's device.
 
-podlab: the trainer's real pmapped step of the Sudoku recipe (bench.py `compile_config_step`).
+podlab: the trainer's real pmapped step of the Sudoku recipe (step_setup.py `compile_config_step`).
 Reference: tests/torch_trm_reference.py `TrainStep` (the reference's model, ACT training wrapper,
 loss, AdamATan2, SignSGD, EMA; checked step for step against podlab by
 tests/test_trm_reference_step.py) with podlab's initial weights and batch (bench_reference.py
@@ -19,18 +19,19 @@ import jax
 
 from experiments.tools import step_timing
 from experiments.trm import flops
-from experiments.trm.tools import bench
 from experiments.trm.tools import bench_reference
+from experiments.trm.tools import step_setup
 
-MODELS = tuple(bench.RECIPES)
+MODELS = tuple(step_setup.RECIPES)
 """The recipes a cell may name: "mlp", "att"."""
 QUICK_TRM = dict(hidden=32)
 """`--quick`'s model size (the smoke run's)."""
 
 
 def _trm_config(model: str, batch: int, quick: bool):
-  return bench.recipe_config(model, "bfloat16", per_device_batch=batch // jax.local_device_count(),
-                             hidden=QUICK_TRM["hidden"] if quick else None)
+  return step_setup.recipe_config(model, "bfloat16",
+                                  per_device_batch=batch // jax.local_device_count(),
+                                  hidden=QUICK_TRM["hidden"] if quick else None)
 
 
 def trm_side(side: str, model: str, batch: int, *, steps: int, warmup: int,
@@ -39,7 +40,7 @@ def trm_side(side: str, model: str, batch: int, *, steps: int, warmup: int,
   config = _trm_config(model, batch, quick)
   label = f"TRM-{model} batch {batch} {side}"
   if side == "podlab":
-    setup = bench.compile_config_step(config)
+    setup = step_setup.compile_config_step(config)
     state, carry, b, di = setup.args
     setup.args = (None, None, b, di)                         # state and carry get donated
 
@@ -51,7 +52,7 @@ def trm_side(side: str, model: str, batch: int, *, steps: int, warmup: int,
     out["mem_GB"] = step_timing.jax_peak_gb()
   else:
     torch = step_timing.import_torch(quick)
-    setup = bench.compile_config_step(config, compile=False)   # podlab's initial weights and batch
+    setup = step_setup.compile_config_step(config, compile=False)   # podlab's first weights, batch
     device = step_timing.torch_device(torch)
     if device != "cpu":
       torch.set_default_device(device)      # the reference's tensors on the GPU as it creates them

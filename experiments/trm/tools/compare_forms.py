@@ -56,7 +56,9 @@ from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.tools import step_timing  # noqa: E402
 from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
-from experiments.trm.tools import bench  # noqa: E402
+from experiments.trm.tools import bench_cli  # noqa: E402
+from experiments.trm.tools import measure  # noqa: E402
+from experiments.trm.tools import step_setup  # noqa: E402
 
 
 def split_variant(variant: str) -> Tuple[str, int]:
@@ -71,17 +73,17 @@ def split_variant(variant: str) -> Tuple[str, int]:
   return forms, int(value)
 
 
-def _setup(args: argparse.Namespace, variant: str) -> bench.StepSetup:
+def _setup(args: argparse.Namespace, variant: str) -> step_setup.StepSetup:
   forms, slices = split_variant(variant)
   if args.model == "demo":
     config = cpu_demo.get_config()
     if args.batch:
       layout_lib.set_batch(config, args.batch)
   else:
-    config = bench.recipe_config(args.model, args.dtype, hidden=args.hidden or None,
-                                 per_device_batch=args.batch or 64)
+    config = step_setup.recipe_config(args.model, args.dtype, hidden=args.hidden or None,
+                                      per_device_batch=args.batch or 64)
   config.batch_slices = slices
-  return bench.compile_config_step(config, forms=forms)
+  return step_setup.compile_config_step(config, forms=forms)
 
 
 def compare(args: argparse.Namespace) -> List[Dict[str, Any]]:
@@ -109,12 +111,12 @@ def compare(args: argparse.Namespace) -> List[Dict[str, Any]]:
   for r in range(args.rounds):
     for forms in setups:
       step(forms)                                         # untimed
-      these, f0 = [], bench.minor_page_faults()
+      these, f0 = [], measure.minor_page_faults()
       for _ in range(args.per_round):
         t0 = time.perf_counter()
         sums = step(forms)
         these.append(time.perf_counter() - t0)
-      faults[forms] = bench.minor_page_faults() - f0
+      faults[forms] = measure.minor_page_faults() - f0
       times[forms] += these
       rounds[forms].append(float(np.median(these)))
       loss[forms] = float(np.asarray(sums["lm_loss"]).ravel()[0])
@@ -162,7 +164,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                   help="smoke run: hidden 32, batch 4, 2 rounds (flags given explicitly still win)")
   args = ap.parse_args(argv)
   if args.quick:
-    bench.quick_defaults(args, argv, hidden=32, batch=4, rounds=2, warmup=0)
+    bench_cli.quick_defaults(args, argv, hidden=32, batch=4, rounds=2, warmup=0)
   args.forms = args.forms or ["all", "none"]
   for variant in args.forms:
     try:
