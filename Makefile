@@ -72,10 +72,10 @@ BENCH_GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 # podlab's bf16 steps beside the references' on one CUDA GPU: TRM-MLP/Att at batch 768 and 256 (the
 # reference under torch.compile, and eager) and GPT-2 124M beside nanoGPT (compile=True): ms/step,
 # p10-p90, items/s, TFLOP/s, MFU, peak device memory, podlab/reference. No venv needed: on a GPU
-# image run experiments/trm/tools/gpu_wheels.sh's two commands (python3 with PYTHONPATH set).
+# image run experiments/tools/gpu_wheels.sh's two commands (python3 with PYTHONPATH set).
 # BENCH_GPU_ARGS=--quick: a smoke run at tiny sizes (also on a CPU).
 bench-gpu:
-	$(BENCH_GPU_PY) -m experiments.trm.tools.bench_gpu $(BENCH_GPU_ARGS)
+	$(BENCH_GPU_PY) -m experiments.tools.bench_gpu $(BENCH_GPU_ARGS)
 
 FAULT_ARGS ?=
 # Fault injection: R trials of train -> SIGKILL (at a random step or during a checkpoint save) or

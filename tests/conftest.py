@@ -128,10 +128,12 @@ def write_kaggle_set():
 # worker 1 on the second half, and whichever runs out takes tests from the end of the other's queue
 # (where the short ones are), so the two finish close together. A test is never moved once it runs,
 # so the order is what keeps a long test from starting last. The order of the tests within a file
-# and of the other files is unchanged.
-LONG_FIRST = ("test_launch.py", "test_arc_train.py", "test_multiprocess_train.py",
-              "test_init_from.py", "test_entry.py", "test_faults.py", "test_trm_model.py",
-              "test_trm_train.py", "test_diffucoder_generate.py", "test_dry_run.py")
+# and of the other files is unchanged. test_tpu_memory.py holds only a slow test, `make test-slow`'s
+# longest (~10-15 min, its TPU compiles one after another): first, so that it never starts last.
+LONG_FIRST = ("test_tpu_memory.py", "test_launch.py", "test_arc_train.py",
+              "test_multiprocess_train.py", "test_init_from.py", "test_entry.py", "test_faults.py",
+              "test_trm_model.py", "test_trm_train.py", "test_diffucoder_generate.py",
+              "test_dry_run.py")
 
 
 def pytest_collection_modifyitems(config, items):

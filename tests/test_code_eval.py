@@ -23,8 +23,8 @@ import pytest
 from experiments.common import config_utils
 from experiments.common import errors
 from experiments.diffucoder import code_eval
-from experiments.diffucoder import convert
 from experiments.diffucoder import generate
+from experiments.diffucoder import random_checkpoint
 from experiments.diffucoder import sandbox
 from experiments.diffucoder import tokenizer as tokenizer_lib
 from experiments.diffucoder.configs import diffucoder_7b_instruct
@@ -277,8 +277,9 @@ def test_a_file_missing_samples_names_the_problem(tmp_path):
 
 def _tiny_checkpoint(tmp_path, config):
   ckpt = str(tmp_path / "tiny_hf")
-  convert.write_random_checkpoint(ckpt, dream.DreamConfig.from_dict(config.model.to_dict()),
-                                  tokens=config.tokens.to_dict())
+  random_checkpoint.write_random_checkpoint(ckpt,
+                                            dream.DreamConfig.from_dict(config.model.to_dict()),
+                                            tokens=config.tokens.to_dict())
   config.checkpoint = ckpt
   generate.write_tiny_tokenizer(config)
   return config

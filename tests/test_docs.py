@@ -454,15 +454,7 @@ DATA_LIBRARIES = ("tensorflow", "tensorflow_datasets", "clu")
 EXPERIMENT_SHARED = ("common", "tools")
 # Rules the code breaks today: (rule, importing file) -> why. The test fails when one is fixed, so
 # the entry goes with the violation.
-KNOWN_VIOLATIONS: Dict[Tuple[str, str], str] = {
-    ("layers", "input_pipeline/tools/stream_bench.py"):
-        "the stream benchmark sizes its batches with experiments.common.layout.BatchLayout",
-    ("experiments", "experiments/trm/tools/bench_gpu.py"):
-        "the GPU bench times nanoGPT's GPT-2 124M step beside TRM's, importing experiments.nanogpt",
-    ("step loads no data library", "experiments/diffucoder/train.py"):
-        "imports input_pipeline.pipeline at the top (TensorFlow and TFDS load with it), not "
-        "through lazy_import.module as nanoGPT's and TRM's train modules do",
-}
+KNOWN_VIOLATIONS: Dict[Tuple[str, str], str] = {}
 
 
 @functools.lru_cache(maxsize=None)

@@ -113,10 +113,12 @@ def run_program_checks(checks: Sequence[tpu_rows.ProgramCheck],
 
 
 def run_checks(checks: Sequence[tpu_rows.Check], log=print, loop_aware: bool = True,
-               breakdown: bool = False) -> List[tpu_report.Report]:
+               breakdown: bool = False,
+               programs: Optional[Sequence[str]] = None) -> List[tpu_report.Report]:
   """Compiles every check; returns the reports (names prefixed with the check's label).
   `loop_aware`: count loop trips (each loop body compiled too; the memory needs none of it);
-  `breakdown`: each report's bytes per operation."""
+  `breakdown`: each report's bytes per operation; `programs`: only those of each check's programs
+  (e.g. "train_step"; default: all)."""
   reports = []
   for check in checks:
     reason = check.skip()
@@ -128,7 +130,8 @@ def run_checks(checks: Sequence[tpu_rows.Check], log=print, loop_aware: bool = T
     target = tpu_target.parse_target(check.target or config.target)
     t0 = time.perf_counter()
     rows, steps = dry_run.compile_for_tpu(check.experiment(), config, target,   # its sharding
-                                          loop_aware=loop_aware, breakdown=breakdown)
+                                          only=programs, loop_aware=loop_aware,
+                                          breakdown=breakdown)
     for r in rows:
       r.name = f"{check.label}: {r.name}"
     reports.extend(rows)
