@@ -31,7 +31,7 @@ from experiments.common import console  # noqa: E402
 console.quiet_native_logs()     # before TensorFlow (imported by the trainers' modules) loads
 
 from experiments.diffucoder.tools import tpu_plan  # noqa: E402
-from experiments.tools import tpu  # noqa: E402
+from experiments.tools import tpu_target  # noqa: E402
 from experiments.tools import tpu_check  # noqa: E402
 
 
@@ -57,8 +57,8 @@ def compile_group(args) -> list:
     sampler, target, batch, model_parallel = rest
     label = sampling_label(sampler, target)
     t0 = time.perf_counter()
-    report = tpu_plan.compile_step(tpu.parse_target(target), int(batch), int(model_parallel),
-                                   sampler=sampler)
+    report = tpu_plan.compile_step(tpu_target.parse_target(target), int(batch),
+                                   int(model_parallel), sampler=sampler)
     report.name = f"{label}: {report.name}"
     report.compile_s = time.perf_counter() - t0
     return [report]
@@ -68,8 +68,8 @@ def compile_group(args) -> list:
 def main() -> None:
   console.quiet_libraries()
   try:
-    tpu.load_libtpu()
-  except tpu.LibtpuMissingError as e:      # the test skips
+    tpu_target.load_libtpu()
+  except tpu_target.LibtpuMissingError as e:      # the test skips
     print(f"LIBTPU_MISSING {e}", flush=True)
     return
   for r in compile_group(sys.argv[1:]):

@@ -99,10 +99,11 @@ def stand_in_concept_tasks() -> dict:
 def libtpu():
   """libtpu loaded, for the tests that compile for a TPU target on this CPU machine; they skip with
   one line where it cannot be loaded."""
-  from experiments.tools import tpu  # pylint: disable=g-import-not-at-top  (JAX loads after the flags above)
+  # JAX loads after the flags above.
+  from experiments.tools import tpu_target  # pylint: disable=g-import-not-at-top
   try:
-    return tpu.load_libtpu()
-  except tpu.LibtpuMissingError as e:
+    return tpu_target.load_libtpu()
+  except tpu_target.LibtpuMissingError as e:
     pytest.skip(f"the TPU compile tests need libtpu: {e}")
 
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments.tools import tpu
+from experiments.tools import tpu_target
 from experiments.trm.tools import step_setup
 from experiments.trm.tools import hlo_instructions
 from experiments.trm.tools import profile_step
@@ -29,7 +29,8 @@ pytestmark = pytest.mark.usefixtures("libtpu")      # tests/conftest.py
 
 def _summaries(fn, args):
   """(as lowered, TPU-optimized) summaries of `fn` pmapped over the target's one chip."""
-  lowered = tpu.lower_step(fn, tpu.parse_target(TARGET), args, state_in=(0,), out_axes=0)
+  lowered = tpu_target.lower_step(fn, tpu_target.parse_target(TARGET), args, state_in=(0,),
+                                  out_axes=0)
   return (hlo_instructions.hlo_summary(lowered.as_text("hlo", debug_info=True)),
           hlo_instructions.hlo_summary(lowered.compile().as_text()))
 

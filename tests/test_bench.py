@@ -12,8 +12,8 @@ import jax
 import numpy as np
 import pytest
 
+from experiments.tools import doc_tables
 from experiments.trm.tools import bench
-from experiments.trm.tools import bench_cli
 from experiments.trm.tools import measure
 from experiments.trm.tools import step_setup
 from modules import trm
@@ -79,7 +79,7 @@ def test_table_at_tiny_size():
   assert row["GFLOP_per_ex"] == pytest.approx(flops / 1e9)
   assert row["GFLOP_per_s"] == pytest.approx(flops * row["examples_per_s"] / 1e9)
   assert row["frac_peak"] == pytest.approx(row["GFLOP_per_s"] * 1e9 / peaks["float32"])
-  table = bench_cli.format_table(rows, bench.COLUMNS)
+  table = doc_tables.format_table(rows, bench.COLUMNS)
   header = table.splitlines()[0].split()
   assert header == list(bench.COLUMNS)
   for column in ("compile_s", "step_ms", "examples_per_s", "rss_peak_GB", "compiled_temp_GB",
@@ -122,7 +122,7 @@ def test_pipeline_throughput_tiny(tmp_path):
 
 def test_format_table_nan_and_bools():
   rows = [{"model": "att", "remat": True, "step_ms": float("nan"), "fits": "no"}]
-  text = bench_cli.format_table(rows, ("model", "remat", "step_ms", "fits"))
+  text = doc_tables.format_table(rows, ("model", "remat", "step_ms", "fits"))
   assert text.splitlines()[2].split() == ["att", "on", "nan", "no"]
   assert np.isnan(rows[0]["step_ms"])
 

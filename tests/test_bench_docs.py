@@ -115,7 +115,7 @@ def test_trm_tools_merge_rows_by_model_dtype_batch(tmp_path, tool):
   bench_cli.write_docs([_trm_row(columns, "att", "float32", 64, float("nan"))], "cmd two", "", None,
                        path=path, **kw)
   written, content = _table(path, name, writer)
-  printed = bench_cli.format_table(first, columns).splitlines()
+  printed = doc_tables.format_table(first, columns).splitlines()
   assert printed[2].split() == [written[0][c] for c in columns]       # the cells as printed
   assert written[0]["podlab_ms" if tool != "bench" else "step_ms"] == "12,346"
   assert written[1][columns[-1]] == "nan" and [r["run"] for r in written] == ["1", "2"]

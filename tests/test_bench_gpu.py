@@ -11,7 +11,7 @@ import pytest
 
 from experiments.nanogpt.tools import bench_gpu as gpt_cells
 from experiments.tools import bench_gpu
-from experiments.trm.tools import bench_cli
+from experiments.tools import doc_tables
 
 torch = pytest.importorskip("torch")
 
@@ -25,7 +25,7 @@ def rows():
 @pytest.mark.slow
 def test_the_table_has_every_column_and_a_row_per_cell(rows):
   assert [(r["cell"], r["batch"]) for r in rows] == [("TRM-MLP bf16", 4), ("GPT-2 124M bf16", 4)]
-  text = bench_cli.format_table(rows, bench_gpu.COLUMNS)
+  text = doc_tables.format_table(rows, bench_gpu.COLUMNS)
   header = text.splitlines()[0].split()
   assert header == list(bench_gpu.COLUMNS)
   for r in rows:

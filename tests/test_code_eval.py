@@ -29,7 +29,7 @@ from experiments.diffucoder import sandbox
 from experiments.diffucoder import tokenizer as tokenizer_lib
 from experiments.diffucoder.configs import diffucoder_7b_instruct
 from experiments.diffucoder.configs import tiny
-from experiments.tools import tpu
+from experiments.tools import tpu_target
 from modules import dream
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -324,8 +324,8 @@ def test_tiny_model_end_to_end_and_resumption(tmp_path, monkeypatch):
 
 def test_dry_run_compiles_the_generation_step_at_the_longest_prompt():
   try:
-    tpu.load_libtpu()
-  except tpu.LibtpuMissingError as e:
+    tpu_target.load_libtpu()
+  except tpu_target.LibtpuMissingError as e:
     pytest.skip(f"needs libtpu: {e}")
   config = tiny.get_config()
   problems = PROBLEMS[:3]

@@ -24,7 +24,9 @@ from experiments.diffucoder.tools import benchmark
 from experiments.diffucoder.tools import decodings
 from experiments.diffucoder.tools import step_speed
 from experiments.diffucoder.tools import tpu_plan
-from experiments.tools import tpu
+from experiments.tools import tpu_compile
+from experiments.tools import tpu_report
+from experiments.tools import tpu_target
 from modules import dream
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -318,20 +320,21 @@ def test_benchmark_tpu_dry_run_fix_names_its_flag_the_users_batch_and_a_thin_mar
   HBM figures are issue 49's)."""
   gib = 2 ** 30
   compiled = []
-  monkeypatch.setattr(tpu, "load_libtpu", lambda: "test")
+  monkeypatch.setattr(tpu_target, "load_libtpu", lambda: "test")
   monkeypatch.setattr(tpu_plan, "lower_step", lambda target, batch, m, *a, **k: (batch, m))
 
   def fake_report(program, *, target, name="program", **kw):
     batch, m = program
     compiled.append((batch, m))
     if m == 1:
-      return tpu.Report(name=name, target=target, libtpu_version="test", compiled=False,
-                        oom_need_bytes=int(14.35 * gib), compiler_message="RESOURCE_EXHAUSTED")
-    return tpu.Report(name=name, target=target, libtpu_version="test", compiled=True,
-                      argument_bytes=int(7.1 * gib), output_bytes=0, alias_bytes=0,
-                      temp_bytes=int(0.4 * gib), peak_bytes=int(7.35 * gib))
-  monkeypatch.setattr(tpu, "compile_report", fake_report)
-  with pytest.raises(tpu.DoesNotFitError) as e:
+      return tpu_report.Report(name=name, target=target, libtpu_version="test", compiled=False,
+                               oom_need_bytes=int(14.35 * gib),
+                               compiler_message="RESOURCE_EXHAUSTED")
+    return tpu_report.Report(name=name, target=target, libtpu_version="test", compiled=True,
+                             argument_bytes=int(7.1 * gib), output_bytes=0, alias_bytes=0,
+                             temp_bytes=int(0.4 * gib), peak_bytes=int(7.35 * gib))
+  monkeypatch.setattr(tpu_compile, "compile_report", fake_report)
+  with pytest.raises(tpu_report.DoesNotFitError) as e:
     benchmark.run_dry_tpu("v2-8", global_batch=8, canvas=512)
   assert compiled == [(8, 1), (8, 2)]
   assert str(e.value).endswith(
@@ -343,8 +346,8 @@ def test_benchmark_tpu_dry_run_is_generate_dry_runs_program():
   """`benchmark --dry_run --target=TPU` compiles through tpu_plan.dry_run (generate.py --dry_run's
   program): here the tiny model's step on a v5e-8 at model_parallel 2, 8 rows of 32 tokens."""
   try:
-    tpu.load_libtpu()
-  except tpu.LibtpuMissingError as e:
+    tpu_target.load_libtpu()
+  except tpu_target.LibtpuMissingError as e:
     pytest.skip(f"needs libtpu: {e}")
   opts = sampling.SamplerOptions(alg="entropy", temperature=0.4, top_p=0.95)
   text = benchmark.run_dry_tpu("v5e-8", dream.tiny_config(), global_batch=8, canvas=32,

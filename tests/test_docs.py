@@ -34,10 +34,10 @@ The docs' budget, and the rules they state:
 6. docs/architecture.md's import rules, parsed from its text, hold for the imports of every module
    of the layered packages (ast; `lazy_import.module` and `importlib.import_module` of a literal
    count as imports): the layers import one way (`modules/` <- `input_pipeline/` <- `experiments/`),
-   no experiment imports another (nor `common/` any), a run imports no tools module except through
-   `lazy_import` (the dry run), and the modules a training step needs load no TensorFlow, TFDS or
-   CLU at import. Rules the code breaks today are listed in KNOWN_VIOLATIONS with the reason; an
-   entry that no longer fails makes the test fail.
+   no experiment imports another (nor `common/` or `tools/` any), a run imports no tools module
+   except through `lazy_import` (the dry run), and the modules a training step needs load no
+   TensorFlow, TFDS or CLU at import. Rules the code breaks today are listed in KNOWN_VIOLATIONS
+   with the reason; an entry that no longer fails makes the test fail.
 
 Citations known to be stale are listed in KNOWN_STALE. Empty it once they are renamed; an entry
 that no longer fails makes the test fail, so the list cannot outlive its reason.
@@ -447,6 +447,7 @@ def test_budget_checks_catch_what_they_are_for():
 
 ARCHITECTURE = "docs/architecture.md"
 LAYERED = re.compile(r"`(\w+)/`")
+NO_EXPERIMENT = re.compile(r"\(nor ((?:`\w+/`(?:,| or| and)?\s*)+)any experiment")
 STEP_MODULES = re.compile(r"named at the top through\s+`lazy_import\.module\(\.\.\.\)`\s+by the"
                           r"\s+modules a\s+training step needs \(([^)]*)\)")
 DATA_LIBRARIES = ("tensorflow", "tensorflow_datasets", "clu")
@@ -506,14 +507,17 @@ def module_imports(path: pathlib.Path) -> Tuple[Tuple[str, int, str], ...]:
   return tuple(visit(tree, False))
 
 
-def architecture_rules() -> Tuple[List[str], bool, bool, List[str]]:
+def architecture_rules() -> Tuple[List[str], bool, List[str], bool, List[str]]:
   """What docs/architecture.md states: (the layers, lowest first; whether no experiment imports
-  another; whether a run imports no tools module; the files of the modules a training step needs,
+  another; the shared folders of experiments/ that import no experiment either (["common",
+  "tools"]); whether a run imports no tools module; the files of the modules a training step needs,
   which must load without TensorFlow, TFDS and CLU)."""
   text = (REPO_ROOT / ARCHITECTURE).read_text(encoding="utf-8")
   intro = re.sub(r"\s+", " ", text.split("\n\n", 2)[1])
   layers = [LAYERED.search(part).group(1) for part in intro.split(" <- ") if LAYERED.search(part)]
   flat = re.sub(r"\s+", " ", text)
+  shared = NO_EXPERIMENT.search(flat)
+  no_experiment = LAYERED.findall(shared.group(1)) if shared else []
   step = STEP_MODULES.search(flat)
   step_files: List[str] = []
   for name in (step.group(1).split(", ") if step else []):
@@ -522,8 +526,8 @@ def architecture_rules() -> Tuple[List[str], bool, bool, List[str]]:
                            for p in REPO_ROOT.glob("experiments/*/train.py"))
     else:
       step_files.append(f"experiments/common/{name}.py")
-  return (layers, "no experiment imports another" in flat, "a run imports no tools module" in flat,
-          step_files)
+  return (layers, "no experiment imports another" in flat, no_experiment,
+          "a run imports no tools module" in flat, step_files)
 
 
 def _loads_at_import(module: str, seen: Set[str]) -> Iterator[str]:
@@ -544,7 +548,7 @@ def _loads_at_import(module: str, seen: Set[str]) -> Iterator[str]:
 
 def architecture_violations() -> Dict[Tuple[str, str], List[str]]:
   """{(rule, importing file): [what breaks it]} over every module of the layered packages."""
-  layers, separate_experiments, tools_apart, step_files = architecture_rules()
+  layers, separate_experiments, no_experiment, tools_apart, step_files = architecture_rules()
   out: Dict[Tuple[str, str], List[str]] = {}
   for path in sorted(p for layer in layers for p in (REPO_ROOT / layer).rglob("*.py")):
     rel = path.relative_to(REPO_ROOT).as_posix()
@@ -554,9 +558,11 @@ def architecture_violations() -> Dict[Tuple[str, str], List[str]]:
       if tparts[0] in layers and layers.index(tparts[0]) > layers.index(folders[0]):
         out.setdefault(("layers", rel), []).append(f"line {line}: {target}")
       if (separate_experiments and folders[0] == tparts[0] == "experiments" and len(folders) > 1
-          and folders[1] != "tools" and len(tparts) > 1
-          and tparts[1] not in EXPERIMENT_SHARED + (folders[1],) and _module_path(target)):
-        # an experiment imports no other, and common/ (what every run needs) none at all
+          and (folders[1] not in EXPERIMENT_SHARED or folders[1] in no_experiment)
+          and len(tparts) > 1 and tparts[1] not in EXPERIMENT_SHARED + (folders[1],)
+          and _module_path(target)):
+        # an experiment imports no other, and common/ (what every run needs) and tools/ (the tools
+        # across experiments) none at all
         out.setdefault(("experiments", rel), []).append(f"line {line}: {target}")
       if (tools_apart and "tools" not in folders and "tools" in tparts[:-1] + tparts[-1:]
           and kind != "lazy" and tparts[0] in layers):
@@ -571,13 +577,47 @@ def architecture_violations() -> Dict[Tuple[str, str], List[str]]:
 
 
 def test_architecture_states_its_rules():
-  layers, separate_experiments, tools_apart, step_files = architecture_rules()
+  layers, separate_experiments, no_experiment, tools_apart, step_files = architecture_rules()
   assert layers == ["modules", "input_pipeline", "experiments"], layers
+  assert no_experiment == list(EXPERIMENT_SHARED), (
+      f"{ARCHITECTURE} no longer says that `common/` and `tools/` import no experiment: "
+      f"{no_experiment}")
   assert separate_experiments and tools_apart, (
       f"{ARCHITECTURE} no longer says 'no experiment imports another' and 'a run imports no tools "
       "module': update the rules here with the doc")
   assert "experiments/common/trainer.py" in step_files and all(
       (REPO_ROOT / f).is_file() for f in step_files), step_files
+
+
+def test_the_import_rules_catch_what_they_are_for(tmp_path, monkeypatch):
+  """On a tiny tree with this docs/architecture.md: experiments/tools/ importing an experiment,
+  an experiment importing another, and common/ importing one are each caught; an experiment
+  importing the shared tools/ is not."""
+  files = {"docs/architecture.md": (REPO_ROOT / ARCHITECTURE).read_text(encoding="utf-8"),
+           "modules/__init__.py": "", "input_pipeline/__init__.py": "",
+           "experiments/__init__.py": "", "experiments/tools/__init__.py": "",
+           "experiments/tools/shared.py": "",
+           "experiments/tools/rows.py": "from experiments.trm import train\n",
+           "experiments/common/__init__.py": "",
+           "experiments/common/run.py": "import experiments.trm.train\n",
+           "experiments/trm/__init__.py": "",
+           "experiments/trm/train.py": "from experiments.tools import shared\n",
+           "experiments/gpt/__init__.py": "",
+           "experiments/gpt/train.py": "from experiments.trm import train\n"}
+  for rel, text in files.items():
+    (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / rel).write_text(text, encoding="utf-8")
+  monkeypatch.setattr(sys.modules[__name__], "REPO_ROOT", tmp_path)
+  _module_path.cache_clear()
+  module_imports.cache_clear()
+  try:
+    found = architecture_violations()
+  finally:
+    _module_path.cache_clear()
+    module_imports.cache_clear()
+  assert sorted(k for k in found if k[0] == "experiments") == [
+      ("experiments", "experiments/common/run.py"), ("experiments", "experiments/gpt/train.py"),
+      ("experiments", "experiments/tools/rows.py")], found
 
 
 def test_imports_follow_the_architecture():

@@ -33,7 +33,7 @@ from experiments.diffucoder import random_checkpoint
 from experiments.diffucoder import sampling
 from experiments.diffucoder.configs import common
 from experiments.diffucoder.tools import tpu_plan
-from experiments.tools import tpu
+from experiments.tools import tpu_target
 from modules import dream
 
 CFG = dream.tiny_config(num_heads=16, num_kv_heads=8, dtype="float32", param_dtype="float32")
@@ -267,7 +267,7 @@ def test_tpu_compile_splits_the_weights_over_the_model_axis(libtpu):
   model_parallel 4 holds a quarter of the sharded weights plus the replicated norms per device."""
   cfg = dream.tiny_config(vocab_size=4096, hidden_size=256, intermediate_size=512, num_heads=8,
                           num_kv_heads=4)
-  target = tpu.parse_target("v4-8")
+  target = tpu_target.parse_target("v4-8")
   shapes = dream.param_shapes(cfg)
   total = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(shapes))
   norms = sum(a.size * a.dtype.itemsize for m, p in shapes.items() for a in p.values()

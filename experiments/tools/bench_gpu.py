@@ -46,6 +46,7 @@ Flags: --cells=trm,gpt  --trm_models=mlp,att  --trm_batches=768,256  --gpt_batch
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -59,11 +60,8 @@ import jax  # noqa: E402
 
 from experiments.common import distributed  # noqa: E402
 from experiments.common import mfu  # noqa: E402
-from experiments.nanogpt.tools import bench_gpu as gpt_cells  # noqa: E402
 from experiments.tools import doc_tables  # noqa: E402
 from experiments.tools import step_timing  # noqa: E402
-from experiments.trm.tools import bench_cli  # noqa: E402
-from experiments.trm.tools import bench_gpu as trm_cells  # noqa: E402
 
 SIDES = ("podlab", "ref", "eager")
 """podlab's step; the reference under torch.compile (its authors' default); the reference eager."""
@@ -72,6 +70,16 @@ COLUMNS = (("cell", "batch") + tuple(f"podlab_{c}" for c in _SIDE_COLUMNS)
            + tuple(f"ref_{c}" for c in _SIDE_COLUMNS)
            + ("eager_ms", "eager_mem_GB", "speed", "speed_eager", "loss0_podlab", "loss0_ref"))
 CELL_NAMES = {"trm:mlp": "TRM-MLP bf16", "trm:att": "TRM-Att bf16", "gpt": "GPT-2 124M bf16"}
+CELL_MODULES = {"trm": "experiments.trm.tools.bench_gpu",
+                "gpt": "experiments.nanogpt.tools.bench_gpu"}
+"""The registry of the experiments' cells (`--cells`): modules named by string and loaded by
+`cells`, TRM's with `trm_side` and `MODELS`, GPT-2's with `gpt_side`, so that experiments/tools/
+imports no experiment (as tpu_check.ROW_MODULES)."""
+
+
+def cells(name: str):
+  """The module of the experiment's cells `name` ("trm" or "gpt"; CELL_MODULES)."""
+  return importlib.import_module(CELL_MODULES[name])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -81,9 +89,9 @@ def run_side(cell: str, side: str, batch: int, *, steps: int, warmup: int,
              quick: bool) -> Dict[str, Any]:
   """`cell` is "trm:mlp", "trm:att" or "gpt"."""
   if cell == "gpt":
-    return gpt_cells.gpt_side(side, batch, steps=steps, warmup=warmup, quick=quick)
-  return trm_cells.trm_side(side, cell.split(":")[1], batch, steps=steps, warmup=warmup,
-                            quick=quick)
+    return cells("gpt").gpt_side(side, batch, steps=steps, warmup=warmup, quick=quick)
+  return cells("trm").trm_side(side, cell.split(":")[1], batch, steps=steps, warmup=warmup,
+                               quick=quick)
 
 
 def run_side_subprocess(cell: str, side: str, batch: int, *, steps: int, warmup: int,
@@ -171,13 +179,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   ap.add_argument("--row_out", default="", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.quick:
-    bench_cli.quick_defaults(args, argv, trm_models=["mlp"], trm_batches=["4"], gpt_batch=4,
-                             steps=2, warmup=1)
+    doc_tables.quick_defaults(args, argv, trm_models=["mlp"], trm_batches=["4"], gpt_batch=4,
+                              steps=2, warmup=1)
   for c in args.cells:
-    if c not in ("trm", "gpt"):
+    if c not in CELL_MODULES:
       ap.error(f"--cells: {c!r}; use trm and/or gpt")
   for m in args.trm_models:
-    if m not in trm_cells.MODELS:
+    if m not in cells("trm").MODELS:
       ap.error(f"--trm_models: {m!r}; use mlp and/or att")
   for b in args.trm_batches:
     if not b.isdigit() or int(b) <= 0:
@@ -220,7 +228,7 @@ def main(argv: Sequence[str]) -> int:
   print()
   print("podlab vs the references, bf16 training steps on one device (ref = torch.compile, the "
         "references' default; eager = without it)")
-  bench_cli.print_table(header, rows, COLUMNS, args.json_out)
+  doc_tables.print_table(header, rows, COLUMNS, args.json_out)
   return 0
 
 

@@ -110,7 +110,7 @@ from experiments.diffucoder.tools import decodings  # noqa: E402
 from experiments.diffucoder.tools import step_speed  # noqa: E402
 from experiments.diffucoder.tools import tpu_plan  # noqa: E402
 from experiments.tools import doc_tables  # noqa: E402
-from experiments.tools import tpu  # noqa: E402
+from experiments.tools import tpu_target  # noqa: E402
 from modules import dream  # noqa: E402
 
 
@@ -378,7 +378,7 @@ def run_dry_tpu(target_name: str, config: dream.DreamConfig = dream.DIFFUCODER_7
   """Mode 3 with --target=TPU: the plain step of `config` (global_batch rows of `canvas` tokens,
   the first prompt_fraction of them the prompt, `opts`' sampler with steps = new tokens) compiled
   for the slice by libtpu, through `tpu_plan.dry_run` (generate.py --dry_run's program and table)."""
-  target = tpu.parse_target(target_name)
+  target = tpu_target.parse_target(target_name)
   m = int(model_parallel)
   groups = target.num_devices // m if m >= 1 and target.num_devices % m == 0 else 0
   if groups and global_batch % groups:

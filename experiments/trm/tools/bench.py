@@ -63,8 +63,8 @@ Flags: --models=mlp,att  --dtypes=bfloat16,float32  --batches=64,max  --steps=3 
 Functions (tests call them at tiny sizes): `analytic_flops`, `xla_net_call_flops`, `find_max_batch`,
 `bench_row`, `run_benchmark`, `pipeline_throughput`. The step they time is built by
 experiments/trm/tools/step_setup.py (`recipe_config`, `trm_config`, `compile_step`), the matmul peak
-and memory are measured by measure.py, and the table is printed by bench_cli.py (`format_table`,
-`write_docs`).
+and memory are measured by measure.py, and the table is printed by experiments/tools/doc_tables.py
+(`format_table`) and merged into the docs by bench_cli.py (`write_docs`).
 """
 
 from __future__ import annotations
@@ -405,11 +405,11 @@ def main(argv: Sequence[str]) -> None:
   title = (f"TRM training-step benchmark (Sudoku recipes; {jax.local_device_count()} x "
            f"{jax.devices()[0].device_kind}; timings are medians of {steps} step(s) within this run)")
   print(title)
-  print(bench_cli.format_table(rows, COLUMNS))
+  print(doc_tables.format_table(rows, COLUMNS))
   if search:
     print(f"\nMax-batch search (compile-only memory_analysis, limit {f.memory_limit_gb} GB on "
           "temp + argument bytes per device):")
-    print(bench_cli.format_table(search, SEARCH_COLUMNS))
+    print(doc_tables.format_table(search, SEARCH_COLUMNS))
   print("\nMatmul peak measured in this run: " + ", ".join(
       f"{d} {p / 1e9:.1f} GFLOP/s" for d, p in peaks.items()) + f" ({matmul_size}^3)")
   print("Analytic FLOPs per example per optimizer step (model FLOPs, matmuls only):")

@@ -388,7 +388,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   if args.write_docs and (args.quick or args.hidden or args.rates_only):
     ap.error("--write_docs records the recipes' table: drop --quick, --hidden and --rates_only")
   if args.quick:
-    bench_cli.quick_defaults(args, argv, hidden=32, batches=["4"], steps=2, models=["mlp"],
+    doc_tables.quick_defaults(args, argv, hidden=32, batches=["4"], steps=2, models=["mlp"],
                              dtypes=["float32"], warmup=1)
   for m in args.models:
     if m not in step_setup.RECIPES:
@@ -444,7 +444,7 @@ def main(argv: Sequence[str]) -> int:
         f"of {args.block} step(s) each after {args.warmup} untimed step(s) of each")
   forms = ("podlab CPU forms (--forms): "
            f"{'off (cpu_tuning False)' if args.no_fast_grad else args.forms}")
-  bench_cli.print_table(header + [forms], rows, COLUMNS, args.json_out)
+  doc_tables.print_table(header + [forms], rows, COLUMNS, args.json_out)
   if args.write_docs:
     bench_cli.write_docs(rows,
                          doc_tables.command_line("experiments.trm.tools.bench_reference", argv),

@@ -53,10 +53,10 @@ from experiments.common import cpu_features  # noqa: E402
 from experiments.common import distributed  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
 from experiments.common import layout as layout_lib  # noqa: E402
+from experiments.tools import doc_tables  # noqa: E402
 from experiments.tools import step_timing  # noqa: E402
 from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
-from experiments.trm.tools import bench_cli  # noqa: E402
 from experiments.trm.tools import measure  # noqa: E402
 from experiments.trm.tools import step_setup  # noqa: E402
 
@@ -164,7 +164,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                   help="smoke run: hidden 32, batch 4, 2 rounds (flags given explicitly still win)")
   args = ap.parse_args(argv)
   if args.quick:
-    bench_cli.quick_defaults(args, argv, hidden=32, batch=4, rounds=2, warmup=0)
+    doc_tables.quick_defaults(args, argv, hidden=32, batch=4, rounds=2, warmup=0)
   args.forms = args.forms or ["all", "none"]
   for variant in args.forms:
     try:

@@ -92,7 +92,7 @@ from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.common import trainer  # noqa: E402
 from experiments.tools import dry_run  # noqa: E402
 from experiments.tools import hlo_bytes  # noqa: E402
-from experiments.tools import tpu  # noqa: E402
+from experiments.tools import tpu_target  # noqa: E402
 from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm import train  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
@@ -106,7 +106,7 @@ from experiments.trm.tools import trace_ops  # noqa: E402
 def tpu_train_step(config: ml_collections.ConfigDict, target_name: str):
   """(lowered, compiled) of the trainer's training step of a TRM `config` for a TPU slice, compiled
   by libtpu on this machine as `--dry_run --target=...` does (experiments/tools/dry_run.py)."""
-  target = tpu.parse_target(target_name)
+  target = tpu_target.parse_target(target_name)
   layout = dry_run.tpu_layout(train.TRM(), config, target)
   trainer.check_config(train.TRM(), config)
   b = train.TRM().build(config, layout)
@@ -184,8 +184,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
              "use --model=mlp or --model=att for bfloat16")
   if args.steps < 1:
     ap.error(f"--steps={args.steps}: trace at least one step")
-  if args.tpu and args.tpu not in tpu.valid_target_names():
-    ap.error(f"--tpu={args.tpu}: not a TPU type; use one of {', '.join(tpu.valid_target_names())}")
+  if args.tpu and args.tpu not in tpu_target.valid_target_names():
+    ap.error(f"--tpu={args.tpu}: not a TPU type; use one of "
+             f"{', '.join(tpu_target.valid_target_names())}")
   if args.trace and not os.path.exists(args.trace):
     ap.error(f"--trace={args.trace}: no such file or folder; give a jax.profiler trace")
   return args
