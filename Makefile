@@ -72,10 +72,10 @@ BENCH_GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 # podlab's bf16 steps beside the references' on one CUDA GPU: TRM-MLP/Att at batch 768 and 256 (the
 # reference under torch.compile, and eager) and GPT-2 124M beside nanoGPT (compile=True): ms/step,
 # p10-p90, items/s, TFLOP/s, MFU, peak device memory, podlab/reference. No venv needed: on a GPU
-# image run experiments/trm/tools/gpu_wheels.sh's two commands (python3 with PYTHONPATH set).
+# image run experiments/tools/gpu_wheels.sh's two commands (python3 with PYTHONPATH set).
 # BENCH_GPU_ARGS=--quick: a smoke run at tiny sizes (also on a CPU).
 bench-gpu:
-	$(BENCH_GPU_PY) -m experiments.trm.tools.bench_gpu $(BENCH_GPU_ARGS)
+	$(BENCH_GPU_PY) -m experiments.tools.bench_gpu $(BENCH_GPU_ARGS)
 
 FAULT_ARGS ?=
 # Fault injection: R trials of train -> SIGKILL (at a random step or during a checkpoint save) or
@@ -135,7 +135,7 @@ gpt-bench: $(STAMP)
 clean-venv:
 	rm -rf $(VENV)
 
-# Bazel (issue 7): `bazel test //...` over the same test files as `make test` (the @pytest.mark.slow
+# Bazel: `bazel test //...` over the same test files as `make test` (the @pytest.mark.slow
 # tests are NAME_slow targets tagged out; BAZEL_ARGS=--config=slow runs only them). The Bazel is
 # Debian's bazel-bootstrap 4.2.3, installed here with apt when missing: it works offline with the
 # local stand-ins in third_party/ (WORKSPACE says why not npm's @bazel/bazel 2.1.0). Its output base

@@ -1,5 +1,8 @@
 """tf.data input pipeline: per-host split, on-the-fly Sudoku augmentation, device-shaped batches.
 
+This module: a host's examples loaded and its training streams. Evaluation batches are in
+`evaluation`, a job's dataset (config -> builder -> these iterators) in `data_source`.
+
 Training stream (`create_train_iterator`): each host reads its own disjoint shard of the split
 (`tfds.split_for_jax_process`, shards cover the split) into memory. Step k of the stream is a pure
 function of (seed, process_index, k):
@@ -22,7 +25,7 @@ while the split is read, stored in the narrowest integer dtype (tokens uint8, la
 order with a (puzzle, index) permutation instead of a sorted copy, and gathered per batch (cast back
 to the builder's dtypes). arc1 with 1000 augmentations (3.6M rows x 2 x 900 tokens, 26 GB as int32)
 is 6.5 GB on a single host and 1/process_count of it per host of a pod
-(`python -m input_pipeline.tools.stream_bench` measures a host's stream: load time, ms/batch, memory).
+(`python -m experiments.tools.stream_bench` measures a host's stream: load time, ms/batch, memory).
 
 Sudoku augmentation (TF ops, one random group element per example, same map on inputs and labels):
 digit permutation (pad and blank fixed), transpose with p = 0.5, a permutation of the bands and of
@@ -30,10 +33,6 @@ the rows within each band, and of the stacks and the columns within each stack. 
 distribution of `input_pipeline.puzzles.sudoku.sample_transform` (the numpy reference). A fresh group
 element per visit is what the reference's "pick one of 1000 materialised augmentations" converges
 to, without the finite-sample repeats and without writing anything.
-
-Evaluation (`create_eval_iterator`): no augmentation, split order, optional seeded fixed subset;
-every host yields the same number of batches (`num_batches`, from the total size), the last ones
-padded (inputs 0 = pad, labels -100, index -1) and marked by `mask` False.
 
 Batches are numpy dicts with leading dims [local_device_count, per_device_batch]:
   inputs int32 [D, b, 81], labels int32 [D, b, 81], puzzle_identifiers int32 [D, b],
@@ -50,17 +49,10 @@ Synopsis:
   it = create_train_iterator("/tmp/tfds", "sudoku_generated", {"config": "medium"},
                              layout=layout, seed=0, start_step=step)
   batch = next(it)                                             # batch["inputs"]: [D, b, 81]
-  ev = create_eval_iterator("/tmp/tfds", "sudoku_generated", {"config": "medium"},
-                            layout=layout, subset_size=None)
-  for batch in ev: ...                                         # ev.num_batches batches per host
-
-  source = DataSource.from_config(config.dataset, seed=config.seed)   # a trainer's shortcut
-  it = source.train_iterator(layout=layout, start_step=step)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Optional
@@ -71,11 +63,7 @@ import tensorflow_datasets as tfds
 
 from input_pipeline import datasets
 from input_pipeline import errors
-from input_pipeline import hub
-from input_pipeline import prepare
 from input_pipeline import puzzles
-from input_pipeline import text
-from input_pipeline.builders import text_corpus
 from input_pipeline.puzzles import augment
 
 _ALG = "philox"
@@ -138,7 +126,7 @@ def _narrow(array: np.ndarray) -> np.ndarray:
   return array.astype(_fit_dtype(int(array.min()), int(array.max()), array.dtype), copy=False)
 
 
-def _empty_arrays(builder: tfds.core.DatasetBuilder) -> dict[str, np.ndarray]:
+def empty_arrays(builder: tfds.core.DatasetBuilder) -> dict[str, np.ndarray]:
   """Zero-row arrays with the builder's feature shapes and dtypes."""
   return {name: np.zeros((0,) + tuple(spec.shape), spec.np_dtype)
           for name, spec in builder.info.features.items()}
@@ -195,7 +183,7 @@ def load_split(builder: tfds.core.DatasetBuilder, split: Any, *,
         np.compress(mask, value, axis=0, out=buffer[n:n + m])
     n += m
   if not out:
-    return _empty_arrays(builder)
+    return empty_arrays(builder)
   out = {name: buffer[:n] for name, buffer in out.items()}
   if sort:
     order = np.argsort(out["index"], kind="stable")
@@ -262,7 +250,7 @@ def create_train_dataset(
   arrays = load_split(builder, host_split, narrow=True)
   num_local = int(arrays["index"].shape[0])
   data = {name: tf.constant(value) for name, value in arrays.items()}
-  dtypes = {name: tf.as_dtype(value.dtype) for name, value in _empty_arrays(builder).items()}
+  dtypes = {name: tf.as_dtype(value.dtype) for name, value in empty_arrays(builder).items()}
   del arrays
   augment_fn = None
   if augment:
@@ -328,7 +316,7 @@ def create_group_train_iterator(
   process_index, process_count = layout.process_index, layout.hosts
   per_host = layout.per_host_batch
   builder = prepared_builder(data_dir, dataset_name, builder_kwargs)
-  dtypes = {name: value.dtype for name, value in _empty_arrays(builder).items()}
+  dtypes = {name: value.dtype for name, value in empty_arrays(builder).items()}
   # Only this host's groups, in the narrowest dtypes, in file order: nothing is copied afterwards.
   arrays = load_split(builder, split, narrow=True, sort=False,
                       keep=lambda chunk: chunk[group_key] % process_count == process_index)
@@ -385,231 +373,3 @@ def create_group_train_iterator(
       step += 1
 
   return batches()
-
-
-# --------------------------------------------------------------------------------------------
-# Evaluation.
-
-
-class EvalIterator:
-  """Re-iterable eval batches of one host; every host yields `num_batches` batches.
-
-  Attributes:
-    num_batches: batches per pass (equal on every host).
-    num_examples: real examples in the eval set over all hosts.
-    num_local_examples: real examples of this host (the rest of its batches is padding).
-  """
-
-  def __init__(self, arrays: dict[str, np.ndarray], num_batches: int, num_examples: int,
-               local_device_count: int, per_device: int,
-               dtypes: Optional[Mapping[str, np.dtype]] = None):
-    """`arrays` may be stored narrower than the batches' `dtypes` (default: as stored)."""
-    self.num_batches = num_batches
-    self._dtypes = {name: np.dtype((dtypes or {}).get(name, value.dtype))
-                    for name, value in arrays.items()}
-    self._dtypes["mask"] = np.dtype(bool)
-    self.num_examples = num_examples
-    self.num_local_examples = int(arrays["index"].shape[0])
-    self._local_device_count = local_device_count
-    self._per_device = per_device
-    self._arrays = _pad_eval(arrays, num_batches * local_device_count * per_device)
-
-  def __len__(self) -> int:
-    return self.num_batches
-
-  def __iter__(self) -> Iterator[Batch]:
-    per_host = self._local_device_count * self._per_device
-    for i in range(self.num_batches):
-      sl = slice(i * per_host, (i + 1) * per_host)
-      yield {name: value[sl].astype(self._dtypes[name], copy=False).reshape(
-                 (self._local_device_count, self._per_device) + value.shape[1:])
-             for name, value in self._arrays.items()}
-
-
-def _pad_eval(arrays: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
-  """Pad every feature to `size` rows and add `mask` (False on padding)."""
-  n = int(arrays["index"].shape[0])
-  pad_values = {"labels": puzzles.IGNORE_LABEL_ID, "index": -1}
-  out = {}
-  for name, value in arrays.items():
-    pad = pad_values.get(name, 0)
-    dtype = np.promote_types(value.dtype, np.min_scalar_type(pad))   # narrow storage: room for pad
-    padded = np.full((size,) + value.shape[1:], pad, dtype)
-    padded[:n] = value
-    out[name] = padded
-  out["mask"] = np.arange(size) < n
-  return out
-
-
-def eval_subset_indices(num_examples: int, subset_size: Optional[int],
-                        subset_seed: int) -> np.ndarray:
-  """Sorted split rows of the fixed eval subset (all rows when `subset_size` is None)."""
-  if subset_size is None or subset_size >= num_examples:
-    return np.arange(num_examples, dtype=np.int64)
-  if subset_size < 0:
-    raise ValueError(f"subset_size={subset_size} must be >= 0 or None")
-  rng = np.random.default_rng(subset_seed)
-  return np.sort(rng.choice(num_examples, size=subset_size, replace=False)).astype(np.int64)
-
-
-def create_eval_iterator(
-    data_dir: str,
-    dataset_name: str,
-    builder_kwargs: Optional[Mapping[str, Any]] = None,
-    *,
-    layout: Any,
-    split: str = "test",
-    subset_size: Optional[int] = None,
-    subset_seed: int = 0,
-) -> EvalIterator:
-  """This host's eval batches of `split` (or of a seeded fixed subset of it), padded and masked.
-
-  The full split is cut with `tfds.split_for_jax_process`; a subset (sorted rows drawn with
-  `numpy.random.default_rng(subset_seed)`, the same on every host) is cut into contiguous
-  near-equal chunks. Batches follow the split order.
-  """
-  per_device, local_device_count = layout.per_device_batch, layout.devices_per_host
-  process_index, process_count = layout.process_index, layout.hosts
-  builder = prepared_builder(data_dir, dataset_name, builder_kwargs)
-  total = builder.info.splits[split].num_examples
-  if subset_size is None or subset_size >= total:
-    num_examples = total
-    arrays = load_split(builder, tfds.split_for_jax_process(
-        split, process_index=process_index, process_count=process_count), narrow=True)
-  else:
-    rows = np.array_split(eval_subset_indices(total, subset_size, subset_seed),
-                          process_count)[process_index]
-    num_examples = subset_size
-    if rows.size:
-      arrays = load_split(builder, f"{split}[{int(rows[0])}:{int(rows[-1]) + 1}]", narrow=True)
-      keep = np.isin(arrays["index"], rows)
-      arrays = {name: value[keep] for name, value in arrays.items()}
-    else:
-      arrays = _empty_arrays(builder)
-  batches = layout.eval_batches(num_examples)
-  dtypes = {name: value.dtype for name, value in _empty_arrays(builder).items()}
-  return EvalIterator(arrays, batches, num_examples, local_device_count, per_device, dtypes)
-
-
-# --------------------------------------------------------------------------------------------
-# A job's dataset.
-
-
-def builder_kwargs(dataset_config: Any) -> dict[str, Any]:
-  """The builder kwargs of a config's dataset section: `builder_kwargs` (knobs) plus
-  `builder_config` (a preset name, "" = none) as "config"."""
-  kwargs = dataset_config.get("builder_kwargs") or {}
-  kwargs = dict(kwargs.to_dict() if hasattr(kwargs, "to_dict") else kwargs)
-  if dataset_config.get("builder_config", ""):
-    kwargs["config"] = dataset_config.get("builder_config")
-  return kwargs
-
-
-def dataset_metadata(dataset_config: Any) -> dict:
-  """`datasets.get_metadata` of a config's dataset: its static facts, plus the split sizes and the
-  data's own facts (a text vocabulary, ARC's ids) once it is prepared. Reads no examples and
-  prepares nothing: what a build sizes the run with (a dry run of unprepared data included)."""
-  return datasets.get_metadata(dataset_config.get("name"), builder_kwargs(dataset_config),
-                               dataset_config.get("data_dir"))
-
-
-def describe_data(dataset_config: Any) -> str:
-  """Where a config's dataset comes from, in one line: prepared, or what preparing it on first use
-  reads or downloads (a dry run's data line; no network, nothing prepared)."""
-  return datasets.describe(dataset_config.get("name"), dataset_config.get("data_dir"),
-                           builder_kwargs(dataset_config), dataset_config.get("manual_dir", ""))
-
-
-@dataclasses.dataclass
-class DataSource:
-  """One dataset of one job: where it lives and its config.
-
-  Builds the iterators above with the job's constant arguments filled in and keeps eval sets in
-  memory between evaluations; the batch figures and this host's place come from the layout.
-  """
-  name: str
-  data_dir: str
-  builder_kwargs: dict[str, Any]
-  seed: int
-  group_sampling: bool = True     # see create_group_train_iterator (the reference's ARC sampling)
-  _eval_cache: dict = dataclasses.field(default_factory=dict, repr=False)
-
-  @classmethod
-  def from_config(cls, dataset_config: Any, seed: int) -> "DataSource":
-    """From a config section with `name`, `data_dir`, `builder_kwargs` (knobs) and optionally
-    `builder_config` (a preset name, "" = none), `manual_dir` and `prepare_if_missing`."""
-    kwargs = builder_kwargs(dataset_config)
-    source = cls(name=dataset_config.get("name"), data_dir=dataset_config.get("data_dir"),
-                 builder_kwargs=kwargs, seed=seed,
-                 group_sampling=bool(dataset_config.get("group_sampling", True)))
-    datasets.make_config(source.name, kwargs)  # validate the knobs before anything is read
-    if dataset_config.get("prepare_if_missing", False):
-      manual_dir = dataset_config.get("manual_dir", "") or None
-
-      def prepare_here(_: str = "") -> str:
-        prepare.prepare(source.name, source.data_dir, kwargs, manual_dir)
-        return ""
-      # Process 0 prepares first (downloads included) and the others wait at a barrier that
-      # follows its progress (hub.once_per_pod; its errors reach every host as one line): with a
-      # shared data_dir (gs://) they then find it prepared; with per-host local dirs each prepares
-      # its own copy after it.
-      hub.once_per_pod(f"podlab_prepare_{source.name}", prepare_here, prepare_here,
-                       progress=lambda: hub.bytes_under(source.data_dir,
-                                                        prepare.download_dir(source.data_dir)),
-                       what=f"preparing dataset {source.name}")
-    return source
-
-  def metadata(self) -> dict:
-    """`datasets.get_metadata` of this dataset (with split sizes once it is prepared)."""
-    return datasets.get_metadata(self.name, self.builder_kwargs, self.data_dir)
-
-  def num_examples(self, split: str) -> int:
-    """Examples in `split` over all hosts."""
-    builder = prepared_builder(self.data_dir, self.name, self.builder_kwargs)
-    return builder.info.splits[split].num_examples
-
-  def train_iterator(self, *, layout: Any, start_step: int = 0, split: str = "train",
-                     augment: bool = True) -> Iterator[Batch]:
-    """`create_train_iterator` for this host, from `start_step` on; for datasets of materialised
-    augmentations (metadata with `train_groups`, e.g. ARC) `create_group_train_iterator` unless
-    `group_sampling` is off."""
-    if self.group_sampling and "train_groups" in self.metadata():
-      return create_group_train_iterator(
-          self.data_dir, self.name, self.builder_kwargs, layout=layout, seed=self.seed,
-          start_step=start_step, split=split)
-    return create_train_iterator(
-        self.data_dir, self.name, self.builder_kwargs, layout=layout, seed=self.seed,
-        start_step=start_step, split=split, augment=augment)
-
-  def eval_batches(self, split: str = "test", *, layout: Any, subset_size: Optional[int] = None,
-                   subset_seed: int = 0) -> EvalIterator:
-    """`create_eval_iterator` for this host (cached); `subset_size` None or 0 = the full split."""
-    subset = subset_size or None
-    key = (split, layout, subset, subset_seed)
-    if key not in self._eval_cache:
-      self._eval_cache[key] = create_eval_iterator(
-          self.data_dir, self.name, self.builder_kwargs, layout=layout, split=split,
-          subset_size=subset, subset_seed=subset_seed)
-    return self._eval_cache[key]
-
-
-class TextSplits:
-  """A prepared text dataset's train and val token arrays on this host, and their random-window
-  streams (input_pipeline/text.py): the language models' data (nanoGPT, masked diffusion)."""
-
-  def __init__(self, dataset_config: Any, seed: int):
-    self.seed = seed
-    source = DataSource.from_config(dataset_config, seed=seed)
-    builder = prepared_builder(source.data_dir, source.name, source.builder_kwargs)
-    self.vocab = text_corpus.vocab_of(builder)
-    self.vocab_size = int(builder.info.metadata["vocab_size"])
-    self.train_split, self.val_split = dataset_config.train_split, dataset_config.val_split
-    self.tokens = {s: text_corpus.load_tokens(builder, s) for s in (self.train_split,
-                                                                    self.val_split)}
-
-  def windows(self, split: str, stream: str, *, block_size: int, layout: Any, accum: int,
-              start_step: int) -> Iterator[Batch]:
-    """Random windows {"x", "y"} [D, accum, b, block_size] of `split` for this host, from
-    `start_step` on (text.window_iterator; the figures come from the layout)."""
-    return text.window_iterator(self.tokens[split], block_size=block_size, layout=layout,
-                                accum=accum, seed=self.seed, stream=stream, start_step=start_step)

@@ -10,8 +10,8 @@ every split and `dataset_info.json` are written, so a crash leaves no half-writt
 (only an `.incomplete*` folder, which is never read); a second call finds the version folder and
 does nothing. Two processes preparing the same config at the same time race on the final rename;
 the loser finds the winner's (identical, deterministic) dataset and uses it. In a multi-host job
-`pipeline.DataSource.from_config` lets process 0 prepare first and the others wait at a barrier
-(input_pipeline/hub.py `once_per_pod`), so a shared data dir (gs://) is written once.
+`data_source.DataSource.from_config` lets process 0 prepare first and the others wait at a barrier
+(input_pipeline/pod_barrier.py `once_per_pod`), so a shared data dir (gs://) is written once.
 
 `--weights=NAME` (repeatable: gpt2 ... gpt2-xl, owner/name[@revision]) downloads a model's
 safetensors, config and tokenizer files (input_pipeline/hub.py) into `--cache_dir` (a folder or

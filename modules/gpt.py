@@ -61,7 +61,7 @@ ACTIVATIONS = ("autocast", "float32")
     attention (bfloat16 q, k, v and output; float32 scores and softmax, as
     scaled_dot_product_attention), the GELU (float32 inside, rounded once) and the logits in
     bfloat16; the embeddings, LayerNorm, the residual stream and the loss in float32.
-  "float32" (a podlab option, before 2e39947 the only form): only the matmul operands are
+  "float32" (a podlab option): only the matmul operands are
     bfloat16; every activation, the attention's operands and the logits are float32. Closer to a
     float32 run, further from nanoGPT's bfloat16 run (docs/nanogpt.md section 8, row "model.activations")."""
 

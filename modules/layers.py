@@ -148,7 +148,7 @@ ONE_HOT_MAX_VOCAB = 1024
 tokens, shakespeare_char's 65) and a gather above it (GPT-2's 50,257, Dream's 151,936). A gather's
 gradient is a scatter-add of every token's row into the table, which an accelerator serialises on
 rows that collide: at TRM's 11 tokens every row does (the bfloat16 Sudoku step on an H200: 36% of
-the step in that one scatter; issue 48). The one-hot lookup's forward pass is still the gather (the
+the step in that one scatter). The one-hot lookup's forward pass is still the gather (the
 rows exactly, no FLOPs: sampling and evaluation pay nothing); its gradient is the matmul
 one_hot(ids)^T @ g (`_take_dense_grad`), 2 V D FLOPs per token: small beside a layer for V up to
 here, the vocabulary projection's cost at GPT-2's size."""

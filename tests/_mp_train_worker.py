@@ -8,7 +8,7 @@ global batches from a fixed numpy seed and takes its own devices' rows: with D d
 b = 8 / D rows per device, global device d = process * local + i gets rows [d * b, (d + 1) * b).
 
 Evaluation is the trainer's path end to end: a `sudoku_generated` test split of EVAL_SIZE = 13
-examples (not a multiple of the global batch) prepared by `pipeline.DataSource.from_config` (each
+examples (not a multiple of the global batch) prepared by `data_source.DataSource.from_config` (each
 process in its own data dir OUT_PATH.tfds<process>; the dataset is a pure function of its config),
 this host's padded and masked batches from `DataSource.eval_batches` (= `create_eval_iterator`: the
 split is cut per host by `tfds.split_for_jax_process`), `evaluators.make_eval_step` pmapped as in
@@ -30,16 +30,18 @@ By hand, 1 x 1 (one shell; 1 x 4 likewise with device_count=4 and DEVICES_PER_PR
   XLA_FLAGS=--xla_force_host_platform_device_count=2 JAX_PLATFORMS=cpu \
     python tests/_mp_train_worker.py 1 2 12355 2 /tmp/mp_train_2x2.npz
 
-Process 0 writes OUT_PATH; every other process p writes OUT_PATH with `.process<p>.npz` appended (the
-test checks that all hosts hold the same state). np.savez without pickle: parameter leaves are
+Process 0 writes OUT_PATH; every other process p writes OUT_PATH with `.process<p>.npz` appended
+(the test checks that all hosts hold the same state). np.savez without pickle: parameter leaves are
 `params/<i>` and `ema/<i>` with their tree paths in `param_names`; the table is `puzzle_table`;
 `metric/<name>` is the psummed metric of every step ([NUM_STEPS]); `batch_ids` the global puzzle ids
 of every step ([NUM_STEPS, GLOBAL_BATCH]); `layout` = [processes, devices per process, rows per
-device]. Evaluation: `eval/<name>` and `eval_raw/<name>` are `evaluators.evaluate`'s results (EMA / raw
-weights; ratios, and `count`), `direct/<name>` and `direct_raw/<name>` the direct computation;
-`eval_index` this host's real split rows in the order evaluated, `eval_host_rows` the rows it fed
-(real + padding), `eval_num_batches` / `eval_num_examples` the iterator's, `eval_inputs` /
-`eval_labels` the whole test split as this process prepared it. Prints `WORKER_OK <process_id>`.
+device]. After update 1: `first_params/<i>` the parameters and `first_mu/<i>` AdamATan2's first
+moment, (1 - b1) times update 1's gradient (the moment starts at zero), with `first_lr` its learning
+rate and `beta1` b1. Evaluation: `eval/<name>` and `eval_raw/<name>` are `evaluators.evaluate`'s
+results (EMA / raw weights; ratios, and `count`), `direct/<name>` and `direct_raw/<name>` the direct
+computation; `eval_index` this host's real split rows in the order evaluated, `eval_host_rows` the
+rows it fed (real + padding), `eval_num_batches` / `eval_num_examples` the iterator's, `eval_inputs`
+/ `eval_labels` the whole test split as this process prepared it. Prints `WORKER_OK <process_id>`.
 """
 import os
 import sys
@@ -55,9 +57,11 @@ from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.common import metrics as metrics_lib  # noqa: E402
 from experiments.common import parallel  # noqa: E402
 from experiments.trm import evaluators  # noqa: E402
+from experiments.trm import optim  # noqa: E402
 from experiments.trm import train  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
 from input_pipeline import datasets  # noqa: E402
+from input_pipeline import data_source  # noqa: E402
 from input_pipeline import pipeline  # noqa: E402
 from modules import trm  # noqa: E402
 
@@ -168,13 +172,18 @@ def main() -> None:
 
   batches = global_batches()
   metrics = []
+  first = {}
   for batch in batches:
     local = parallel.shard(_local_rows(batch, info.process_index, n_local, per_device))
     state, device_state, sums = p_step(state, device_state, local, device_index)
     metrics.append({k: float(_first_local(v).reshape(-1)[0]) for k, v in sums.items()})
+    if not first:       # after update 1: its parameters and AdamATan2's first moment (b1 m0 = 0)
+      after = parallel.unreplicate(state)
+      first = {"params": [np.asarray(x) for x in jax.tree_util.tree_leaves(after.params)],
+               "mu": [np.asarray(x) for x in jax.tree_util.tree_leaves(after.opt_state.mu)]}
 
   # Evaluation as in train.train_and_evaluate's final run_eval (full test split).
-  source = pipeline.DataSource.from_config(c.dataset, seed=c.seed)
+  source = data_source.DataSource.from_config(c.dataset, seed=c.seed)
   eval_iter = source.eval_batches(c.dataset.test_split, layout=layout, subset_size=0)
   p_eval_step = parallel.compile_step(evaluators.make_eval_step(model, per_device, sharded=True),
                                    state_in=(0, 1), out_axes=0)
@@ -210,6 +219,11 @@ def main() -> None:
   for i, ((_, p), e) in enumerate(zip(params, ema)):
     arrays[f"params/{i}"] = np.asarray(p)
     arrays[f"ema/{i}"] = np.asarray(e)
+    arrays[f"first_params/{i}"] = first["params"][i]
+    arrays[f"first_mu/{i}"] = first["mu"][i]
+  arrays["first_lr"] = np.array(optim.warmup_cosine_lr(1, c.lr, c.lr_warmup_steps, NUM_STEPS,
+                                                       c.lr_min_ratio))
+  arrays["beta1"] = np.array(c.beta1)
   for k in sorted(metrics[0]):
     arrays[f"metric/{k}"] = np.array([m[k] for m in metrics], np.float64)
   for prefix, values in results.items():

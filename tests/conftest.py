@@ -99,10 +99,11 @@ def stand_in_concept_tasks() -> dict:
 def libtpu():
   """libtpu loaded, for the tests that compile for a TPU target on this CPU machine; they skip with
   one line where it cannot be loaded."""
-  from experiments.tools import tpu  # pylint: disable=g-import-not-at-top  (JAX loads after the flags above)
+  # JAX loads after the flags above.
+  from experiments.tools import tpu_target  # pylint: disable=g-import-not-at-top
   try:
-    return tpu.load_libtpu()
-  except tpu.LibtpuMissingError as e:
+    return tpu_target.load_libtpu()
+  except tpu_target.LibtpuMissingError as e:
     pytest.skip(f"the TPU compile tests need libtpu: {e}")
 
 
@@ -127,10 +128,12 @@ def write_kaggle_set():
 # worker 1 on the second half, and whichever runs out takes tests from the end of the other's queue
 # (where the short ones are), so the two finish close together. A test is never moved once it runs,
 # so the order is what keeps a long test from starting last. The order of the tests within a file
-# and of the other files is unchanged.
-LONG_FIRST = ("test_launch.py", "test_arc_train.py", "test_multiprocess_train.py",
-              "test_init_from.py", "test_entry.py", "test_faults.py", "test_trm_model.py",
-              "test_trm_train.py", "test_diffucoder_generate.py", "test_dry_run.py")
+# and of the other files is unchanged. test_tpu_memory.py holds only a slow test, `make test-slow`'s
+# longest (~10-15 min, its TPU compiles one after another): first, so that it never starts last.
+LONG_FIRST = ("test_tpu_memory.py", "test_launch.py", "test_arc_train.py",
+              "test_multiprocess_train.py", "test_init_from.py", "test_entry.py", "test_faults.py",
+              "test_trm_model.py", "test_trm_train.py", "test_diffucoder_generate.py",
+              "test_dry_run.py")
 
 
 def pytest_collection_modifyitems(config, items):

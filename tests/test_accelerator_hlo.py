@@ -1,8 +1,8 @@
 """The bf16 Sudoku TRM training step as a TPU compiles it (libtpu, on this CPU machine, as
 `--dry_run --target=...` does): no scatter into the token-embedding table, no bfloat16 product run in
 float32 (issue 48: on a GPU those were 36% and ~13% of the step). The HLO reader
-(experiments/trm/tools/profile_step.py `hlo_summary`) is checked first on four tiny programs whose
-answer is known.
+(experiments/trm/tools/hlo_instructions.py `hlo_summary`) is checked first on four tiny programs
+whose answer is known.
 
 Float32 products are read in the program as lowered for the TPU (what every compiler receives; a GPU
 runs them as f32/TF32 GEMMs): the TPU compiler itself runs a float32 product at default precision in
@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments.tools import tpu
-from experiments.trm.tools import bench
+from experiments.tools import tpu_target
+from experiments.trm.tools import step_setup
+from experiments.trm.tools import hlo_instructions
 from experiments.trm.tools import profile_step
 
 TARGET = "v5litepod-1"
@@ -28,9 +29,10 @@ pytestmark = pytest.mark.usefixtures("libtpu")      # tests/conftest.py
 
 def _summaries(fn, args):
   """(as lowered, TPU-optimized) summaries of `fn` pmapped over the target's one chip."""
-  lowered = tpu.lower_step(fn, tpu.parse_target(TARGET), args, state_in=(0,), out_axes=0)
-  return (profile_step.hlo_summary(lowered.as_text("hlo", debug_info=True)),
-          profile_step.hlo_summary(lowered.compile().as_text()))
+  lowered = tpu_target.lower_step(fn, tpu_target.parse_target(TARGET), args, state_in=(0,),
+                                  out_axes=0)
+  return (hlo_instructions.hlo_summary(lowered.as_text("hlo", debug_info=True)),
+          hlo_instructions.hlo_summary(lowered.compile().as_text()))
 
 
 def _take_grad(w, tok):
@@ -95,17 +97,17 @@ def test_the_reader_finds_autodiffs_float32_products_and_none_under_a_bf16_custo
 def _sudoku_step():
   """The bf16 TRM-MLP Sudoku recipe's training step (hidden 64, 8 examples: the program's structure
   is the recipe's), compiled for the TPU: (as lowered, TPU-optimized) summaries and the config."""
-  config = bench.recipe_config("mlp", "bfloat16", hidden=64, per_device_batch=8)
+  config = step_setup.recipe_config("mlp", "bfloat16", hidden=64, per_device_batch=8)
   lowered, compiled = profile_step.tpu_train_step(config, TARGET)
   print(profile_step.tpu_hlo_report(lowered, compiled, f"TRM-MLP bf16 ({TARGET})"))
-  return (profile_step.hlo_summary(lowered.as_text("hlo", debug_info=True)),
-          profile_step.hlo_summary(compiled.as_text()), config)
+  return (hlo_instructions.hlo_summary(lowered.as_text("hlo", debug_info=True)),
+          hlo_instructions.hlo_summary(compiled.as_text()), config)
 
 
 def test_the_bf16_sudoku_step_has_no_token_table_scatter_and_no_bf16_product_in_float32():
   """One compile, both checks (the compile is most of the test's time)."""
   lowered, optimized, config = _sudoku_step()
-  table = f"[{bench.SUDOKU_METADATA['vocab_size']},{config.model.hidden_size}]"
+  table = f"[{step_setup.SUDOKU_METADATA['vocab_size']},{config.model.hidden_size}]"
   into_table = [s for s in optimized.scatters
                 if s.shape.endswith(table) or "embed_tokens" in s.op_name]
   assert not into_table, (

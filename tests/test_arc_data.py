@@ -17,6 +17,8 @@ import tensorflow_datasets as tfds
 from experiments.common import layout as layout_lib
 from input_pipeline import sources
 from input_pipeline.puzzles import arc
+from input_pipeline.puzzles import arc_dataset
+from input_pipeline.puzzles import arc_files
 from input_pipeline.builders import arc_agi
 
 RNG = np.random.default_rng(0)
@@ -151,7 +153,7 @@ def test_crop_equals_the_reference_loop_on_garbage():
 def test_encode_then_crop_round_trips_every_package_grid():
   grids = []
   for name in sources.ARC_PACKAGE_SETS:
-    for task in arc.load_split("", name).values():
+    for task in arc_files.load_split("", name).values():
       for pair in task.train + task.test:
         grids += [pair.input, pair.output]
   assert len(grids) == 2 * (1302 + 416 + 1363 + 419 + 3232 + 1076 + 358 + 172)
@@ -194,14 +196,14 @@ def test_augmentations_are_deduplicated_and_seeded():
 def small_arc1(arc_manual_dir):
   """The first 3 tasks of each arc1 set (the stand-in ConceptARC's) with 5 augmentations:
   (tasks, metadata, train, test)."""
-  tasks = arc.load_variant(str(arc_manual_dir), "arc1")
+  tasks = arc_dataset.load_variant(str(arc_manual_dir), "arc1")
   picked = []
   for name in ("training", "evaluation", "concept"):
     picked += [st for st in tasks if st[0] == name][:3]
-  meta = arc.build_metadata(picked, "arc1", num_aug=5, seed=0)
+  meta = arc_dataset.build_metadata(picked, "arc1", num_aug=5, seed=0)
   ordered = [t for _, t in picked]
-  return (picked, meta, list(arc.iter_examples(ordered, meta, "train")),
-          list(arc.iter_examples(ordered, meta, "test")))
+  return (picked, meta, list(arc_dataset.iter_examples(ordered, meta, "train")),
+          list(arc_dataset.iter_examples(ordered, meta, "test")))
 
 
 def test_puzzle_ids_are_shared_by_the_train_and_test_splits(small_arc1):
@@ -258,17 +260,19 @@ def test_translation_spares_one_example_per_puzzle_and_never_the_test_split(smal
 def test_examples_are_deterministic_for_a_seed(small_arc1):
   picked, meta, train, _ = small_arc1
   ordered = [t for _, t in picked]
-  again = list(arc.iter_examples(ordered, arc.build_metadata(picked, "arc1", 5, 0), "train"))
+  again = list(arc_dataset.iter_examples(ordered, arc_dataset.build_metadata(picked, "arc1", 5, 0),
+                                         "train"))
   assert all(np.array_equal(a["inputs"], b["inputs"]) and np.array_equal(a["labels"], b["labels"])
              for a, b in zip(train, again))
-  other = list(arc.iter_examples(ordered, arc.build_metadata(picked, "arc1", 5, 1), "train"))
+  other = list(arc_dataset.iter_examples(ordered, arc_dataset.build_metadata(picked, "arc1", 5, 1),
+                                         "train"))
   assert any(not np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(train, other))
 
 
 def test_metadata_json_round_trip(small_arc1):
   _, meta, _, _ = small_arc1
   data = json.loads(json.dumps(meta.to_json()))
-  back = arc.ArcMetadata.from_json(data)
+  back = arc_dataset.ArcMetadata.from_json(data)
   assert back.task_ids == meta.task_ids and back.num_puzzle_identifiers == meta.num_puzzle_identifiers
   assert np.array_equal(back.dihedral, meta.dihedral) and np.array_equal(back.colours, meta.colours)
   assert all(np.array_equal(a, b) for k in meta.test_outputs
@@ -284,8 +288,8 @@ CONCEPT = (6, 3 * 6 + 9)
 @pytest.mark.parametrize("variant, tasks, test_inputs, train_tasks", [
     ("arc1", 400, 419, 800 + CONCEPT[0]), ("arc2", 120, 172, 1120 + CONCEPT[0])])
 def test_variant_counts_equal_the_facts(arc_manual_dir, variant, tasks, test_inputs, train_tasks):
-  picked = arc.load_variant(str(arc_manual_dir), variant)
-  meta = arc.build_metadata(picked, variant, num_aug=0, seed=0)
+  picked = arc_dataset.load_variant(str(arc_manual_dir), variant)
+  meta = arc_dataset.build_metadata(picked, variant, num_aug=0, seed=0)
   assert len(meta.test_outputs) == len(meta.test_task_ids) == tasks
   assert sum(len(v) for v in meta.test_outputs.values()) == meta.num_test_examples == test_inputs
   assert len(meta.task_ids) == train_tasks and meta.num_puzzle_identifiers == train_tasks + 1
@@ -301,7 +305,7 @@ def test_a_task_in_two_sets_is_an_error(tmp_path):
     (tmp_path / f"arc-agi_{name}_solutions.json").write_text(json.dumps({"same": [[[4]]]}))
   with pytest.raises(arc.ArcFormatError, match="evaluation_challenges.json: task same: also in set "
                      "'training'"):
-    arc.load_variant(str(tmp_path), "arc1")
+    arc_dataset.load_variant(str(tmp_path), "arc1")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -315,7 +319,7 @@ def small_manual_dir(arc_manual_dir, tmp_path_factory, write_kaggle_set) -> path
   out = tmp_path_factory.mktemp("arc_small")
   for name in ("training", "evaluation", "concept"):
     data = {k: {"train": t.train, "test": t.test}
-            for k, t in arc.load_split(str(arc_manual_dir), name).items()}
+            for k, t in arc_files.load_split(str(arc_manual_dir), name).items()}
     keep = {k: {split: [{"input": p.input.tolist(), "output": p.output.tolist()} for p in pairs]
                 for split, pairs in data[k].items()} for k in sorted(data)[:4]}
     write_kaggle_set(out, name, keep)
@@ -342,9 +346,9 @@ def test_builder_prepares_a_small_variant(tmp_path, small_manual_dir):
   assert splits == {"train": meta.num_train_examples, "test": meta.num_test_examples}
   assert summary["mean_puzzle_examples"] == meta.num_train_examples / (12 * 4)
 
-  tasks = arc.load_variant(str(small_manual_dir), "arc1")
+  tasks = arc_dataset.load_variant(str(small_manual_dir), "arc1")
   for split in ("train", "test"):
-    want = list(arc.iter_examples([t for _, t in tasks], meta, split))
+    want = list(arc_dataset.iter_examples([t for _, t in tasks], meta, split))
     got = list(tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)))
     got.sort(key=lambda e: int(e["index"]))
     assert len(got) == len(want)
@@ -411,7 +415,7 @@ def test_group_sampling_takes_one_augmentation_per_task_and_resumes(tmp_path, ar
 def test_memory_light_loading_keeps_values_and_dtypes(tmp_path, small_manual_dir):
   """The ARC stream stores only the host's rows, as uint8, without copies; batches come back in the
   builder's dtypes with exactly the dataset's values; eval padding still fits -100 labels."""
-  from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
+  from input_pipeline import evaluation, pipeline  # pylint: disable=g-import-not-at-top
   builder = _prepare(tmp_path, small_manual_dir, variant="arc1", num_aug=3, seed=0)
   full = pipeline.load_split(builder, "train")
   assert full["inputs"].dtype == np.int32 and np.all(np.diff(full["index"]) > 0)
@@ -436,7 +440,7 @@ def test_memory_light_loading_keeps_values_and_dtypes(tmp_path, small_manual_dir
     rows = [by_index[int(i)] for i in batch["index"].reshape(-1)]
     for name in full:
       assert np.array_equal(batch[name].reshape((8,) + full[name].shape[1:]), full[name][rows])
-  ev = pipeline.create_eval_iterator(str(tmp_path), "arc_agi",
+  ev = evaluation.create_eval_iterator(str(tmp_path), "arc_agi",
                                      {"variant": "arc1", "num_aug": 3, "seed": 0},
                                      layout=layout_lib.of(64, devices_per_host=2))
   test = pipeline.load_split(builder, "test")

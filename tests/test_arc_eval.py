@@ -17,9 +17,10 @@ from experiments.trm import arc_eval
 from experiments.trm import evaluators
 from input_pipeline import sources
 from input_pipeline.puzzles import arc
+from input_pipeline.puzzles import arc_dataset
 
 RNG = np.random.default_rng(0)
-VARIANT = arc.Variant("toy", ("toy_train", "toy_test"), "toy_test")
+VARIANT = arc_dataset.Variant("toy", ("toy_train", "toy_test"), "toy_test")
 
 
 def _grid(shape):
@@ -36,8 +37,8 @@ def toy():
   """A train-set task and test tasks A (1 test input), B (2) and C (1), 5 augmentations each."""
   tasks = [("toy_train", _task("T", 1)), ("toy_test", _task("A", 1)), ("toy_test", _task("B", 2)),
            ("toy_test", _task("C", 1))]
-  meta = arc.build_metadata(tasks, VARIANT, num_aug=5, seed=0)
-  test = list(arc.iter_examples([t for _, t in tasks], meta, "test"))
+  meta = arc_dataset.build_metadata(tasks, VARIANT, num_aug=5, seed=0)
+  test = list(arc_dataset.iter_examples([t for _, t in tasks], meta, "test"))
   assert len(test) == 4 * 6 and meta.num_puzzle_identifiers == 1 + 4 * 6
   return dict(tasks=dict((t.task_id, t) for _, t in tasks), meta=meta, test=test)
 
@@ -234,9 +235,9 @@ def test_validate_submission_names_the_problem(toy, mutate, message):
 
 
 def test_perfect_predictions_on_the_arc1_test_split_score_one(arc_manual_dir):
-  tasks = arc.load_variant(str(arc_manual_dir), "arc1")
-  meta = arc.build_metadata(tasks, "arc1", num_aug=1, seed=0)
-  test = list(arc.iter_examples([t for _, t in tasks], meta, "test"))
+  tasks = arc_dataset.load_variant(str(arc_manual_dir), "arc1")
+  meta = arc_dataset.build_metadata(tasks, "arc1", num_aug=1, seed=0)
+  test = list(arc_dataset.iter_examples([t for _, t in tasks], meta, "test"))
   assert len(test) == meta.num_test_examples and 419 < len(test) <= 2 * 419
   labels = np.stack([e["labels"] for e in test])
   preds = np.where(labels < 0, 0, labels)

@@ -12,7 +12,10 @@ import jax
 import numpy as np
 import pytest
 
+from experiments.tools import doc_tables
 from experiments.trm.tools import bench
+from experiments.trm.tools import measure
+from experiments.trm.tools import step_setup
 from modules import trm
 
 
@@ -42,7 +45,7 @@ def shape_formula_flops(cfg: trm.TRMConfig) -> float:
 
 
 def test_analytic_flops_real_mlp_matches_reference():
-  cfg = bench.trm_config("mlp")
+  cfg = step_setup.trm_config("mlp")
   assert (cfg.hidden_size, cfg.total_len, cfg.mlp_t, cfg.H_cycles, cfg.L_cycles) == (512, 97, True,
                                                                                    3, 6)
   f = bench.analytic_flops(cfg)
@@ -53,11 +56,11 @@ def test_analytic_flops_real_mlp_matches_reference():
 
 
 def test_analytic_flops_real_att_matches_shape_formula():
-  cfg = bench.trm_config("att")
+  cfg = step_setup.trm_config("att")
   assert not cfg.mlp_t and cfg.pos_encodings == "rope" and cfg.hidden_size == 512
   f = bench.analytic_flops(cfg)
   assert f.total == pytest.approx(shape_formula_flops(cfg), rel=1e-9)
-  assert f.total > bench.analytic_flops(bench.trm_config("mlp")).total
+  assert f.total > bench.analytic_flops(step_setup.trm_config("mlp")).total
   assert f.forward + f.backward == f.total
 
 
@@ -72,11 +75,11 @@ def test_table_at_tiny_size():
   assert row["batch"] == 2 and row["global_batch"] == 2 * jax.local_device_count()
   assert row["step_ms"] > 0 and row["compile_s"] > 0 and row["rss_peak_GB"] > 0
   assert row["compiled_temp_GB"] > 0 and row["temp_arg_GB"] > row["compiled_temp_GB"]
-  flops = bench.analytic_flops(bench.trm_config("mlp", "float32", hidden=32)).total
+  flops = bench.analytic_flops(step_setup.trm_config("mlp", "float32", hidden=32)).total
   assert row["GFLOP_per_ex"] == pytest.approx(flops / 1e9)
   assert row["GFLOP_per_s"] == pytest.approx(flops * row["examples_per_s"] / 1e9)
   assert row["frac_peak"] == pytest.approx(row["GFLOP_per_s"] * 1e9 / peaks["float32"])
-  table = bench.format_table(rows)
+  table = doc_tables.format_table(rows, bench.COLUMNS)
   header = table.splitlines()[0].split()
   assert header == list(bench.COLUMNS)
   for column in ("compile_s", "step_ms", "examples_per_s", "rss_peak_GB", "compiled_temp_GB",
@@ -99,7 +102,7 @@ def test_find_max_batch_prefers_no_remat_and_falls_back_to_remat(monkeypatch):
     calls.append((b, remat))
     return FakeSetup(b, remat)
 
-  monkeypatch.setattr(bench, "compile_step", fake_compile)
+  monkeypatch.setattr(step_setup, "compile_step", fake_compile)
   best, remat, rows = bench.find_max_batch("mlp", "bfloat16", [64, 8, 16, 32], 20.0)
   assert (best, remat) == (64, True)               # 16 + 0.5 fits without remat; 64 only with it
   assert calls == [(8, False), (16, False), (32, False), (32, True), (64, True)]
@@ -119,7 +122,7 @@ def test_pipeline_throughput_tiny(tmp_path):
 
 def test_format_table_nan_and_bools():
   rows = [{"model": "att", "remat": True, "step_ms": float("nan"), "fits": "no"}]
-  text = bench.format_table(rows, ("model", "remat", "step_ms", "fits"))
+  text = doc_tables.format_table(rows, ("model", "remat", "step_ms", "fits"))
   assert text.splitlines()[2].split() == ["att", "on", "nan", "no"]
   assert np.isnan(rows[0]["step_ms"])
 
@@ -132,13 +135,13 @@ def test_minor_page_faults_count_fresh_pages_only():
   size = 32 << 20
   m = mmap.mmap(-1, size)
   try:
-    f0 = bench.minor_page_faults()
+    f0 = measure.minor_page_faults()
     for off in range(0, size, 4096):
       m[off] = 1
-    f1 = bench.minor_page_faults()
+    f1 = measure.minor_page_faults()
     for off in range(0, size, 4096):
       m[off] = 2
-    f2 = bench.minor_page_faults()
+    f2 = measure.minor_page_faults()
   finally:
     m.close()
   assert f1 - f0 >= 16, (f0, f1)

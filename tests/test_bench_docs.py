@@ -9,16 +9,18 @@ import pathlib
 import pytest
 
 from experiments.diffucoder import sampling as dream_sampling
-from experiments.diffucoder.tools import benchmark as dream_bench
+from experiments.diffucoder.tools import bench_table
+from experiments.diffucoder.tools import step_speed
 from experiments.nanogpt.tools import bench as gpt_bench
 from experiments.tools import doc_tables
 from experiments.trm.tools import bench as trm_bench
+from experiments.trm.tools import bench_cli
 from experiments.trm.tools import bench_reference
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DOC = REPO / "docs/benchmarks.md"
 TOOLS = [(gpt_bench.DOC_TABLE, gpt_bench.DOC_WRITER),
-         (dream_bench.DOC_TABLE, dream_bench.DOC_WRITER),
+         (bench_table.DOC_TABLE, bench_table.DOC_WRITER),
          (trm_bench.DOC_TABLE, trm_bench.DOC_WRITER),
          (bench_reference.DOC_TABLE, bench_reference.DOC_WRITER)]
 
@@ -66,25 +68,25 @@ def test_gpt_bench_writes_its_step_table(tmp_path):
 
 
 def test_diffucoder_benchmark_merges_samplers(tmp_path):
-  config = dream_bench.small_config(hidden=32, layers=1, heads=2, kv_heads=1, vocab=64,
-                                    dtype="float32")
-  params = dream_bench._random_params(config)  # pylint: disable=protected-access
+  config = step_speed.small_config(hidden=32, layers=1, heads=2, kv_heads=1, vocab=64,
+                                   dtype="float32")
+  params = step_speed.random_params(config)
   rows = []
   for temperature, top_p in ((0.0, 1.0), (0.2, 0.95)):
     opts = dream_sampling.SamplerOptions(steps=12, temperature=temperature, top_p=top_p)
-    rows.append({**dream_bench.setup_cells(config, opts),
-                 **dream_bench.bench_cell(config, params, 1, 16, opts, timed_steps=1)})
+    rows.append({**bench_table.setup_cells(config, opts),
+                 **step_speed.bench_cell(config, params, 1, 16, opts, timed_steps=1)})
   assert [r["sampler"] for r in rows] == ["entropy, greedy", "entropy, T 0.2, top_p 0.95"]
   path = _copy(tmp_path)
-  dream_bench.write_docs(rows[:1], "python -m experiments.diffucoder.tools.benchmark --a", None,
+  bench_table.write_docs(rows[:1], "python -m experiments.diffucoder.tools.benchmark --a", None,
                          path=path)
-  dream_bench.write_docs(rows[1:], "python -m experiments.diffucoder.tools.benchmark --b", None,
+  bench_table.write_docs(rows[1:], "python -m experiments.diffucoder.tools.benchmark --b", None,
                          path=path)
-  written, content = _table(path, dream_bench.DOC_TABLE, dream_bench.DOC_WRITER)
-  printed = dream_bench.format_rows(rows, dream_bench.TABLE_COLUMNS).splitlines()
+  written, content = _table(path, bench_table.DOC_TABLE, bench_table.DOC_WRITER)
+  printed = bench_table.format_rows(rows, bench_table.TABLE_COLUMNS).splitlines()
   assert [r["run"] for r in written] == ["1", "2"]
   for r, line in zip(written, printed[1:]):
-    assert line.split()[-8:] == [r[c] for c in dream_bench.TABLE_COLUMNS[3:]]
+    assert line.split()[-8:] == [r[c] for c in bench_table.TABLE_COLUMNS[3:]]
   assert "run 1: `python -m experiments.diffucoder.tools.benchmark --a`" in content
   assert "run 2: `python -m experiments.diffucoder.tools.benchmark --b`" in content
 
@@ -100,20 +102,20 @@ def _trm_row(columns, model, dtype, batch, value):
 @pytest.mark.parametrize("tool", ["bench", "bench_reference"])
 def test_trm_tools_merge_rows_by_model_dtype_batch(tmp_path, tool):
   if tool == "bench":
-    columns, kw = trm_bench.COLUMNS, {}
+    columns, key = trm_bench.COLUMNS, trm_bench.DOC_KEY
     name, writer = trm_bench.DOC_TABLE, trm_bench.DOC_WRITER
   else:
-    columns = bench_reference.COLUMNS
+    columns, key = bench_reference.COLUMNS, ("model", "dtype", "batch")
     name, writer = bench_reference.DOC_TABLE, bench_reference.DOC_WRITER
-    kw = dict(name=name, writer=writer, columns=columns, key=("model", "dtype", "batch"))
+  kw = dict(name=name, writer=writer, columns=columns, key=key)
   path = _copy(tmp_path)
   first = [_trm_row(columns, "mlp", "float32", 64, 12345.6),
            _trm_row(columns, "att", "float32", 64, 0.5)]
-  trm_bench.write_docs(first, "cmd one", "header", None, path=path, **kw)
-  trm_bench.write_docs([_trm_row(columns, "att", "float32", 64, float("nan"))], "cmd two", "", None,
+  bench_cli.write_docs(first, "cmd one", "header", None, path=path, **kw)
+  bench_cli.write_docs([_trm_row(columns, "att", "float32", 64, float("nan"))], "cmd two", "", None,
                        path=path, **kw)
   written, content = _table(path, name, writer)
-  printed = trm_bench.format_table(first, columns).splitlines()
+  printed = doc_tables.format_table(first, columns).splitlines()
   assert printed[2].split() == [written[0][c] for c in columns]       # the cells as printed
   assert written[0]["podlab_ms" if tool != "bench" else "step_ms"] == "12,346"
   assert written[1][columns[-1]] == "nan" and [r["run"] for r in written] == ["1", "2"]

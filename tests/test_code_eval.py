@@ -23,13 +23,13 @@ import pytest
 from experiments.common import config_utils
 from experiments.common import errors
 from experiments.diffucoder import code_eval
-from experiments.diffucoder import convert
 from experiments.diffucoder import generate
+from experiments.diffucoder import random_checkpoint
 from experiments.diffucoder import sandbox
 from experiments.diffucoder import tokenizer as tokenizer_lib
 from experiments.diffucoder.configs import diffucoder_7b_instruct
 from experiments.diffucoder.configs import tiny
-from experiments.tools import tpu
+from experiments.tools import tpu_target
 from modules import dream
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -277,8 +277,9 @@ def test_a_file_missing_samples_names_the_problem(tmp_path):
 
 def _tiny_checkpoint(tmp_path, config):
   ckpt = str(tmp_path / "tiny_hf")
-  convert.write_random_checkpoint(ckpt, dream.DreamConfig.from_dict(config.model.to_dict()),
-                                  tokens=config.tokens.to_dict())
+  random_checkpoint.write_random_checkpoint(ckpt,
+                                            dream.DreamConfig.from_dict(config.model.to_dict()),
+                                            tokens=config.tokens.to_dict())
   config.checkpoint = ckpt
   generate.write_tiny_tokenizer(config)
   return config
@@ -323,8 +324,8 @@ def test_tiny_model_end_to_end_and_resumption(tmp_path, monkeypatch):
 
 def test_dry_run_compiles_the_generation_step_at_the_longest_prompt():
   try:
-    tpu.load_libtpu()
-  except tpu.LibtpuMissingError as e:
+    tpu_target.load_libtpu()
+  except tpu_target.LibtpuMissingError as e:
     pytest.skip(f"needs libtpu: {e}")
   config = tiny.get_config()
   problems = PROBLEMS[:3]

@@ -20,6 +20,9 @@ import pytest
 
 import dream_numpy_reference as ref
 from experiments.diffucoder import convert
+from experiments.diffucoder import hf_layout
+from experiments.diffucoder import orbax_params
+from experiments.diffucoder import random_checkpoint
 from experiments.common import safetensors_io as st
 from modules import dream
 
@@ -151,7 +154,7 @@ def test_corrupt_files_give_clear_errors(tmp_path, how, message):
 @pytest.fixture(scope="module")
 def tiny_bf16_dir(tmp_path_factory):
   d = str(tmp_path_factory.mktemp("tiny_bf16"))
-  convert.write_random_checkpoint(d, dream.tiny_config(), seed=3, num_shards=3)
+  random_checkpoint.write_random_checkpoint(d, dream.tiny_config(), seed=3, num_shards=3)
   return d
 
 
@@ -159,21 +162,21 @@ def test_random_checkpoint_layout(tiny_bf16_dir):
   cfg = dream.tiny_config()
   ckpt = st.ShardedCheckpoint(tiny_bf16_dir)
   assert len(ckpt.files) == 3
-  assert [(n, s) for n, s in convert.hf_tensor_specs(cfg)] == \
-      [(n, ckpt.infos[n].shape) for n, _ in convert.hf_tensor_specs(cfg)]
-  assert set(ckpt.infos) == {n for n, _ in convert.hf_tensor_specs(cfg)}
+  assert [(n, s) for n, s in hf_layout.hf_tensor_specs(cfg)] == \
+      [(n, ckpt.infos[n].shape) for n, _ in hf_layout.hf_tensor_specs(cfg)]
+  assert set(ckpt.infos) == {n for n, _ in hf_layout.hf_tensor_specs(cfg)}
   assert {i.dtype_name for i in ckpt.infos.values()} == {"BF16"}
   assert ckpt.infos["model.layers.1.self_attn.k_proj.weight"].shape == (32, 64)   # [out, in]
   assert ckpt.infos["lm_head.weight"].shape == (272, 64)
   hf = json.load(open(os.path.join(tiny_bf16_dir, "config.json")))
-  assert convert.config_from_hf_json(os.path.join(tiny_bf16_dir, "config.json")) == cfg
+  assert hf_layout.config_from_hf_json(os.path.join(tiny_bf16_dir, "config.json")) == cfg
   assert hf["num_key_value_heads"] == 2 and hf["tie_word_embeddings"] is False
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_conversion_reproduces_float64_forward_of_the_shards(tmp_path, dtype):
   cfg = dream.tiny_config(dtype=dtype, param_dtype=dtype)
-  convert.write_random_checkpoint(str(tmp_path), cfg, seed=5, num_shards=4)
+  random_checkpoint.write_random_checkpoint(str(tmp_path), cfg, seed=5, num_shards=4)
   params = convert.load_params(str(tmp_path), cfg)
   assert all(x.dtype == jnp.dtype(dtype) for x in jax.tree.leaves(params))
   rng = np.random.default_rng(0)
@@ -198,7 +201,7 @@ def test_orbax_round_trip_and_cli(tmp_path, tiny_bf16_dir, capsys):
   assert "loaded 121,408 parameters" in capsys.readouterr().out
   per_layer = 2 * 64 + 64 * 128 + 128 + 64 * 64 + 3 * 64 * 160     # norms, qkv + bias, o, mlp
   assert dream.count_params(cfg) == 121_408 == 2 * 272 * 64 + 2 * per_layer + 64
-  restored = convert.restore_params(out, cfg)
+  restored = orbax_params.restore_params(out, cfg)
   loaded = convert.load_checkpoint(tiny_bf16_dir, cfg)
   again = convert.load_checkpoint(out, cfg)
   for a, b, c in zip(jax.tree.leaves(restored), jax.tree.leaves(loaded), jax.tree.leaves(again)):
@@ -208,12 +211,12 @@ def test_orbax_round_trip_and_cli(tmp_path, tiny_bf16_dir, capsys):
   with pytest.raises(convert.ConversionError, match="num_layers: saved 2 vs config 3.*Fix: pass "
                      "the config of this checkpoint, or override the fields: "
                      "--config.model.num_layers=2$"):
-    convert.restore_params(out, dream.tiny_config(num_layers=3))
+    orbax_params.restore_params(out, dream.tiny_config(num_layers=3))
   convert.check_checkpoint_folder(out, cfg)                     # the saved config: no weight read
   with pytest.raises(convert.ConversionError, match="--config.model.num_layers=2$"):
     convert.check_checkpoint_folder(out, dream.tiny_config(num_layers=3))
   with pytest.raises(convert.ConversionError, match="not a checkpoint written by"):
-    convert.restore_params(str(tmp_path), cfg)
+    orbax_params.restore_params(str(tmp_path), cfg)
 
 
 def test_cli_write_random_with_config_file(tmp_path, capsys):
@@ -227,16 +230,16 @@ def test_cli_write_random_with_config_file(tmp_path, capsys):
 
 def test_torch_dtype_is_honoured_and_casts_are_logged(tmp_path, capsys):
   d = str(tmp_path / "f32")
-  convert.write_random_checkpoint(d, dream.tiny_config(**F32), seed=2)
-  assert convert.config_from_hf_json(os.path.join(d, "config.json")) == dream.tiny_config(**F32)
+  random_checkpoint.write_random_checkpoint(d, dream.tiny_config(**F32), seed=2)
+  assert hf_layout.config_from_hf_json(os.path.join(d, "config.json")) == dream.tiny_config(**F32)
   # A float32 folder becomes a float32 checkpoint, no cast.
   out = str(tmp_path / "f32_orbax")
   assert convert.main(["--hf_dir", d, "--out", out]) == 0
   cap = capsys.readouterr()
   assert "float32) in" in cap.out and " -> " not in cap.err
-  saved = json.load(open(os.path.join(out, convert.PODLAB_CONFIG_JSON)))
+  saved = json.load(open(os.path.join(out, orbax_params.PODLAB_CONFIG_JSON)))
   assert saved["param_dtype"] == saved["dtype"] == "float32"
-  restored = convert.restore_params(out)
+  restored = orbax_params.restore_params(out)
   ckpt = st.ShardedCheckpoint(d)
   np.testing.assert_array_equal(np.asarray(restored["dream/lm_head"]["w"]),
                                 np.asarray(ckpt.get("lm_head.weight")).T)
@@ -245,7 +248,7 @@ def test_torch_dtype_is_honoured_and_casts_are_logged(tmp_path, capsys):
   assert convert.main(["--hf_dir", d, "--dtype", "bfloat16", "--out", out16]) == 0
   assert f"{d}: cast 27 tensors float32 -> bfloat16 (config.model.param_dtype)" in \
       capsys.readouterr().err
-  p16 = convert.restore_params(out16)
+  p16 = orbax_params.restore_params(out16)
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(p16))
   np.testing.assert_array_equal(np.asarray(p16["dream/lm_head"]["w"]),
                                 np.asarray(restored["dream/lm_head"]["w"]).astype(jnp.bfloat16))
@@ -266,7 +269,7 @@ def test_torch_dtype_is_honoured_and_casts_are_logged(tmp_path, capsys):
   convert.load_params(d, dream.tiny_config(), allow_cast=True, log=lines.append)
   assert lines == [f"{d}: cast 27 tensors float32 -> bfloat16 (config.model.param_dtype)"]
   lines.clear()
-  convert.restore_params(out, dream.tiny_config(), log=lines.append)
+  orbax_params.restore_params(out, dream.tiny_config(), log=lines.append)
   assert lines == [f"{os.path.abspath(out)}: cast the saved parameters float32 -> bfloat16 "
                    "(config.model.param_dtype)"]
   # An unknown torch_dtype is an error naming the fix.
@@ -296,7 +299,7 @@ def test_torch_dtype_is_honoured_and_casts_are_logged(tmp_path, capsys):
 
 def _write_variant(d, cfg, edit):
   """A random checkpoint of cfg whose tensor list is changed by edit(specs) -> specs."""
-  specs = [(n, s, np.dtype(cfg.param_dtype)) for n, s in convert.hf_tensor_specs(cfg)]
+  specs = [(n, s, np.dtype(cfg.param_dtype)) for n, s in hf_layout.hf_tensor_specs(cfg)]
   specs = edit(specs)
   st.write_sharded(d, specs, lambda n: np.zeros(dict((a, b) for a, b, _ in specs)[n],
                                                 dict((a, c) for a, _, c in specs)[n]),
@@ -332,7 +335,7 @@ def test_wrong_config_and_missing_shard(tmp_path, tiny_bf16_dir):
     convert.check_checkpoint_folder(tiny_bf16_dir, dream.tiny_config(hidden_size=128,
                                                                      num_layers=3))
   d = str(tmp_path)
-  convert.write_random_checkpoint(d, dream.tiny_config(), num_shards=3)
+  random_checkpoint.write_random_checkpoint(d, dream.tiny_config(), num_shards=3)
   os.remove(os.path.join(d, "config.json"))
   with pytest.raises(convert.ConversionError, match="wrong shapes.*override the fields its shapes "
                      r"show: --config.model.intermediate_size=160 \(num_heads"):
@@ -349,7 +352,7 @@ def test_wrong_config_and_missing_shard(tmp_path, tiny_bf16_dir):
 
 def test_index_and_shard_disagree(tmp_path):
   d = str(tmp_path)
-  convert.write_random_checkpoint(d, dream.tiny_config(), num_shards=2)
+  random_checkpoint.write_random_checkpoint(d, dream.tiny_config(), num_shards=2)
   index_path = os.path.join(d, st.INDEX_NAME)
   index = json.load(open(index_path))
   index["weight_map"]["model.norm.weight"] = "model-00001-of-00002.safetensors"
@@ -363,7 +366,7 @@ def test_full_size_7b_layout_on_sparse_shards(tmp_path):
   """The real 339-tensor, 15.2 GB layout in 4 shards, written as sparse files (headers + holes: no
   disk, no time), passes every header, index and name/shape/dtype check; one wrong tensor fails."""
   cfg = dream.DREAM_7B
-  specs = [(n, s, np.dtype(ml_dtypes.bfloat16)) for n, s in convert.hf_tensor_specs(cfg)]
+  specs = [(n, s, np.dtype(ml_dtypes.bfloat16)) for n, s in hf_layout.hf_tensor_specs(cfg)]
 
   def write(specs, d):
     os.makedirs(d)
@@ -380,13 +383,13 @@ def test_full_size_7b_layout_on_sparse_shards(tmp_path):
     with open(os.path.join(d, st.INDEX_NAME), "w") as f:
       json.dump({"metadata": {"total_size": 15_231_233_024}, "weight_map": weight_map}, f)
     with open(os.path.join(d, "config.json"), "w") as f:
-      json.dump(convert.hf_config_json(cfg), f)
+      json.dump(hf_layout.hf_config_json(cfg), f)
 
   good = str(tmp_path / "good")
   write(specs, good)
   ckpt = st.ShardedCheckpoint(good)
   assert len(ckpt.infos) == 339 and ckpt.total_bytes == 2 * 7_615_616_512 == 15_231_233_024
-  convert.check_against_hf_json(good, cfg)
+  hf_layout.check_against_hf_json(good, cfg)
   convert.check_checkpoint(ckpt, cfg)
   assert ckpt.get("model.layers.27.mlp.down_proj.weight").shape == (3584, 18944)
   bad = str(tmp_path / "bad")
@@ -433,7 +436,7 @@ def test_conversion_peak_memory_is_model_plus_about_a_shard(tmp_path):
   # ~270 MB of bf16 over 4 shards (the real model is 15.2 GB over 4 shards).
   cfg = dream.DreamConfig(vocab_size=16384, hidden_size=1024, intermediate_size=2816, num_layers=8,
                           num_heads=8, num_kv_heads=2)
-  convert.write_random_checkpoint(str(tmp_path), cfg, num_shards=4)
+  random_checkpoint.write_random_checkpoint(str(tmp_path), cfg, num_shards=4)
   r = measure_conversion_rss(str(tmp_path), cfg)
   growth = r["peak"] - r["base"]
   # The device copy of the params (the CPU device is host memory) plus at most about one shard,

@@ -25,6 +25,8 @@ import dream_numpy_reference as ref
 from experiments.common import config_utils
 from experiments.diffucoder import convert
 from experiments.diffucoder import generate
+from experiments.diffucoder import hf_layout
+from experiments.diffucoder import random_checkpoint
 from experiments.diffucoder import sampling
 from modules import dream
 
@@ -37,8 +39,8 @@ CFG = dream.tiny_config(dtype="float32", param_dtype="float32")
 @pytest.fixture(scope="module")
 def model():
   tensors = {}
-  for i, (name, shape) in enumerate(convert.hf_tensor_specs(CFG)):
-    tensors[name] = convert.random_tensor(name, shape, i, seed=4)
+  for i, (name, shape) in enumerate(hf_layout.hf_tensor_specs(CFG)):
+    tensors[name] = random_checkpoint.random_tensor(name, shape, i, seed=4)
   head = tensors["lm_head.weight"] * 6.0                     # [V, D]: confident predictions
   head[MASK] = 0.0                                           # never <|mask|>
   tensors["lm_head.weight"] = head

@@ -14,14 +14,19 @@ import pytest
 
 from experiments.common import config_utils
 from experiments.common import errors
-from experiments.diffucoder.tools import benchmark
 from experiments.diffucoder import convert
 from experiments.diffucoder import generate
+from experiments.diffucoder import random_checkpoint
 from experiments.diffucoder import sampling
 from experiments.diffucoder import tokenizer as tokenizer_lib
 from experiments.diffucoder.configs import tiny
+from experiments.diffucoder.tools import benchmark
+from experiments.diffucoder.tools import decodings
+from experiments.diffucoder.tools import step_speed
 from experiments.diffucoder.tools import tpu_plan
-from experiments.tools import tpu
+from experiments.tools import tpu_compile
+from experiments.tools import tpu_report
+from experiments.tools import tpu_target
 from modules import dream
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,8 +91,9 @@ def test_data_parallel_fast_dllm_equals_single_device(threshold):
 def _tiny_setup(tmp_path, **generate_overrides):
   config = tiny.get_config("dtype=float32")
   ckpt = str(tmp_path / "tiny_hf")
-  convert.write_random_checkpoint(ckpt, dream.DreamConfig.from_dict(config.model.to_dict()),
-                                  num_shards=2, tokens=config.tokens.to_dict())
+  random_checkpoint.write_random_checkpoint(ckpt,
+                                            dream.DreamConfig.from_dict(config.model.to_dict()),
+                                            num_shards=2, tokens=config.tokens.to_dict())
   tokenizer_lib.write_byte_level_tokenizer(
       ckpt, tokenizer_lib.tiny_special_tokens(config.tokens.to_dict()), tokenizer_lib.TINY_MERGES,
       first_merge_id=261)
@@ -179,17 +185,17 @@ def test_cli_writes_jsonl(tmp_path):
 
 
 def test_benchmark_analytic_flops_match_xla_cost_analysis():
-  config = benchmark.small_config(hidden=128, layers=2, heads=4, kv_heads=2, vocab=1024,
-                                  dtype="float32")
+  config = step_speed.small_config(hidden=128, layers=2, heads=4, kv_heads=2, vocab=1024,
+                                   dtype="float32")
   forward = generate.model_forward(config)
-  params = jax.eval_shape(lambda: benchmark._random_params(config))
+  params = jax.eval_shape(lambda: step_speed.random_params(config))
   b, length = 2, 64
   sd = jax.ShapeDtypeStruct
   compiled = jax.jit(forward).lower(params, sd((b, length), jnp.int32), sd((b, length), jnp.bool_),
                                     sd((b, length), jnp.int32)).compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  analytic = benchmark.analytic_flops(config, b, length)
+  analytic = step_speed.analytic_flops(config, b, length)
   # matmuls by hand: per token 2 (D (H+2K) Dh + H Dh D + 3 D F) per layer + 2 D V, + 4 L^2 H Dh
   d, f, v = 128, 352, 1024
   per_token = 2 * (2 * (d * 256 + d * d + 3 * d * f)) + 2 * d * v
@@ -199,14 +205,14 @@ def test_benchmark_analytic_flops_match_xla_cost_analysis():
 
 @pytest.mark.slow
 def test_benchmark_cell_reports_consistent_numbers():
-  config = benchmark.small_config(hidden=32, layers=1, heads=2, kv_heads=1, vocab=64,
-                                  dtype="float32")
-  params = benchmark._random_params(config)
+  config = step_speed.small_config(hidden=32, layers=1, heads=2, kv_heads=1, vocab=64,
+                                   dtype="float32")
+  params = step_speed.random_params(config)
   opts = sampling.SamplerOptions(steps=24, alg="entropy")
-  row = benchmark.bench_cell(config, params, 2, 32, opts, timed_steps=2)
+  row = step_speed.bench_cell(config, params, 2, 32, opts, timed_steps=2)
   assert row["new_tokens"] == 24 and row["batch"] == 2
   np.testing.assert_allclose(row["tokens_per_s"], 2 / (row["ms_step"] / 1e3), rtol=1e-9)
-  assert row["gflop_step"] == benchmark.analytic_flops(config, 2, 32) / 1e9
+  assert row["gflop_step"] == step_speed.analytic_flops(config, 2, 32) / 1e9
 
 
 @pytest.mark.parametrize("name", ["diffucoder_7b_base", "diffucoder_7b_instruct", "dream_7b_base"])
@@ -231,8 +237,9 @@ def test_model_card_configs_offer_harness_and_card_top_k(name):
 def test_write_tiny_tokenizer_writes_nothing_before_the_size_check_passes(tmp_path):
   config = tiny.get_config("dtype=float32")
   ckpt = str(tmp_path / "tiny_hf")
-  convert.write_random_checkpoint(ckpt, dream.DreamConfig.from_dict(config.model.to_dict()),
-                                  tokens=config.tokens.to_dict())
+  random_checkpoint.write_random_checkpoint(ckpt,
+                                            dream.DreamConfig.from_dict(config.model.to_dict()),
+                                            tokens=config.tokens.to_dict())
   config.checkpoint = ckpt
   before = sorted(os.listdir(ckpt))
   config.model.num_layers = 3                                       # the wrong size
@@ -254,8 +261,8 @@ def test_write_tiny_tokenizer_writes_nothing_before_the_size_check_passes(tmp_pa
   small = tiny.get_config("dtype=float32")
   small.model.vocab_size = 270
   d = str(tmp_path / "small")
-  convert.write_random_checkpoint(d, dream.DreamConfig.from_dict(small.model.to_dict()),
-                                  tokens=small.tokens.to_dict())
+  random_checkpoint.write_random_checkpoint(d, dream.DreamConfig.from_dict(small.model.to_dict()),
+                                            tokens=small.tokens.to_dict())
   small.checkpoint = d
   with pytest.raises(config_utils.ConfigError, match=r"model.vocab_size=270: the tiny tokenizer's "
                      r"ids reach 271.*--config.model.vocab_size=272"):
@@ -269,10 +276,10 @@ def test_benchmark_compare_decodings_on_given_params():
   forward, params = _model()
   cfg = dream.tiny_config(dtype="float32", param_dtype="float32")
   prompt, valid = sampling.left_pad([[5, 6, 7, 8], [9, 10, 11, 12]], PAD)
-  variants = [v for v in benchmark.compare_variants(8, 4, 0.5)
+  variants = [v for v in decodings.compare_variants(8, 4, 0.5)
               if v[0] in ("plain (reference)", "fast_dllm, no cache", "fast_dllm dual cache")]
   variants = [(name, kw, min(base, 1)) for name, kw, base in variants]
-  rows = benchmark.compare_decodings(cfg, params, prompt, valid, mask_id=MASK, new_tokens=8,
+  rows = decodings.compare_decodings(cfg, params, prompt, valid, mask_id=MASK, new_tokens=8,
                                      block_length=4, threshold=0.5, repeats=1, variants=variants)
   assert [r["decoding"] for r in rows] == ["plain (reference)", "fast_dllm, no cache",
                                           "fast_dllm dual cache"]
@@ -313,20 +320,21 @@ def test_benchmark_tpu_dry_run_fix_names_its_flag_the_users_batch_and_a_thin_mar
   HBM figures are issue 49's)."""
   gib = 2 ** 30
   compiled = []
-  monkeypatch.setattr(tpu, "load_libtpu", lambda: "test")
+  monkeypatch.setattr(tpu_target, "load_libtpu", lambda: "test")
   monkeypatch.setattr(tpu_plan, "lower_step", lambda target, batch, m, *a, **k: (batch, m))
 
   def fake_report(program, *, target, name="program", **kw):
     batch, m = program
     compiled.append((batch, m))
     if m == 1:
-      return tpu.Report(name=name, target=target, libtpu_version="test", compiled=False,
-                        oom_need_bytes=int(14.35 * gib), compiler_message="RESOURCE_EXHAUSTED")
-    return tpu.Report(name=name, target=target, libtpu_version="test", compiled=True,
-                      argument_bytes=int(7.1 * gib), output_bytes=0, alias_bytes=0,
-                      temp_bytes=int(0.4 * gib), peak_bytes=int(7.35 * gib))
-  monkeypatch.setattr(tpu, "compile_report", fake_report)
-  with pytest.raises(tpu.DoesNotFitError) as e:
+      return tpu_report.Report(name=name, target=target, libtpu_version="test", compiled=False,
+                               oom_need_bytes=int(14.35 * gib),
+                               compiler_message="RESOURCE_EXHAUSTED")
+    return tpu_report.Report(name=name, target=target, libtpu_version="test", compiled=True,
+                             argument_bytes=int(7.1 * gib), output_bytes=0, alias_bytes=0,
+                             temp_bytes=int(0.4 * gib), peak_bytes=int(7.35 * gib))
+  monkeypatch.setattr(tpu_compile, "compile_report", fake_report)
+  with pytest.raises(tpu_report.DoesNotFitError) as e:
     benchmark.run_dry_tpu("v2-8", global_batch=8, canvas=512)
   assert compiled == [(8, 1), (8, 2)]
   assert str(e.value).endswith(
@@ -338,8 +346,8 @@ def test_benchmark_tpu_dry_run_is_generate_dry_runs_program():
   """`benchmark --dry_run --target=TPU` compiles through tpu_plan.dry_run (generate.py --dry_run's
   program): here the tiny model's step on a v5e-8 at model_parallel 2, 8 rows of 32 tokens."""
   try:
-    tpu.load_libtpu()
-  except tpu.LibtpuMissingError as e:
+    tpu_target.load_libtpu()
+  except tpu_target.LibtpuMissingError as e:
     pytest.skip(f"needs libtpu: {e}")
   opts = sampling.SamplerOptions(alg="entropy", temperature=0.4, top_p=0.95)
   text = benchmark.run_dry_tpu("v5e-8", dream.tiny_config(), global_batch=8, canvas=32,

@@ -1,5 +1,5 @@
 """Tests of the masked-diffusion experiment (experiments/diffucoder/train.py) and of the benchmark's
-table on a trained model (experiments/diffucoder/tools/benchmark.py mode 4).
+table on a trained model (experiments/diffucoder/tools/benchmark.py mode 4, decodings.py).
 
 The objective and the evaluation are checked against float64 NumPy written from their definitions
 (docs/diffucoder.md section 12); training runs end to end on the smoke config through the shared
@@ -18,10 +18,12 @@ import pytest
 
 from experiments.common import errors
 from experiments.common import trainer
-from experiments.diffucoder.tools import benchmark
 from experiments.diffucoder import convert
+from experiments.diffucoder import random_checkpoint
 from experiments.diffucoder import train
 from experiments.diffucoder.configs import shakespeare_mdm
+from experiments.diffucoder.tools import decodings
+from experiments.diffucoder.tools import step_speed
 from modules import dream
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -164,8 +166,8 @@ def test_eval_of_a_dream_folder_through_the_entry_point(data_dir, tmp_path):
   c = _smoke(data_dir)
   model = train.model_config(c)
   folder = tmp_path / "dream_hf"
-  convert.write_random_checkpoint(str(folder), model, seed=3, num_shards=2,
-                                  tokens={"mask_id": c.mask_id})
+  random_checkpoint.write_random_checkpoint(str(folder), model, seed=3, num_shards=2,
+                                            tokens={"mask_id": c.mask_id})
   wd = tmp_path / "eval"
   env = dict(os.environ, PYTHONPATH=str(REPO))
   proc = subprocess.run(
@@ -189,13 +191,13 @@ def test_eval_of_a_dream_folder_through_the_entry_point(data_dir, tmp_path):
 def test_init_from_a_dream_folder_of_another_shape_names_the_fix(data_dir, tmp_path):
   c = _smoke(data_dir)
   folder = tmp_path / "wide"
-  convert.write_random_checkpoint(str(folder), train.model_config(c).__class__(
+  random_checkpoint.write_random_checkpoint(str(folder), train.model_config(c).__class__(
       **{**train.model_config(c).to_dict(), "num_layers": 3}), num_shards=1)
   c.init_from = str(folder)
   with pytest.raises(errors.FormatError, match=r"--config\.model\.num_layers=3"):
     trainer.evaluate(train.MaskedDiffusion(), c, str(tmp_path / "e1"))
   hf = tmp_path / "other_mask"
-  convert.write_random_checkpoint(str(hf), train.model_config(c), tokens={"mask_id": 64})
+  random_checkpoint.write_random_checkpoint(str(hf), train.model_config(c), tokens={"mask_id": 64})
   c.init_from = str(hf)
   with pytest.raises(errors.FormatError, match=r"--config\.mask_id=64"):
     trainer.evaluate(train.MaskedDiffusion(), c, str(tmp_path / "e2"))
@@ -206,18 +208,18 @@ def test_init_from_a_dream_folder_of_another_shape_names_the_fix(data_dir, tmp_p
 
 def test_trained_table_rows_and_completion_likelihood():
   cfg = dream.tiny_config(vocab_size=16, dtype="float32", param_dtype="float32")
-  params = benchmark._random_params(cfg, seed=2)
+  params = step_speed.random_params(cfg, seed=2)
   mask_id, B, P, N = 15, 2, 4, 8
   rng = np.random.default_rng(0)
   prompt = rng.integers(0, mask_id, (B, P)).astype(np.int32)
   truth = rng.integers(0, mask_id, (B, N)).astype(np.int32)
-  variants = [v for v in benchmark.compare_variants(N, 4, 0.5)
+  variants = [v for v in decodings.compare_variants(N, 4, 0.5)
               if v[0] in ("plain (reference)", "blocks of 4, no cache", "dual cache")]
-  rows = benchmark.trained_table(cfg, params, prompt, truth, mask_id=mask_id, new_tokens=N,
+  rows = decodings.trained_table(cfg, params, prompt, truth, mask_id=mask_id, new_tokens=N,
                                  block_length=4, threshold=0.5, repeats=1, variants=variants)
   assert [r["decoding"] for r in rows] == [v[0] for v in variants] + ["held-out text"]
   for r in rows:
-    assert set(benchmark.TRAINED_COLUMNS) <= set(r)
+    assert set(decodings.TRAINED_COLUMNS) <= set(r)
   plain = rows[0]
   assert plain["agreement"] == 1.0 and plain["forwards"] == N and plain["forwards_per_token"] == 1.0
   assert rows[2]["forwards_per_token"] == rows[2]["forwards"] / N
@@ -233,6 +235,6 @@ def test_trained_table_rows_and_completion_likelihood():
         logits = np.asarray(apply(params, canvas[None], np.ones((1, P + N), bool)))[0]
         nll[b, j] = -_log_softmax64(logits[P + j - 1])[y[b, j]]
     np.testing.assert_allclose(
-        benchmark.completion_nll(cfg, params, prompt, y, mask_id=mask_id, rows_per_call=5), nll,
+        decodings.completion_nll(cfg, params, prompt, y, mask_id=mask_id, rows_per_call=5), nll,
         rtol=1e-5)
     assert r["nll"] == pytest.approx(nll.mean(), rel=1e-5)

@@ -14,6 +14,8 @@ import pytest
 
 import dream_numpy_reference as ref
 from experiments.diffucoder import convert
+from experiments.diffucoder import hf_layout
+from experiments.diffucoder import random_checkpoint
 from modules import dream
 
 F32 = dict(dtype="float32", param_dtype="float32")
@@ -21,8 +23,8 @@ F32 = dict(dtype="float32", param_dtype="float32")
 
 def hf_tensors(cfg, seed=0, dtype=np.float32):
   """Random HF-layout tensors {name: array} for `cfg` (the converter's deterministic generator)."""
-  return {name: convert.random_tensor(name, shape, i, seed, dtype)
-          for i, (name, shape) in enumerate(convert.hf_tensor_specs(cfg))}
+  return {name: random_checkpoint.random_tensor(name, shape, i, seed, dtype)
+          for i, (name, shape) in enumerate(hf_layout.hf_tensor_specs(cfg))}
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,7 +86,7 @@ def test_7b_parameter_count_and_layout():
   assert layout["dream/layer_0/mlp/gate_up_proj"] == {"w": (3584, 2 * 18944)}
   assert layout["dream/lm_head"] == {"w": (3584, 152064)}
   # The same count from the checkpoint's 339 tensors.
-  specs = convert.hf_tensor_specs(cfg)
+  specs = hf_layout.hf_tensor_specs(cfg)
   assert len(specs) == 339
   assert sum(int(np.prod(s)) for _, s in specs) == 7_615_616_512
   shapes = dream.param_shapes(cfg)

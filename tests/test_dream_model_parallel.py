@@ -26,11 +26,14 @@ from experiments.common import checkpointing
 from experiments.common import config_utils
 from experiments.common import parallel
 from experiments.diffucoder import convert
+from experiments.diffucoder import hf_layout
 from experiments.diffucoder import model_sharding
+from experiments.diffucoder import orbax_params
+from experiments.diffucoder import random_checkpoint
 from experiments.diffucoder import sampling
 from experiments.diffucoder.configs import common
 from experiments.diffucoder.tools import tpu_plan
-from experiments.tools import tpu
+from experiments.tools import tpu_target
 from modules import dream
 
 CFG = dream.tiny_config(num_heads=16, num_kv_heads=8, dtype="float32", param_dtype="float32")
@@ -45,8 +48,8 @@ NEW = 16
 def host_params(name="tiny"):
   """The unsharded parameter tree (numpy) of a random HF-layout checkpoint of CONFIGS[name]."""
   cfg = CONFIGS[name]
-  tensors = {n: convert.random_tensor(n, s, i, 0)
-             for i, (n, s) in enumerate(convert.hf_tensor_specs(cfg))}
+  tensors = {n: random_checkpoint.random_tensor(n, s, i, 0)
+             for i, (n, s) in enumerate(hf_layout.hf_tensor_specs(cfg))}
   return convert.params_from_tensors(tensors.__getitem__, cfg, place=np.asarray)
 
 
@@ -264,7 +267,7 @@ def test_tpu_compile_splits_the_weights_over_the_model_axis(libtpu):
   model_parallel 4 holds a quarter of the sharded weights plus the replicated norms per device."""
   cfg = dream.tiny_config(vocab_size=4096, hidden_size=256, intermediate_size=512, num_heads=8,
                           num_kv_heads=4)
-  target = tpu.parse_target("v4-8")
+  target = tpu_target.parse_target("v4-8")
   shapes = dream.param_shapes(cfg)
   total = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(shapes))
   norms = sum(a.size * a.dtype.itemsize for m, p in shapes.items() for a in p.values()
@@ -284,9 +287,9 @@ def test_load_checkpoint_onto_a_mesh_from_safetensors_and_orbax(tmp_path, monkey
   one host array."""
   cfg = dream.tiny_config(dtype="float32", param_dtype="float32")          # H 4, K 2: m = 2
   hf = str(tmp_path / "hf")
-  convert.write_random_checkpoint(hf, cfg, num_shards=2)
+  random_checkpoint.write_random_checkpoint(hf, cfg, num_shards=2)
   host = convert.load_params(hf, cfg, place=np.asarray)
-  convert.save_params(host, str(tmp_path / "orbax"), cfg)
+  orbax_params.save_params(host, str(tmp_path / "orbax"), cfg)
   mesh = model_sharding.mesh_2d(2, 2)
   specs = dream.param_partition_specs(cfg, model_sharding.MODEL_AXIS)
   targets = []
@@ -321,9 +324,9 @@ def test_orbax_restore_onto_a_mesh_casts_the_saved_dtype(tmp_path):
   cfg32 = dream.tiny_config(dtype="float32", param_dtype="float32")
   cfg16 = dream.tiny_config(dtype="bfloat16", param_dtype="bfloat16")
   hf = str(tmp_path / "hf")
-  convert.write_random_checkpoint(hf, cfg32, num_shards=1)
+  random_checkpoint.write_random_checkpoint(hf, cfg32, num_shards=1)
   host = convert.load_params(hf, cfg32, place=np.asarray)
-  convert.save_params(host, str(tmp_path / "orbax"), cfg32)
+  orbax_params.save_params(host, str(tmp_path / "orbax"), cfg32)
   mesh = model_sharding.mesh_2d(2, 2)
   lines = []
   params = convert.load_checkpoint(str(tmp_path / "orbax"), cfg16, mesh=mesh, log=lines.append)

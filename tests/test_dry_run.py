@@ -1,5 +1,5 @@
 """`--dry_run --target=<TPU type>`: podlab's real programs compiled by the TPU compiler (libtpu) for a
-whole slice on this CPU machine (experiments/tools/dry_run.py, experiments/tools/tpu.py).
+whole slice on this CPU machine (experiments/tools/dry_run.py, experiments/tools/tpu_compile.py).
 
 Skipped with one line where libtpu cannot be loaded. Compile times are printed by the tool, never
 asserted here; memory and FLOPs are checked for consistency (positive, within the chip, the
@@ -22,7 +22,9 @@ from experiments.diffucoder.tools import tpu_plan
 from experiments.nanogpt import train as gpt_train
 from experiments.nanogpt.configs import shakespeare_char_cpu
 from experiments.tools import dry_run
-from experiments.tools import tpu
+from experiments.tools import tpu_compile
+from experiments.tools import tpu_report
+from experiments.tools import tpu_target
 from experiments.trm import train as trm_train
 from experiments.trm.configs import cpu_demo
 from modules import dream
@@ -55,13 +57,14 @@ def _compiled(target: str, name: str):
   if (target, name) not in _COMPILED:
     experiment, config = {"gpt": (gpt_train.NanoGPT(), _gpt()),
                           "trm": (trm_train.TRM(), _trm())}[name]
-    _COMPILED[target, name] = dry_run.compile_for_tpu(experiment, config, tpu.parse_target(target))
+    _COMPILED[target, name] = dry_run.compile_for_tpu(experiment, config,
+                                                      tpu_target.parse_target(target))
   return _COMPILED[target, name]
 
 
 @pytest.mark.parametrize("target", ["v4-8", pytest.param("v5litepod-4", marks=pytest.mark.slow)])
 def test_tiny_trm_and_gpt_compile_for_a_slice(target):
-  t = tpu.parse_target(target)
+  t = tpu_target.parse_target(target)
   for name in ("gpt", "trm"):
     reports, steps = _compiled(target, name)
     assert [r.name for r in reports] == ["train_step", "eval_step"], name
@@ -72,7 +75,7 @@ def test_tiny_trm_and_gpt_compile_for_a_slice(target):
       assert r.argument_bytes > 0 and r.compiler_flops > 0
       # config.cpu_tuning is on, but the program is compiled for a TPU: no CPU-only layout trick.
       assert r.layout_constraints is False
-    text = tpu.format_report(reports)
+    text = tpu_report.format_report(reports)
     assert "COMPILER ESTIMATES" in text and target in text
 
 
@@ -94,8 +97,8 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
   p = dry_run.programs(experiment(), b, config, cpu)["train_step"]
   lowered = parallel.compile_step(p.fn, cpu.rules, state_in=p.state_in, out_axes=p.out_axes,
                                   blocks=p.blocks).lower(*p.args)
-  assert tpu.hlo_has_layout_constraints(lowered)
-  t = tpu.parse_target("v4-8")
+  assert tpu_compile.hlo_has_layout_constraints(lowered)
+  t = tpu_target.parse_target("v4-8")
   on_tpu = dry_run.tpu_layout(experiment(), config, t)
   assert not on_tpu.cpu_tuning
   b = experiment().build(config, on_tpu)
@@ -104,7 +107,7 @@ def test_the_cpu_matmul_path_is_only_in_cpu_programs(family):
     assert b.model_config.forms == xla_cpu.Forms()            # no form at all
   assert not b.compiler_options                               # no XLA:CPU option in a TPU program
   p = dry_run.programs(experiment(), b, config, on_tpu)["train_step"]
-  assert not tpu.hlo_has_layout_constraints(dry_run.lower_for_tpu(p, t, on_tpu))
+  assert not tpu_compile.hlo_has_layout_constraints(dry_run.lower_for_tpu(p, t, on_tpu))
 
 
 def test_compiler_flops_against_the_analytic_count_with_every_loop_trip():
@@ -116,7 +119,7 @@ def test_compiler_flops_against_the_analytic_count_with_every_loop_trip():
   count (measured +5.0%). GPT with grad_accum=5 (a 5-trip scan of micro-steps) against 1: the same
   FLOPs per token (within 3%); bytes per token no higher (the update's optimizer bytes are shared by
   5 micro-batches; measured 0.67x), where the one-trip count said 0.2x."""
-  t = tpu.parse_target("v4-8")
+  t = tpu_target.parse_target("v4-8")
   gpt = _compiled("v4-8", "gpt")[0][0]
   assert gpt.while_loops == 0 and gpt.loops == () and gpt.loop_aware
   assert abs(gpt.compiler_flops / gpt.analytic_flops - 1) < 0.10
@@ -204,12 +207,12 @@ def test_tiny_dream_sampling_step_compiles_for_a_slice_replicated_and_sharded(ta
   """The tiny Dream's sampler step (pmap program at model_parallel 1, shard_map at 2) compiles for
   the slice; each device's arguments hold the whole weights at 1 and about half at 2 (the
   embedding, norms and rows are not all split, so between 1/2 and 3/4)."""
-  t = tpu.parse_target(target)
+  t = tpu_target.parse_target(target)
   weights = _tiny_dream_param_bytes()
   args = {}
   for m in (1, 2):
     lowered = tpu_plan.lower_step(t, 4, m, dream.tiny_config(), prompt=8, new=8)
-    r = tpu.compile_report(lowered, target=t, name=f"mp{m}")
+    r = tpu_compile.compile_report(lowered, target=t, name=f"mp{m}")
     assert r.compiled and r.fits, m
     args[m] = r.argument_bytes
   assert weights <= args[1] < 1.5 * weights     # TPU tiling pads small arrays

@@ -154,4 +154,6 @@ def test_a_run_imports_no_tools_module():
   assert proc.returncode == 0, proc.stderr[-3000:]
   before, after = proc.stdout.strip().splitlines()[-2:]
   assert before == "[]"
-  assert after == "['experiments.tools', 'experiments.tools.dry_run', 'experiments.tools.tpu']"
+  assert after == str(["experiments.tools", "experiments.tools.dry_run"]
+                      + [f"experiments.tools.tpu_{m}"
+                         for m in ("compile", "cost", "fit", "report", "target")])

@@ -573,10 +573,12 @@ def _final_eval(workdir):
 
 @pytest.mark.usefixtures("libtpu")
 def test_a_model_axis_step_compiles_for_a_tpu_slice_with_its_blocks_per_chip():
-  """The toy step compiled for a v4-8 (4 chips) under fsdp x model_parallel=2 (tpu.lower_step, as
-  `--dry_run --target` does): per-device arguments get one row per data group (2), and each chip's
-  argument bytes are the state's / 4 (split over both axes) plus the rows."""
-  from experiments.tools import tpu  # pylint: disable=g-import-not-at-top
+  """The toy step compiled for a v4-8 (4 chips) under fsdp x model_parallel=2
+  (tpu_target.lower_step, as `--dry_run --target` does): per-device arguments get one row per data
+  group (2), and each chip's argument bytes are the state's / 4 (split over both axes) plus the
+  rows."""
+  from experiments.tools import tpu_compile  # pylint: disable=g-import-not-at-top
+  from experiments.tools import tpu_target  # pylint: disable=g-import-not-at-top
   params = {"mlp/~/in": {"w": jax.ShapeDtypeStruct((256, 512), jnp.float32)},
             "mlp/~/out": {"w": jax.ShapeDtypeStruct((512, 256), jnp.float32)}}
   tx = optax.adam(1e-3)
@@ -590,12 +592,13 @@ def test_a_model_axis_step_compiles_for_a_tpu_slice_with_its_blocks_per_chip():
                                        jax.random.key(0))
     return u.params, u.opt_state
   state = (params, jax.eval_shape(tx.init, params))
-  target = tpu.parse_target("v4-8")
-  lowered = tpu.lower_step(step, target, (state, jax.ShapeDtypeStruct((8, 256), jnp.float32)),
-                           rules=parallel.Rules("fsdp", model_parallel=2, model_spec=_megatron),
-                           state_in=(0,), out_axes=None, donate_argnums=(0,), blocks=True)
+  target = tpu_target.parse_target("v4-8")
+  lowered = tpu_target.lower_step(
+      step, target, (state, jax.ShapeDtypeStruct((8, 256), jnp.float32)),
+      rules=parallel.Rules("fsdp", model_parallel=2, model_spec=_megatron),
+      state_in=(0,), out_axes=None, donate_argnums=(0,), blocks=True)
   assert lowered.args_info[0][1].shape == (2, 8, 256)                       # 2 data groups
-  report = tpu.compile_report(lowered, target=target, name="toy")
+  report = tpu_compile.compile_report(lowered, target=target, name="toy")
   state_bytes = 3 * 2 * 256 * 512 * 4                # params and two Adam moments, float32
   assert report.compiled and report.fits
   assert state_bytes / 4 <= report.argument_bytes < state_bytes / 4 + 2 ** 16, report.argument_bytes

@@ -80,17 +80,17 @@ def test_shape_bytes():
 def test_against_the_tpu_compiler(libtpu):
   """An elementwise program: the split adds up to the compiler's figure exactly; a 5-trip loop of
   one: five times its body (the compiler's own count has the body once)."""
-  from experiments.tools import tpu  # pylint: disable=g-import-not-at-top
-  target = tpu.parse_target("v4-8")
+  from experiments.tools import tpu_target  # pylint: disable=g-import-not-at-top
+  target = tpu_target.parse_target("v4-8")
   arg = jax.ShapeDtypeStruct((2048, 1024), jnp.float32)
-  add = tpu.lower_step(lambda x, y: x + y, target, (arg, arg)).compile()
+  add = tpu_target.lower_step(lambda x, y: x + y, target, (arg, arg)).compile()
   cost = add.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
   assert hlo_bytes.breakdown(add.as_text()).total == cost["bytes accessed"] == 3 * 2048 * 1024 * 4
 
   def loop(x):
     return jax.lax.fori_loop(0, 5, lambda i, v: jnp.sin(v) * 1.5, x)
-  looped = tpu.lower_step(loop, target, (arg,)).compile()
+  looped = tpu_target.lower_step(loop, target, (arg,)).compile()
   b = hlo_bytes.breakdown(looped.as_text())
   body = [op for op in b.ops if op.trips == 5]
   assert body and sum(op.bytes for op in body) >= 5 * 2 * 2048 * 1024 * 4

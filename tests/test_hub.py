@@ -18,6 +18,7 @@ import pytest
 from experiments.nanogpt import hf_gpt2
 from input_pipeline import errors
 from input_pipeline import hub
+from input_pipeline import pod_barrier
 import hub_server
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -202,8 +203,8 @@ class FakeClient:
 def test_a_waiting_process_fails_only_when_process_0_stops_progressing():
   def follow(progress_at):
     client = FakeClient(progress_at)
-    return hub.follow_barrier(client, "k", "--init_from=gpt2", stall_s=30, poll_s=2,
-                              clock=lambda: client.now), client.now
+    return pod_barrier.follow_barrier(client, "k", "--init_from=gpt2", stall_s=30, poll_s=2,
+                                      clock=lambda: client.now), client.now
 
   # Bytes keep arriving for 100 simulated seconds (more than 3 stall periods), then the result.
   result, _ = follow(lambda t: {"ok": "/f"} if t >= 100 else f"{int(t) * 1000} 0")

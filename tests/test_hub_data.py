@@ -20,9 +20,11 @@ from input_pipeline import pipeline
 from input_pipeline import prepare
 from input_pipeline.builders import arc_agi
 from input_pipeline.builders import base
-from input_pipeline.puzzles import arc
-from input_pipeline.puzzles import maze
-from input_pipeline.puzzles import sudoku
+from input_pipeline.puzzles import arc_dataset
+from input_pipeline.puzzles import maze_csv
+from input_pipeline.puzzles import maze_generator
+from input_pipeline.puzzles import sudoku_csv
+from input_pipeline.puzzles import sudoku_generator
 import hub_server
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -33,15 +35,15 @@ SUDOKU = "sapientinc/sudoku-extreme"
 def csvs(tmp_path_factory):
   """Small valid Sudoku-Extreme and Maze-Hard CSVs, as bytes and in manual dirs."""
   root = tmp_path_factory.mktemp("csvs")
-  q, a = sudoku.generate_puzzles(12, seed=5)
+  q, a = sudoku_generator.generate_puzzles(12, seed=5)
   for name, rows in (("train", slice(0, 9)), ("test", slice(9, 12))):
     (root / "sudoku").mkdir(exist_ok=True)
-    sudoku.write_sudoku_csv(root / "sudoku" / f"{name}.csv", q[rows], a[rows],
-                            range(rows.start, rows.stop))
-  mq, ma = maze.generate_mazes(6, seed=3)
+    sudoku_csv.write_sudoku_csv(root / "sudoku" / f"{name}.csv", q[rows], a[rows],
+                                range(rows.start, rows.stop))
+  mq, ma = maze_generator.generate_mazes(6, seed=3)
   (root / "maze").mkdir()
-  maze.write_maze_csv(root / "maze" / "train.csv", mq[:4], ma[:4])
-  maze.write_maze_csv(root / "maze" / "test.csv", mq[4:], ma[4:])
+  maze_csv.write_maze_csv(root / "maze" / "train.csv", mq[:4], ma[:4])
+  maze_csv.write_maze_csv(root / "maze" / "test.csv", mq[4:], ma[4:])
   return root
 
 
@@ -118,7 +120,7 @@ def test_arc_agi_downloads_concept_arc_checked_by_its_sha256(server, monkeypatch
   monkeypatch.setattr(arc_agi.ArcAgi, "SOURCES", stand_in)
   kwargs = {"variant": "arc1", "num_aug": 0}
   downloaded = prepare.prepare("arc_agi", tmp_path / "tfds", kwargs)
-  tasks = arc.load_variant(str(arc_manual_dir), "arc1")     # what a manual dir gives
+  tasks = arc_dataset.load_variant(str(arc_manual_dir), "arc1")     # what a manual dir gives
   meta = arc_agi.load_metadata(downloaded)
   assert meta.task_ids == tuple(t.task_id for _, t in tasks) and meta.task_sets.count("concept") == 6
   assert downloaded.info.splits["test"].num_examples == 419             # ARC-AGI-1's test inputs

@@ -19,6 +19,7 @@ from experiments.common import layout as layout_lib
 from experiments.common import trainer
 from experiments.diffucoder import convert
 from experiments.diffucoder import generate
+from experiments.diffucoder import random_checkpoint
 from experiments.diffucoder import tokenizer as tokenizer_lib
 from experiments.diffucoder.configs import diffucoder_7b_instruct
 from experiments.diffucoder.configs import tiny as dream_tiny
@@ -51,7 +52,7 @@ def folders(tmp_path_factory):
                       bpe_vocab_size=300)
   hf_gpt2.make_random(str(root / "small_vocab"), "tiny", seed=2, vocab_size=200)   # 257-id tokenizer
   config = dream_tiny.get_config("dtype=float32")
-  convert.write_random_checkpoint(str(root / "dream"), dream.DreamConfig.from_dict(
+  random_checkpoint.write_random_checkpoint(str(root / "dream"), dream.DreamConfig.from_dict(
       config.model.to_dict()), num_shards=2, tokens=config.tokens.to_dict())
   tokenizer_lib.write_byte_level_tokenizer(
       str(root / "dream"), tokenizer_lib.tiny_special_tokens(config.tokens.to_dict()),

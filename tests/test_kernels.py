@@ -144,8 +144,9 @@ def test_float32_inside_keeps_the_low_precision_input_only():
 def test_splash_compiles_for_a_tpu_without_the_scores(libtpu):
   """GPT's attention on a v4-8 (TPU compiler, nothing run): with splash the program has the kernel
   as a custom call and no [B, H, S, S] buffer, and the compiler counts fewer bytes than XLA's."""
-  from experiments.tools import tpu  # pylint: disable=g-import-not-at-top
-  target = tpu.parse_target("v4-8")
+  from experiments.tools import tpu_compile  # pylint: disable=g-import-not-at-top
+  from experiments.tools import tpu_target  # pylint: disable=g-import-not-at-top
+  target = tpu_target.parse_target("v4-8")
   B, S, H, Dh = 2, 512, 4, 64
 
   def make_step(attention):
@@ -159,10 +160,10 @@ def test_splash_compiles_for_a_tpu_without_the_scores(libtpu):
   arg = jax.ShapeDtypeStruct((B, S, H, Dh), jnp.bfloat16)
   reports, texts = {}, {}
   for attention in ("xla", "splash"):
-    lowered = tpu.lower_step(make_step(attention), target, (arg, arg, arg))
+    lowered = tpu_target.lower_step(make_step(attention), target, (arg, arg, arg))
     compiled = lowered.compile()
     texts[attention] = compiled.as_text()
-    reports[attention] = tpu.compile_report(compiled, target=target, name=attention)
+    reports[attention] = tpu_compile.compile_report(compiled, target=target, name=attention)
   scores = f"[{B},{H},{S},{S}]"
   assert "tpu_custom_call" in texts["splash"] and scores not in texts["splash"].replace(" ", "")
   assert scores in texts["xla"].replace(" ", "")
@@ -219,8 +220,9 @@ def test_fused_head_loss_compiles_for_a_tpu_without_the_logits(libtpu):
   """GPT-2's head and loss on a v4-8 (TPU compiler): the fused kernels write no [N, V] buffer and
   the compiler counts fewer bytes than the logits path (their cost estimate includes the block
   re-reads)."""
-  from experiments.tools import tpu  # pylint: disable=g-import-not-at-top
-  target = tpu.parse_target("v4-8")
+  from experiments.tools import tpu_compile  # pylint: disable=g-import-not-at-top
+  from experiments.tools import tpu_target  # pylint: disable=g-import-not-at-top
+  target = tpu_target.parse_target("v4-8")
   N, C, V = 2048, 768, 50304
 
   def make_step(loss):
@@ -238,9 +240,9 @@ def test_fused_head_loss_compiles_for_a_tpu_without_the_logits(libtpu):
           jax.ShapeDtypeStruct((N,), jnp.int32))
   got = {}
   for loss in ("xla", "pallas"):
-    compiled = tpu.lower_step(make_step(loss), target, args, state_in=(1,)).compile()
+    compiled = tpu_target.lower_step(make_step(loss), target, args, state_in=(1,)).compile()
     got[loss] = (compiled.as_text().replace(" ", ""),
-                 tpu.compile_report(compiled, target=target, name=loss))
+                 tpu_compile.compile_report(compiled, target=target, name=loss))
   assert f"[{N},{V}]" in got["xla"][0] and f"[{N},{V}]" not in got["pallas"][0]
   assert got["pallas"][1].compiler_bytes_accessed < 0.5 * got["xla"][1].compiler_bytes_accessed
 

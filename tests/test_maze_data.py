@@ -20,6 +20,9 @@ from experiments.common import layout as layout_lib
 from input_pipeline import datasets
 from input_pipeline.puzzles import augment
 from input_pipeline.puzzles import maze
+from input_pipeline.puzzles import maze_csv
+from input_pipeline.puzzles import maze_generator
+from input_pipeline import data_source
 from input_pipeline import pipeline
 from input_pipeline import prepare
 from input_pipeline.builders import maze_generated
@@ -32,7 +35,7 @@ N = maze.SIDE
 
 @pytest.fixture(scope="session")
 def mazes() -> tuple[np.ndarray, np.ndarray]:
-  return maze.generate_mazes(12, seed=3)
+  return maze_generator.generate_mazes(12, seed=3)
 
 
 @pytest.fixture(scope="session")
@@ -163,22 +166,22 @@ def test_generator_paths_are_unique_shortest_paths(mazes):
 
 def test_generator_determinism_and_knobs(mazes):
   questions, answers = mazes
-  again = maze.generate_mazes(12, seed=3)
+  again = maze_generator.generate_mazes(12, seed=3)
   assert np.array_equal(again[0], questions) and np.array_equal(again[1], answers)
-  assert not np.array_equal(maze.generate_mazes(2, seed=4)[0], questions[:2])
-  assert not np.array_equal(maze.generate_mazes(2, seed=3, stream="x")[0], questions[:2])
-  tail = maze.generate_mazes(3, seed=3, start_index=9)
+  assert not np.array_equal(maze_generator.generate_mazes(2, seed=4)[0], questions[:2])
+  assert not np.array_equal(maze_generator.generate_mazes(2, seed=3, stream="x")[0], questions[:2])
+  tail = maze_generator.generate_mazes(3, seed=3, start_index=9)
   assert np.array_equal(tail[0], questions[9:])
-  short, short_answers = maze.generate_mazes(6, seed=0, path_threshold=30, loop_prob=0.0)
+  short, short_answers = maze_generator.generate_mazes(6, seed=0, path_threshold=30, loop_prob=0.0)
   assert (maze.path_lengths(short_answers) > 30).all()
   assert maze.is_valid_pair(short, short_answers).all()
-  loose_q, loose_a = maze.generate_mazes(6, seed=0, unique_path=False, loop_prob=0.2,
+  loose_q, loose_a = maze_generator.generate_mazes(6, seed=0, unique_path=False, loop_prob=0.2,
                                          path_threshold=60)
   assert maze.is_valid_pair(loose_q, loose_a).all()  # shortest, not necessarily unique
   with pytest.raises(ValueError, match="path_threshold=900"):
-    maze.generate_mazes(1, seed=0, path_threshold=900)
+    maze_generator.generate_mazes(1, seed=0, path_threshold=900)
   with pytest.raises(RuntimeError, match="lower path_threshold"):
-    maze.generate_mazes(1, seed=0, path_threshold=800, max_attempts=2)
+    maze_generator.generate_mazes(1, seed=0, path_threshold=800, max_attempts=2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -296,8 +299,8 @@ def _write_csv(path: pathlib.Path, rows: list[list[str]],
 def test_csv_reader_valid(tmp_path, mazes):
   questions, answers = mazes
   path = tmp_path / "train.csv"
-  maze.write_maze_csv(path, questions[:5], answers[:5])
-  data = maze.read_maze_csv(path)
+  maze_csv.write_maze_csv(path, questions[:5], answers[:5])
+  data = maze_csv.read_maze_csv(path)
   assert len(data) == 5 and data.questions.shape == data.answers.shape == (5, 900)
   assert np.array_equal(data.questions, questions[:5]) and np.array_equal(data.answers, answers[:5])
   assert list(data.line_numbers) == [2, 3, 4, 5, 6]
@@ -373,7 +376,7 @@ def test_csv_reader_rejects_malformed_rows(tmp_path, mazes, case):
     expect = "rating 'hard' is not an integer"
   path = _write_csv(tmp_path / "train.csv", rows)
   with pytest.raises(maze.MazeDataError) as err:
-    maze.read_maze_csv(path)
+    maze_csv.read_maze_csv(path)
   message = str(err.value)
   assert message.startswith(f"{path}:4: "), message
   assert expect in message, message
@@ -383,11 +386,11 @@ def test_csv_reader_rejects_bad_header_and_empty(tmp_path, mazes):
   path = _write_csv(tmp_path / "test.csv", _rows(*(m[:1] for m in mazes)),
                     header="question,answer")
   with pytest.raises(maze.MazeDataError, match=r"test\.csv:1: header"):
-    maze.read_maze_csv(path)
+    maze_csv.read_maze_csv(path)
   empty = tmp_path / "empty.csv"
   empty.write_text("")
   with pytest.raises(maze.MazeDataError, match=r"empty\.csv:1: file is empty"):
-    maze.read_maze_csv(empty)
+    maze_csv.read_maze_csv(empty)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -437,7 +440,7 @@ def test_generated_builder(gen_dir):
   assert maze.is_valid_pair(train["inputs"], train["labels"]).all()
   assert (maze.path_lengths(test["labels"]) > 110).all()
   # The stored data are exactly the generator's streams; test is disjoint from train.
-  expect_q, expect_a = maze.generate_mazes(24, seed=0, stream="train")
+  expect_q, expect_a = maze_generator.generate_mazes(24, seed=0, stream="train")
   assert np.array_equal(train["inputs"], expect_q) and np.array_equal(train["labels"], expect_a)
   assert not {r.tobytes() for r in test["inputs"]} & {r.tobytes() for r in train["inputs"]}
   # The on-the-fly dihedral config stores the same mazes, flagged for augmentation.
@@ -456,7 +459,7 @@ def test_materialised_builder_counts(tmp_path):
   assert builder.info.metadata["train_rows_per_maze"] == 8
   train = pipeline.load_split(builder, "train")
   test = pipeline.load_split(builder, "test")
-  q, a = maze.generate_mazes(3, seed=1, path_threshold=60, stream="train")
+  q, a = maze_generator.generate_mazes(3, seed=1, path_threshold=60, stream="train")
   for row in range(24):
     r, t = divmod(row, 8)
     assert train["dihedral_id"][row] == t and not train["dihedral_augment"][row]
@@ -464,16 +467,16 @@ def test_materialised_builder_counts(tmp_path):
     assert np.array_equal(train["labels"][row], maze.apply_dihedral(a[r], t))
   assert maze.is_valid_pair(train["inputs"], train["labels"]).all()
   assert np.all(test["dihedral_id"] == 0)
-  assert np.array_equal(test["inputs"], maze.generate_mazes(2, seed=1, path_threshold=60,
+  assert np.array_equal(test["inputs"], maze_generator.generate_mazes(2, seed=1, path_threshold=60,
                                                             stream="test")[0])
 
 
 @pytest.fixture(scope="session")
 def hard_manual_dir(tmp_path_factory) -> pathlib.Path:
   manual = tmp_path_factory.mktemp("maze_hard_manual")
-  q, a = maze.generate_mazes(16, seed=5, path_threshold=60)
-  maze.write_maze_csv(manual / "train.csv", q[:12], a[:12])
-  maze.write_maze_csv(manual / "test.csv", q[12:], a[12:])
+  q, a = maze_generator.generate_mazes(16, seed=5, path_threshold=60)
+  maze_csv.write_maze_csv(manual / "train.csv", q[:12], a[:12])
+  maze_csv.write_maze_csv(manual / "test.csv", q[12:], a[12:])
   return manual
 
 
@@ -485,10 +488,10 @@ def test_hard_builder_subsample_and_dihedral(tmp_path, hard_manual_dir):
   full, full_train, full_test = build("full")
   assert full.builder_config.name == "nall_s0"
   assert {k: v.num_examples for k, v in full.info.splits.items()} == {"train": 12, "test": 4}
-  csv = maze.read_maze_csv(hard_manual_dir / "train.csv")
+  csv = maze_csv.read_maze_csv(hard_manual_dir / "train.csv")
   assert np.array_equal(full_train["inputs"], csv.questions)
   assert not full_train["dihedral_augment"].any()
-  test_csv = maze.read_maze_csv(hard_manual_dir / "test.csv")
+  test_csv = maze_csv.read_maze_csv(hard_manual_dir / "test.csv")
   assert np.array_equal(full_test["labels"], test_csv.answers)
   _, a_train, _ = build("a", subsample_size=5, seed=3)
   _, b_train, _ = build("b", subsample_size=5, seed=3)
@@ -514,7 +517,7 @@ def test_hard_builder_rejects_malformed_csv(tmp_path, mazes):
   rows = _rows(*(m[:3] for m in mazes))
   rows[1][2] = rows[1][2].replace("o", " ", 1)  # a gap in the path
   _write_csv(manual / "train.csv", rows)
-  maze.write_maze_csv(manual / "test.csv", mazes[0][:2], mazes[1][:2])
+  maze_csv.write_maze_csv(manual / "test.csv", mazes[0][:2], mazes[1][:2])
   with pytest.raises(maze.MazeDataError, match=r"train\.csv:3: answer"):
     prepare.prepare("maze_hard", str(tmp_path / "tfds"), {}, manual)
   (manual / "test.csv").unlink()
@@ -539,7 +542,7 @@ def test_data_source_reads_generated_mazes(tmp_path, gen_dir, maze_hook):
   del maze_hook
   config = {"name": "maze_generated", "data_dir": str(tmp_path), "builder_config": "",
             "builder_kwargs": GEN_KWARGS, "prepare_if_missing": True, "manual_dir": ""}
-  source = pipeline.DataSource.from_config(config, seed=0)
+  source = data_source.DataSource.from_config(config, seed=0)
   assert source.num_examples("train") == 24 and source.num_examples("test") == 8
   meta = source.metadata()
   assert meta["splits"] == {"train": 24, "test": 8}

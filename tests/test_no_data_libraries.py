@@ -3,8 +3,9 @@ CLU (issue 48 item 4: accelerator images often lack them; experiments/common/laz
 
 A fresh interpreter whose import system refuses those three packages (as an image without them
 would: ModuleNotFoundError) imports experiments.trm.train, builds TRM's real training step at a tiny
-size (bench.compile_step: the trainer's step, no data), runs one step, imports the GPU bench, the
-reference bench and the profiler, and reports which of the packages got loaded: none.
+size (step_setup.compile_step: the trainer's step, no data), runs one step, imports the GPU bench,
+the reference bench, the profiler and nanoGPT's and Dream's train modules, and reports which of the
+packages got loaded: none.
 """
 
 import json
@@ -29,15 +30,16 @@ sys.meta_path.insert(0, Refuse())
 import jax
 import numpy as np
 from experiments.trm import train                     # noqa: F401
-from experiments.trm.tools import bench
-setup = bench.compile_step("mlp", "bfloat16", 2, hidden=32)
+from experiments.trm.tools import step_setup
+setup = step_setup.compile_step("mlp", "bfloat16", 2, hidden=32)
 state, carry, batch, index = setup.args
 state, carry, sums = setup.compiled(state, carry, batch, index)
 loss = float(np.ravel(np.asarray(jax.device_get(sums["lm_loss"])))[0])
-from experiments.trm.tools import bench_gpu            # noqa: F401
+from experiments.tools import bench_gpu                # noqa: F401
 from experiments.trm.tools import bench_reference      # noqa: F401
 from experiments.trm.tools import profile_step         # noqa: F401
 from experiments.nanogpt import train as gpt_train     # noqa: F401
+from experiments.diffucoder import train as dream_train  # noqa: F401
 print(json.dumps({"loss": loss, "batch": setup.global_batch, "loaded": sorted({m.split(".")[0] for m in sys.modules} & set(BLOCKED))}))
 """ % (BLOCKED,)
 

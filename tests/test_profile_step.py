@@ -1,5 +1,7 @@
-"""experiments/trm/tools/profile_step.py: the trace parser, the HLO index and the per-op table, on a
-small program traced here (no TRM step: the numbers are checked against what the program does)."""
+"""experiments/trm/tools/profile_step.py and the modules it prints with (trace_ops.py: the trace
+parser, the HLO index and the per-op table; trace_kernels.py: a device's kernel table;
+hlo_instructions.py: the HLO summary), on small programs traced here (no TRM step: the numbers are
+checked against what the program does)."""
 
 import gzip
 import json
@@ -9,7 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments.trm.tools import hlo_instructions
 from experiments.trm.tools import profile_step
+from experiments.trm.tools import trace_kernels
+from experiments.trm.tools import trace_ops
 
 
 def _program():
@@ -23,7 +28,7 @@ def _program():
 
 def test_hlo_index_counts_the_matmul_flops_of_the_compiled_program():
   compiled, _ = _program()
-  index = profile_step.hlo_index(compiled.as_text())
+  index = trace_ops.hlo_index(compiled.as_text())
   flops = sorted(h.flops for h in index.values() if h.flops)
   assert flops and flops[-1] == 2.0 * 256 * 384 * 128          # the one matmul, fused or not
   assert sum(flops) == 2.0 * 256 * 384 * 128
@@ -35,7 +40,7 @@ def test_hlo_index_marks_the_backward_pass():
   b = jnp.ones((32, 16), jnp.float32)
   loss = lambda a, b: jnp.sum(jnp.tanh(a @ b))                  # noqa: E731
   compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(a, b).compile()
-  index = profile_step.hlo_index(compiled.as_text())
+  index = trace_ops.hlo_index(compiled.as_text())
   dots = [h for h in index.values() if h.flops]
   backward = [h for h in dots if h.source.endswith(" (bwd)")]
   forward = [h for h in dots if not h.source.endswith(" (bwd)")]
@@ -46,15 +51,15 @@ def test_hlo_index_marks_the_backward_pass():
 
 def test_traced_steps_give_one_matmul_row_per_step(tmp_path):
   compiled, args = _program()
-  index = profile_step.hlo_index(compiled.as_text())
+  index = trace_ops.hlo_index(compiled.as_text())
   compiled(*args).block_until_ready()
   jax.profiler.start_trace(str(tmp_path), create_perfetto_trace=True)
   for _ in range(3):
     compiled(*args).block_until_ready()
   jax.profiler.stop_trace()
-  ops = profile_step.parse_trace(str(tmp_path))
+  ops = trace_ops.parse_trace(str(tmp_path))
   assert ops and all(o.end > o.start for o in ops)
-  rows, totals = profile_step.profile_table(ops, index, steps=3)
+  rows, totals = trace_ops.profile_table(ops, index, steps=3)
   mm = [r for r in rows if r["GFLOP"]]
   assert len(mm) == 1 and mm[0]["calls"] == 1
   np.testing.assert_allclose(mm[0]["GFLOP"], 2 * 256 * 384 * 128 / 1e9)
@@ -62,7 +67,7 @@ def test_traced_steps_give_one_matmul_row_per_step(tmp_path):
   assert totals["op_ms"] == pytest.approx(sum(r["ms"] for r in rows))
   assert totals["one_ms"] + totals["two_ms"] <= totals["wall_ms"] * 1.0001
   # Every row shown (with top=1 a loaded machine can make the elementwise op the longest one).
-  text = profile_step.format_profile(rows, totals, peak_gflop_s=100.0, top=len(rows))
+  text = trace_ops.format_profile(rows, totals, peak_gflop_s=100.0, top=len(rows))
   assert "GFLOP/s" in text and mm[0]["shape"] in text
 
 
@@ -78,9 +83,9 @@ def test_overlap_and_busy_time_from_a_written_trace(tmp_path):
   path = tmp_path / "perfetto_trace.json.gz"
   with gzip.open(path, "wt") as fh:
     json.dump({"traceEvents": events}, fh)
-  ops = profile_step.parse_trace(str(path))
+  ops = trace_ops.parse_trace(str(path))
   assert [o.name for o in ops] == ["fusion.1", "fusion.2"]     # runtime bookkeeping dropped
-  rows, totals = profile_step.profile_table(ops, {}, steps=1)
+  rows, totals = trace_ops.profile_table(ops, {}, steps=1)
   by_name = {r["op"]: r for r in rows}
   assert by_name["fusion"]["calls"] == 2
   assert by_name["fusion"]["overlap"] == pytest.approx((50 + 50) / 150)
@@ -104,7 +109,7 @@ def test_a_long_operation_counts_every_short_one_beside_it(tmp_path):
   path = tmp_path / "perfetto_trace.json.gz"
   with gzip.open(path, "wt") as fh:
     json.dump({"traceEvents": events}, fh)
-  rows, _ = profile_step.profile_table(profile_step.parse_trace(str(path)), {}, steps=1)
+  rows, _ = trace_ops.profile_table(trace_ops.parse_trace(str(path)), {}, steps=1)
   by_name = {r["op"]: r for r in rows}
   assert by_name["long"]["overlap"] == pytest.approx(400 / 1000)
   assert by_name["short"]["overlap"] == pytest.approx(1.0)
@@ -156,11 +161,11 @@ def test_gpu_trace_gives_kernels_per_step_with_their_gemm_dtype(tmp_path):
   run = tmp_path / "plugins" / "profile" / "2026_11_27_20_00_00"
   run.mkdir(parents=True)
   _gpu_trace(run / "gpu-host.trace.json.gz")
-  kernels = profile_step.parse_device_trace(str(tmp_path))       # the folder jax.profiler wrote
+  kernels = trace_kernels.parse_device_trace(str(tmp_path))       # the folder jax.profiler wrote
   assert len(kernels) == 10                                        # stream events only, no summaries
   assert {k.device for k in kernels} == {"/device:GPU:0"}
-  index = {"dot.5": profile_step.HloOp("f32[768,512]", "mlp/down_proj/dot_general (bwd)", 0.0)}
-  rows, totals = profile_step.kernel_table(kernels, steps=2, index=index)
+  index = {"dot.5": trace_ops.HloOp("f32[768,512]", "mlp/down_proj/dot_general (bwd)", 0.0)}
+  rows, totals = trace_kernels.kernel_table(kernels, steps=2, index=index)
   by = {r["kernel"][:14]: r for r in rows}
   assert [r["kernel"][:14] for r in rows] == ["sm90_xmma_gemm", "sm90_xmma_gemm", "loop_multiply_",
                                              "MemcpyD2D"]
@@ -173,11 +178,11 @@ def test_gpu_trace_gives_kernels_per_step_with_their_gemm_dtype(tmp_path):
   assert totals["idle_ms"] == pytest.approx(0.75 / 2)             # between the two steps' kernels
   assert totals["gemm_ms"] == {"tf32": pytest.approx(3.0), "bf16": pytest.approx(1.0)}
   assert sum(r["share"] for r in rows) == pytest.approx(1.0)
-  text = profile_step.format_kernels(rows, totals, top=2)
+  text = trace_kernels.format_kernels(rows, totals, top=2)
   assert "5 launches" in text and "GEMM ms by dtype: tf32 3.0, bf16 1.0" in text
   assert "(2 more kernels)" in text
   # The host's events are not kernels, and the CPU reader leaves the device's out.
-  assert [o.name for o in profile_step.parse_trace(str(tmp_path))] == ["cuLaunchKernel"] * 2
+  assert [o.name for o in trace_ops.parse_trace(str(tmp_path))] == ["cuLaunchKernel"] * 2
 
 
 def test_a_cpu_trace_has_no_device_kernels(tmp_path):
@@ -186,8 +191,8 @@ def test_a_cpu_trace_has_no_device_kernels(tmp_path):
   jax.profiler.start_trace(str(tmp_path))
   compiled(*args).block_until_ready()
   jax.profiler.stop_trace()
-  assert profile_step.parse_device_trace(str(tmp_path)) == []
-  assert profile_step.parse_trace(str(tmp_path))                  # the *.trace.json.gz jax wrote
+  assert trace_kernels.parse_device_trace(str(tmp_path)) == []
+  assert trace_ops.parse_trace(str(tmp_path))                  # the *.trace.json.gz jax wrote
 
 
 @pytest.mark.parametrize("name, dtype", [
@@ -202,7 +207,7 @@ def test_a_cpu_trace_has_no_device_kernels(tmp_path):
     ("input_reduce_fusion_3", ""),
 ])
 def test_gemm_dtype_from_the_kernel_name(name, dtype):
-  assert profile_step.gemm_dtype(name) == dtype
+  assert trace_kernels.gemm_dtype(name) == dtype
 
 
 def test_hlo_summary_reads_a_module_as_lowered_and_as_compiled():
@@ -214,7 +219,7 @@ def test_hlo_summary_reads_a_module_as_lowered_and_as_compiled():
   args = (jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((16, 64), jnp.float32),
           jax.ShapeDtypeStruct((8,), jnp.int32))
   lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args)
-  s = profile_step.hlo_summary(lowered.as_text("hlo", debug_info=True))
+  s = hlo_instructions.hlo_summary(lowered.as_text("hlo", debug_info=True))
   assert len(s.dots) == 3                                          # forward, d x, d w
   forward = [d for d in s.dots if "transpose(" not in d.op_name]
   assert len(forward) == 1 and forward[0].operand_dtypes == ("bf16", "bf16")
@@ -223,8 +228,9 @@ def test_hlo_summary_reads_a_module_as_lowered_and_as_compiled():
   assert all("transpose(jvp())" in d.op_name for d in s.f32_dots_from_bf16)
   assert [x.shape for x in s.scatters] == ["f32[64,32]"]          # take's gradient
   assert s.op_counts["dot"] == 3 and s.kernels > 0
-  text = profile_step.format_hlo_summary(s, title="t", cost={"flops": 1.0, "bytes accessed": 2.0})
+  text = hlo_instructions.format_hlo_summary(s, title="t",
+                                             cost={"flops": 1.0, "bytes accessed": 2.0})
   assert "2 of them bf16 products run in float32" in text and "scatter: f32[64,32]" in text
   assert "bytes accessed 2" in text
-  compiled = profile_step.hlo_summary(lowered.compile().as_text())
+  compiled = hlo_instructions.hlo_summary(lowered.compile().as_text())
   assert compiled.op_counts.get("fusion", 0) > 0 and compiled.kernels < sum(compiled.op_counts.values())

@@ -26,6 +26,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 torch = pytest.importorskip("torch")
 
 from experiments.trm import reference_checkpoint as rc  # noqa: E402
+from experiments.trm import reference_format  # noqa: E402
 from modules import trm  # noqa: E402
 from tests import torch_trm_reference as ref  # noqa: E402
 
@@ -193,7 +194,7 @@ def test_export_import_round_trip_bitwise(case):
     assert sorted(exported) == sorted(prefix + k for k in sd)
     for k, v in sd.items():                                       # export(import(sd)) == sd
       np.testing.assert_array_equal(exported[prefix + k].view(np.uint8),
-                                    rc._tensor_to_numpy(v).view(np.uint8))
+                                    reference_format.tensor_to_numpy(v).view(np.uint8))
     p2, s2, t2 = rc.import_reference(exported, config)           # import(export(x)) == x
     for a, b in zip(jax.tree.leaves((params, state, table)), jax.tree.leaves((p2, s2, t2))):
       assert a.dtype == b.dtype and a.shape == b.shape
@@ -255,7 +256,7 @@ def small_sd(**kw):
   """(numpy state_dict, podlab config, torch state_dict) of a random small reference."""
   rcfg = small_ref_config(**{"H_cycles": 2, **kw})
   tsd = ref.randomize_(ref.TorchTRM(rcfg), seed=3).state_dict()
-  return {k: rc._tensor_to_numpy(v) for k, v in tsd.items()}, podlab_config(rcfg), tsd
+  return {k: reference_format.tensor_to_numpy(v) for k, v in tsd.items()}, podlab_config(rcfg), tsd
 
 
 def test_float32_run_checkpoint_imports_and_exports_the_same(tmp_path, capsys):

@@ -16,11 +16,15 @@ import pytest
 
 from experiments.common import errors as config_errors
 from experiments.common import layout as layout_lib
+from input_pipeline import data_source
 from input_pipeline import datasets
+from input_pipeline import evaluation
 from input_pipeline import pipeline
 from input_pipeline import prepare
 from input_pipeline.puzzles import augment
 from input_pipeline.puzzles import sudoku
+from input_pipeline.puzzles import sudoku_csv
+from input_pipeline.puzzles import sudoku_generator
 from input_pipeline.builders import sudoku_extreme
 from input_pipeline.builders import sudoku_generated
 
@@ -92,14 +96,14 @@ def _naive_count(grid: list[int], limit: int) -> int:
 
 def test_solver():
   puzzle = sudoku.parse_grid(PUZZLE)
-  (solution,) = sudoku.solve(puzzle, limit=5)
+  (solution,) = sudoku_generator.solve(puzzle, limit=5)
   assert sudoku.format_grid(solution) == SOLUTION
-  assert sudoku.count_solutions(puzzle, limit=2) == 1
-  assert sudoku.count_solutions(np.zeros(81, np.uint8), limit=2) == 2
-  assert sudoku.count_solutions(np.zeros(81, np.uint8), limit=7) == 7
+  assert sudoku_generator.count_solutions(puzzle, limit=2) == 1
+  assert sudoku_generator.count_solutions(np.zeros(81, np.uint8), limit=2) == 2
+  assert sudoku_generator.count_solutions(np.zeros(81, np.uint8), limit=7) == 7
   clash = np.zeros(81, np.uint8)
   clash[0] = clash[1] = 3
-  assert sudoku.count_solutions(clash) == 0
+  assert sudoku_generator.count_solutions(clash) == 0
   # A full grid minus a "deadly rectangle" (a b / b a in two rows, two columns, two boxes).
   full = sudoku.parse_grid(SOLUTION)
   for r1, r2, c1, c2 in itertools.product(range(9), range(9), range(9), range(9)):
@@ -111,41 +115,41 @@ def test_solver():
     pytest.fail("no deadly rectangle in the test grid")
   holed = full.copy()
   holed[[r1 * 9 + c1, r1 * 9 + c2, r2 * 9 + c1, r2 * 9 + c2]] = 0
-  assert sudoku.count_solutions(holed, limit=5) == 2
-  assert sudoku.rate_puzzle(sudoku.parse_grid(SOLUTION)) == 0
+  assert sudoku_generator.count_solutions(holed, limit=5) == 2
+  assert sudoku_generator.rate_puzzle(sudoku.parse_grid(SOLUTION)) == 0
 
 
 def test_generator_unique_and_knob():
-  puzzles, solutions = sudoku.generate_puzzles(24, seed=7, givens=30)
+  puzzles, solutions = sudoku_generator.generate_puzzles(24, seed=7, givens=30)
   assert puzzles.shape == solutions.shape == (24, 81)
   assert np.all((puzzles > 0).sum(axis=1) == 30)
   assert sudoku.is_valid_pair(puzzles, solutions).all()
   for p, s in zip(puzzles, solutions):
-    assert sudoku.count_solutions(p, limit=2) == 1
-    assert np.array_equal(sudoku.solve(p)[0], s)
+    assert sudoku_generator.count_solutions(p, limit=2) == 1
+    assert np.array_equal(sudoku_generator.solve(p)[0], s)
   for p in puzzles[:3]:  # the independent solver agrees on uniqueness
     assert _naive_count([int(x) for x in p], 2) == 1
   assert len({p.tobytes() for p in puzzles}) == 24
   # Deterministic, independent of the worker count; other seeds and streams differ.
-  again = sudoku.generate_puzzles(24, seed=7, givens=30, num_workers=2)
+  again = sudoku_generator.generate_puzzles(24, seed=7, givens=30, num_workers=2)
   assert np.array_equal(again[0], puzzles) and np.array_equal(again[1], solutions)
-  assert not np.array_equal(sudoku.generate_puzzles(4, seed=8, givens=30)[0], puzzles[:4])
-  assert not np.array_equal(sudoku.generate_puzzles(4, seed=7, givens=30, stream="x")[0],
+  assert not np.array_equal(sudoku_generator.generate_puzzles(4, seed=8, givens=30)[0], puzzles[:4])
+  assert not np.array_equal(sudoku_generator.generate_puzzles(4, seed=7, givens=30, stream="x")[0],
                             puzzles[:4])
-  tail = sudoku.generate_puzzles(4, seed=7, givens=30, start_index=20)
+  tail = sudoku_generator.generate_puzzles(4, seed=7, givens=30, start_index=20)
   assert np.array_equal(tail[0], puzzles[20:])
 
 
 def test_generator_difficulty_knobs():
-  hard, _ = sudoku.generate_puzzles(3, seed=1, givens=25, min_rating=1)
+  hard, _ = sudoku_generator.generate_puzzles(3, seed=1, givens=25, min_rating=1)
   assert np.all((hard > 0).sum(axis=1) == 25)
   for p in hard:
-    assert sudoku.count_solutions(p, limit=2) == 1
-    assert sudoku.rate_puzzle(p) >= 1
-  easy, _ = sudoku.generate_puzzles(3, seed=1, givens=40, max_rating=0)
-  assert all(sudoku.rate_puzzle(p) == 0 for p in easy)
+    assert sudoku_generator.count_solutions(p, limit=2) == 1
+    assert sudoku_generator.rate_puzzle(p) >= 1
+  easy, _ = sudoku_generator.generate_puzzles(3, seed=1, givens=40, max_rating=0)
+  assert all(sudoku_generator.rate_puzzle(p) == 0 for p in easy)
   with pytest.raises(ValueError, match="givens=16"):
-    sudoku.generate_puzzles(1, seed=0, givens=16)
+    sudoku_generator.generate_puzzles(1, seed=0, givens=16)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,7 +163,7 @@ def _write_csv(path: pathlib.Path, rows: list[list[str]],
 
 
 def _valid_rows(n: int, seed: int = 0) -> list[list[str]]:
-  puzzles, solutions = sudoku.generate_puzzles(n, seed=seed, givens=32)
+  puzzles, solutions = sudoku_generator.generate_puzzles(n, seed=seed, givens=32)
   return [["gen", sudoku.format_grid(p), sudoku.format_grid(s), str(i % 5)]
           for i, (p, s) in enumerate(zip(puzzles, solutions))]
 
@@ -167,7 +171,7 @@ def _valid_rows(n: int, seed: int = 0) -> list[list[str]]:
 def test_csv_reader_valid(tmp_path):
   rows = _valid_rows(5)
   rows[1][1] = rows[1][1].replace(".", "0")  # '0' is accepted as a blank
-  data = sudoku.read_sudoku_csv(_write_csv(tmp_path / "train.csv", rows))
+  data = sudoku_csv.read_sudoku_csv(_write_csv(tmp_path / "train.csv", rows))
   assert len(data) == 5
   assert data.questions.shape == data.answers.shape == (5, 81)
   assert list(data.ratings) == [0, 1, 2, 3, 4]
@@ -230,7 +234,7 @@ def test_csv_reader_rejects_malformed_rows(tmp_path, case):
     expect = "rating 'hard' is not an integer"
   path = _write_csv(tmp_path / "train.csv", rows)
   with pytest.raises(sudoku.SudokuDataError) as err:
-    sudoku.read_sudoku_csv(path)
+    sudoku_csv.read_sudoku_csv(path)
   message = str(err.value)
   assert message.startswith(f"{path}:4: "), message
   assert expect in message, message
@@ -239,7 +243,7 @@ def test_csv_reader_rejects_malformed_rows(tmp_path, case):
 def test_csv_reader_rejects_bad_header(tmp_path):
   path = _write_csv(tmp_path / "test.csv", _valid_rows(1), header="question,answer")
   with pytest.raises(sudoku.SudokuDataError, match=r"test\.csv:1: header"):
-    sudoku.read_sudoku_csv(path)
+    sudoku_csv.read_sudoku_csv(path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -247,7 +251,7 @@ def test_csv_reader_rejects_bad_header(tmp_path):
 
 
 def test_numpy_reference_augmentation_keeps_valid_pairs():
-  puzzles, solutions = sudoku.generate_puzzles(8, seed=2, givens=30)
+  puzzles, solutions = sudoku_generator.generate_puzzles(8, seed=2, givens=30)
   rng = np.random.default_rng(0)
   for p, s in zip(puzzles, solutions):
     pt, st = sudoku.grid_to_tokens(p), sudoku.grid_to_tokens(s)
@@ -255,7 +259,7 @@ def test_numpy_reference_augmentation_keeps_valid_pairs():
       ap, as_ = sudoku.augment_pair(pt, st, rng)
       assert sudoku.is_valid_pair(sudoku.tokens_to_grid(ap), sudoku.tokens_to_grid(as_))
       assert (ap == sudoku.BLANK_ID).sum() == (pt == sudoku.BLANK_ID).sum()
-      assert sudoku.count_solutions(sudoku.tokens_to_grid(ap), limit=2) == 1
+      assert sudoku_generator.count_solutions(sudoku.tokens_to_grid(ap), limit=2) == 1
 
 
 def _tf_augment(n: int, seed: int, tokens: np.ndarray):
@@ -266,7 +270,7 @@ def _tf_augment(n: int, seed: int, tokens: np.ndarray):
 
 
 def test_tf_augmentation_valid_and_reachable():
-  puzzles, solutions = sudoku.generate_puzzles(4, seed=5, givens=30)
+  puzzles, solutions = sudoku_generator.generate_puzzles(4, seed=5, givens=30)
   n = 256
   rows = np.arange(n) % 4
   inputs = sudoku.grid_to_tokens(puzzles)[rows]  # [n, 81]
@@ -280,7 +284,7 @@ def test_tf_augmentation_valid_and_reachable():
   assert sudoku.is_valid_pair(sudoku.tokens_to_grid(aug_in), sudoku.tokens_to_grid(aug_lab)).all()
   assert np.array_equal((aug_in == 1).sum(1), (inputs == 1).sum(1))
   for i in range(8):
-    assert sudoku.count_solutions(sudoku.tokens_to_grid(aug_in[i]), limit=2) == 1
+    assert sudoku_generator.count_solutions(sudoku.tokens_to_grid(aug_in[i]), limit=2) == 1
   # Every TF transform is an element of the reference group and gives the reference's output.
   for i in range(n):
     assert sorted(params["digit_perm"][i]) == list(range(9))
@@ -366,7 +370,7 @@ def test_generated_builder(gen_dir):
   assert np.all((grids > 0).sum(1) == 30)
   assert sudoku.is_valid_pair(grids, sudoku.tokens_to_grid(train["labels"])).all()
   # The stored data are exactly the generator's streams; test is disjoint from train.
-  expect, _ = sudoku.generate_puzzles(64, seed=0, givens=30, stream="train")
+  expect, _ = sudoku_generator.generate_puzzles(64, seed=0, givens=30, stream="train")
   assert np.array_equal(grids, expect)
   train_set = {r.tobytes() for r in train["inputs"]} | {r.tobytes() for r in train["labels"]}
   assert not any(r.tobytes() in train_set for r in test["inputs"])
@@ -423,11 +427,11 @@ def test_extreme_builder_seeded_subsample(tmp_path, extreme_manual_dir):
     assert np.array_equal(a_train[name], b_train[name])
   assert not np.array_equal(a_train["inputs"], c_train["inputs"])
   assert a_train["inputs"].shape == (8, 81) and a_test["inputs"].shape == (6, 81)
-  csv = sudoku.read_sudoku_csv(extreme_manual_dir / "train.csv")
+  csv = sudoku_csv.read_sudoku_csv(extreme_manual_dir / "train.csv")
   rows = sudoku_extreme.select_train_rows(csv.ratings, 8, 1, 3)
   assert np.all(csv.ratings[rows] >= 1)
   assert np.array_equal(a_train["inputs"], sudoku.grid_to_tokens(csv.questions[rows]))
-  test_csv = sudoku.read_sudoku_csv(extreme_manual_dir / "test.csv")
+  test_csv = sudoku_csv.read_sudoku_csv(extreme_manual_dir / "test.csv")
   assert np.array_equal(a_test["labels"], sudoku.grid_to_tokens(test_csv.answers))
 
 
@@ -539,10 +543,10 @@ def test_start_step_resumes_exactly(gen_dir):
 # Eval stream.
 
 
-def _eval(gen_dir: str, host: int, **kw) -> pipeline.EvalIterator:
+def _eval(gen_dir: str, host: int, **kw) -> evaluation.EvalIterator:
   args = dict(layout=layout_lib.of(8, devices_per_host=2, hosts=2, process_index=host))
   args.update(kw)
-  return pipeline.create_eval_iterator(gen_dir, "sudoku_generated", GEN_KWARGS, **args)
+  return evaluation.create_eval_iterator(gen_dir, "sudoku_generated", GEN_KWARGS, **args)
 
 
 def test_eval_padding_and_host_agreement(gen_dir):
@@ -576,12 +580,12 @@ def test_eval_subset(gen_dir):
   iters = [_eval(gen_dir, h, subset_size=7, subset_seed=1) for h in range(2)]
   assert [it.num_batches for it in iters] == [1, 1]  # ceil(7 / 2) = 4 rows per host, batch 4
   index = [np.concatenate([_flat(b, "index")[_flat(b, "mask")] for b in it]) for it in iters]
-  chosen = pipeline.eval_subset_indices(20, 7, 1)
+  chosen = evaluation.eval_subset_indices(20, 7, 1)
   assert sorted(np.concatenate(index).tolist()) == chosen.tolist()
   assert not set(index[0].tolist()) & set(index[1].tolist())
   again = _eval(gen_dir, 0, subset_size=7, subset_seed=1)
   assert [b["index"].tolist() for b in again] == [b["index"].tolist() for b in iters[0]]
-  other = pipeline.eval_subset_indices(20, 7, 2)
+  other = evaluation.eval_subset_indices(20, 7, 2)
   assert not np.array_equal(chosen, other)
   assert iters[0].num_examples == 7
 
@@ -589,7 +593,7 @@ def test_eval_subset(gen_dir):
 def test_data_source(gen_dir, tmp_path):
   config = {"name": "sudoku_generated", "data_dir": str(tmp_path), "builder_config": "",
             "builder_kwargs": GEN_KWARGS, "prepare_if_missing": True, "manual_dir": ""}
-  source = pipeline.DataSource.from_config(config, seed=0)
+  source = data_source.DataSource.from_config(config, seed=0)
   assert source.num_examples("train") == 64 and source.num_examples("test") == 20
   meta = source.metadata()
   assert meta["splits"] == {"train": 64, "test": 20} and meta["vocab_size"] == 11
@@ -602,4 +606,4 @@ def test_data_source(gen_dir, tmp_path):
   assert full.num_examples == 20 and full is source.eval_batches("test", layout=layout,
                                                                  subset_size=None)
   with pytest.raises(ValueError, match="unknown builder kwargs"):
-    pipeline.DataSource.from_config(dict(config, builder_kwargs={"subsample_size": 3}), seed=0)
+    data_source.DataSource.from_config(dict(config, builder_kwargs={"subsample_size": 3}), seed=0)

@@ -1,4 +1,4 @@
-"""experiments.tools.tpu: TPU slices by accelerator type, and programs compiled by libtpu's TPU
+"""experiments.tools.tpu_*: TPU slices by accelerator type, and programs compiled by libtpu's TPU
 compiler on this CPU machine (memory, FLOPs, the does-not-fit path, the searches, the layout check).
 
 The compile tests skip with one line when libtpu (the optional extra `tpu`) is not installed.
@@ -25,7 +25,11 @@ from experiments.common import parallel
 from experiments.diffucoder import train as diffusion_train
 from experiments.nanogpt import train as nanogpt_train
 from experiments.tools import dry_run
-from experiments.tools import tpu
+from experiments.tools import tpu_compile
+from experiments.tools import tpu_cost
+from experiments.tools import tpu_fit
+from experiments.tools import tpu_report
+from experiments.tools import tpu_target
 from experiments.trm import train as trm_train
 from experiments.trm.configs import v4_64
 from modules.kernels import dispatch
@@ -60,7 +64,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
     ("v6e-64", "v6e-64", 64, 16, 4, 64, "TPU v6 lite", 32, 918),
 ])
 def test_parse_target(name, canonical, chips, hosts, per_host, devices, kind, hbm_gib, tflops):
-  t = tpu.parse_target(name)
+  t = tpu_target.parse_target(name)
   assert (t.name, t.chips, t.hosts, t.chips_per_host, t.num_devices) == (
       canonical, chips, hosts, per_host, devices)
   assert t.chip.device_kind == kind
@@ -74,22 +78,22 @@ def test_parse_target(name, canonical, chips, hosts, per_host, devices, kind, hb
 def test_target_chip_figures():
   """Per chip: peak bf16 TFLOP/s, HBM TB/s, HBM GiB (docs/tpu.md cites them)."""
   got = {g: (c.peak_bf16_flops / 1e12, c.hbm_bytes_per_s / 1e12, c.hbm_gib)
-         for g, c in tpu.CHIPS.items()}
+         for g, c in tpu_target.CHIPS.items()}
   assert got == {"v2": (46, 0.7, 16), "v3": (123, 0.9, 32), "v4": (275, 1.2, 32),
                  "v5e": (197, 0.819, 16), "v5p": (459, 2.765, 95), "v6e": (918, 1.638, 32)}
-  t = tpu.parse_target("v4-64")
+  t = tpu_target.parse_target("v4-64")
   assert t.topology == "v4:2x4x4"
   assert t.topology_kwargs() == dict(platform="tpu", topology_name="v4:2x4x4",
                                      chips_per_host_bounds=(2, 2, 1), num_slices=1,
                                      chip_config_name="megacore")
-  assert tpu.parse_target("v5litepod-8").chips_per_host_bounds == (2, 4, 1)   # one 8-chip host
+  assert tpu_target.parse_target("v5litepod-8").chips_per_host_bounds == (2, 4, 1)  # one host
 
 
 def test_one_chip_table_for_the_tpu_compile_and_the_live_mfu(caplog):
-  """tpu.py and mfu.py read experiments/common/chips.py: every TPU generation, per JAX device (a
-  v2/v3 device is one TensorCore: half its chip's peak)."""
-  assert tpu.CHIPS is chips.TPU_CHIPS and set(chips.TPU_CHIPS) == {"v2", "v3", "v4", "v5e", "v5p",
-                                                                    "v6e"}
+  """tpu_target.py and mfu.py read experiments/common/chips.py: every TPU generation, per JAX
+  device (a v2/v3 device is one TensorCore: half its chip's peak)."""
+  assert tpu_target.CHIPS is chips.TPU_CHIPS
+  assert set(chips.TPU_CHIPS) == {"v2", "v3", "v4", "v5e", "v5p", "v6e"}
   for chip in chips.TPU_CHIPS.values():
     assert mfu.lookup_peak(chip.device_kind) == chip.peak_bf16_flops / chip.devices_per_chip
   assert mfu.lookup_peak("TPU v2") == 23e12 and mfu.lookup_peak("TPU v3") == 61.5e12
@@ -115,8 +119,8 @@ class _FakeDevice:
 @pytest.mark.parametrize("name", ["v4-63", "v4-2", "v7-8", "tpu", "v4_64", "", "v5litepod-2",
                                   "v5p-24", "cpu", "v4-64 extra"])
 def test_bad_target_names(name):
-  with pytest.raises(tpu.TargetError) as e:
-    tpu.parse_target(name)
+  with pytest.raises(tpu_target.TargetError) as e:
+    tpu_target.parse_target(name)
   msg = str(e.value)
   assert isinstance(e.value, ValueError) and "\n" not in msg
   assert repr(name) in msg
@@ -124,29 +128,31 @@ def test_bad_target_names(name):
 
 
 def test_valid_target_names_parse_back():
-  names = tpu.valid_target_names()
-  assert len(names) == len(set(names)) == sum(len(s) for s in tpu.SLICES.values())
-  assert [tpu.parse_target(n).name for n in names] == names
+  names = tpu_target.valid_target_names()
+  assert len(names) == len(set(names)) == sum(len(s) for s in tpu_target.SLICES.values())
+  assert [tpu_target.parse_target(n).name for n in names] == names
 
 
 def test_parse_oom():
-  assert tpu.parse_oom("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required "
-                       "for HLO temporaries (42.00G) exceeds available HBM (15.75G).") == (
-                           42 * GIB, int(15.75 * GIB))
-  assert tpu.parse_oom("... required for HLO temporaries (1.37T) exceeds available HBM (512.0M)"
-                       ) == (int(1.37 * 2 ** 40), 512 * 2 ** 20)
-  assert tpu.parse_oom("Ran out of memory in memory space hbm. Used 20.50G of 15.48G hbm.") == (
+  parse_oom = tpu_compile.parse_oom
+  assert parse_oom("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required "
+                   "for HLO temporaries (42.00G) exceeds available HBM (15.75G).") == (
+                       42 * GIB, int(15.75 * GIB))
+  assert parse_oom("... required for HLO temporaries (1.37T) exceeds available HBM (512.0M)"
+                   ) == (int(1.37 * 2 ** 40), 512 * 2 ** 20)
+  assert parse_oom("Ran out of memory in memory space hbm. Used 20.50G of 15.48G hbm.") == (
       int(20.5 * GIB), int(15.48 * GIB))
-  assert tpu.parse_oom("RESOURCE_EXHAUSTED: something else") == (None, None)
+  assert tpu_compile.parse_oom("RESOURCE_EXHAUSTED: something else") == (None, None)
 
 
 def _report(**kw):
-  base = dict(name="train", target=tpu.parse_target("v4-8"), libtpu_version="test", compiled=True,
-              compile_s=1.0, argument_bytes=2 * GIB, output_bytes=GIB, alias_bytes=GIB,
-              temp_bytes=3 * GIB, peak_bytes=0, compiler_flops=0.5e12, compiler_bytes_accessed=6e9,
-              cost_model_raw_s=-54.0, while_loops=2, analytic_flops=2.75e12, items_per_step=768)
+  base = dict(name="train", target=tpu_target.parse_target("v4-8"), libtpu_version="test",
+              compiled=True, compile_s=1.0, argument_bytes=2 * GIB, output_bytes=GIB,
+              alias_bytes=GIB, temp_bytes=3 * GIB, peak_bytes=0, compiler_flops=0.5e12,
+              compiler_bytes_accessed=6e9, cost_model_raw_s=-54.0, while_loops=2,
+              analytic_flops=2.75e12, items_per_step=768)
   base.update(kw)
-  return tpu.Report(**base)
+  return tpu_report.Report(**base)
 
 
 def test_report_arithmetic():
@@ -178,12 +184,13 @@ def test_report_arithmetic():
                    temp_bytes=None, oom_need_bytes=42 * GIB, compiler_flops=None,
                    compiler_bytes_accessed=None, cost_model_raw_s=None)
   assert not failed.fits and failed.need_bytes == 42 * GIB and failed.bound_s is None
-  assert tpu.does_not_fit_message(failed) == (
+  assert tpu_report.does_not_fit_message(failed) == (
       "train does not fit on v4-8: it needs 42.00 GiB of HBM per TPU v4 chip, which has 32 GiB "
       "(30.75 GiB usable)")
-  v2 = _report(target=tpu.parse_target("v2-8"), compiled=False, oom_need_bytes=None)
-  assert "per TPU v2 TensorCore, which has 8 GiB (7.48 GiB usable" in tpu.does_not_fit_message(v2)
-  table = tpu.format_report([r, counted, failed]).splitlines()
+  v2 = _report(target=tpu_target.parse_target("v2-8"), compiled=False, oom_need_bytes=None)
+  assert ("per TPU v2 TensorCore, which has 8 GiB (7.48 GiB usable"
+          in tpu_report.does_not_fit_message(v2))
+  table = tpu_report.format_report([r, counted, failed]).splitlines()
   assert "COMPILER ESTIMATES" in table[0] and "not measurements" in table[0]
   assert table[1].strip().startswith("v4-8: 4 TPU v4 chips, 1 host x 4")
   assert "bound (compiler estimate)" in table[2] and "predicted" not in "\n".join(table)
@@ -205,19 +212,20 @@ def test_the_fit_verdict_is_the_compilers():
   assert maze.fits and maze.need_bytes == int(29.05 * GIB)
   assert maze.margin_bytes == pytest.approx(1.70 * GIB, abs=0.01 * GIB)
   assert maze.margin == pytest.approx(1.70 / 30.75, abs=1e-3) and not maze.tight
-  assert tpu.margin_text(maze) == "29.05 of 30.75 GiB per chip, margin 1.70 GiB (5.5%)"
+  assert tpu_report.margin_text(maze) == "29.05 of 30.75 GiB per chip, margin 1.70 GiB (5.5%)"
   # Dream 7.6B on a v2-8 at model_parallel 2: 7.35 of 7.48 GiB per TensorCore.
-  thin = _report(target=tpu.parse_target("v2-8"), peak_bytes=int(7.35 * GIB))
+  thin = _report(target=tpu_target.parse_target("v2-8"), peak_bytes=int(7.35 * GIB))
   assert thin.fits and thin.tight
-  assert tpu.margin_text(thin) == "7.35 of 7.48 GiB per TensorCore, margin 133 MiB (1.7%): tight"
-  row = dict(zip(tpu.TABLE_HEADER, tpu.report_row(thin)))
+  assert (tpu_report.margin_text(thin)
+          == "7.35 of 7.48 GiB per TensorCore, margin 133 MiB (1.7%): tight")
+  row = dict(zip(tpu_report.TABLE_HEADER, tpu_report.report_row(thin)))
   assert row["fits (margin)"] == "tight 1.7%" and row["peak"] == "7.35"
-  assert "fits with a thin margin" in tpu.format_report([thin])
+  assert "fits with a thin margin" in tpu_report.format_report([thin])
 
 
 def test_search_batch_logic():
   """Fake compiles: need = 1 GiB + b x 10 MiB against v4's 30.75 GiB usable: 3046 fits at most."""
-  target = tpu.parse_target("v4-8")
+  target = tpu_target.parse_target("v4-8")
 
   def compile_at(b):
     need = GIB + b * 10 * 2 ** 20
@@ -226,33 +234,33 @@ def test_search_batch_logic():
                    compiled=fits, oom_need_bytes=None if fits else need)
 
   best = (int(target.usable_hbm_bytes_per_device) - GIB) // (10 * 2 ** 20)
-  res = tpu.search_batch(compile_at, 1, 100_000)
+  res = tpu_fit.search_batch(compile_at, 1, 100_000)
   assert res.batch == best == 3046 and res.report.fits
   assert len(res.tried) <= 6
-  res8 = tpu.search_batch(compile_at, 8, 100_000, multiple_of=8)
+  res8 = tpu_fit.search_batch(compile_at, 8, 100_000, multiple_of=8)
   assert res8.batch == best // 8 * 8 and all(b % 8 == 0 for b, _ in res8.tried)
-  assert tpu.search_batch(compile_at, 4000, 5000).batch is None
-  assert tpu.search_batch(compile_at, 10, 20).batch == 20
+  assert tpu_fit.search_batch(compile_at, 4000, 5000).batch is None
+  assert tpu_fit.search_batch(compile_at, 10, 20).batch == 20
   with pytest.raises(ValueError):
-    tpu.search_batch(compile_at, 5, 7, multiple_of=8)
+    tpu_fit.search_batch(compile_at, 5, 7, multiple_of=8)
 
 
 def test_missing_libtpu_message(monkeypatch):
-  monkeypatch.setattr(tpu, "_libtpu_version", None)
+  monkeypatch.setattr(tpu_target, "_libtpu_version", None)
   monkeypatch.setenv("TPU_LIBRARY_PATH", "/nonexistent/libtpu.so")
   monkeypatch.setitem(sys.modules, "libtpu", None)       # `import libtpu` raises ImportError
-  with pytest.raises(tpu.LibtpuMissingError) as e:
-    tpu.load_libtpu()
+  with pytest.raises(tpu_target.LibtpuMissingError) as e:
+    tpu_target.load_libtpu()
   assert "\n" not in str(e.value) and str(e.value).endswith("pip install -e '.[tpu]'")
 
 
 # --------------------------------------------------------------------------------------------------
 # Compiled for TPU by libtpu.
 
-@pytest.mark.parametrize("name", tpu.valid_target_names())
+@pytest.mark.parametrize("name", tpu_target.valid_target_names())
 def test_every_target_builds_its_topology(libtpu, name):
-  t = tpu.parse_target(name)
-  devices = tpu.target_devices(t)
+  t = tpu_target.parse_target(name)
+  devices = tpu_target.target_devices(t)
   assert len(devices) == t.num_devices
   assert {d.device_kind for d in devices} == {t.chip.device_kind}
   per_host = {}
@@ -264,9 +272,9 @@ def test_every_target_builds_its_topology(libtpu, name):
 
 def test_refused_topology_is_one_line(libtpu):
   """A one-chip grid cannot be split into 2x2x1 hosts: libtpu refuses it, the error says so."""
-  bad = dataclasses.replace(tpu.parse_target("v6e-1"), chips_per_host_bounds=(2, 2, 1))
-  with pytest.raises(tpu.TargetError) as e:
-    tpu.target_devices(bad)
+  bad = dataclasses.replace(tpu_target.parse_target("v6e-1"), chips_per_host_bounds=(2, 2, 1))
+  with pytest.raises(tpu_target.TargetError) as e:
+    tpu_target.target_devices(bad)
   msg = str(e.value)
   assert "\n" not in msg and msg.startswith("libtpu 0.0.42") and "v6e:1x1" in msg
   assert "not divisible" in msg
@@ -289,19 +297,20 @@ def _mlp_step(sizes):
 
 @pytest.mark.parametrize("name", ["v4-8", pytest.param("v5e-4", marks=pytest.mark.slow), "v4-64"])
 def test_mlp_train_step(libtpu, name):
-  target = tpu.parse_target(name)
+  target = tpu_target.parse_target(name)
   B, sizes = 512, (1024, 2048, 1024)
   step, weights = _mlp_step(sizes)
   x = jax.ShapeDtypeStruct((B, sizes[0]), jnp.float32)
-  lowered = tpu.lower_step(step, target, (weights, x), state_in=(0,), out_axes=(None, 0),
-                           donate_argnums=(0,))
+  lowered = tpu_target.lower_step(step, target, (weights, x), state_in=(0,), out_axes=(None, 0),
+                                  donate_argnums=(0,))
   assert lowered.in_avals[0][1].shape == (target.num_devices, B, sizes[0])   # global device axis
   assert lowered.in_avals[0][0][0].shape == (1024, 2048)                     # replicated: as given
   # Forward 2BKN per layer, weight gradients 2BKN, input gradient 2BKN except for the first layer.
   matmuls = [2 * B * a * b for a, b in zip(sizes[:-1], sizes[1:])]
   analytic = 3 * sum(matmuls) - matmuls[0]
-  r = tpu.compile_report(lowered, target=target, name="mlp", analytic_flops_per_device=analytic,
-                         items_per_step=B * target.num_devices)
+  r = tpu_compile.compile_report(lowered, target=target, name="mlp",
+                                 analytic_flops_per_device=analytic,
+                                 items_per_step=B * target.num_devices)
   assert r.compiled and r.fits and r.layout_constraints is False and r.while_loops == 0
   weight_bytes = 4 * sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
   assert r.argument_bytes == weight_bytes + 4 * B * sizes[0]   # one device's share of x
@@ -311,7 +320,7 @@ def test_mlp_train_step(libtpu, name):
   assert r.compiler_bytes_accessed > weight_bytes and r.compile_s > 0
   assert r.bound_s >= analytic / target.peak_flops_per_device
   assert 0 < r.mfu <= 1 and r.items_per_s == pytest.approx(B * target.num_devices / r.bound_s)
-  assert target.name in tpu.format_report([r])
+  assert target.name in tpu_report.format_report([r])
 
 
 @pytest.mark.slow    # make test: test_dry_run's FLOPs against the analytic count, every loop trip
@@ -320,7 +329,7 @@ def test_loops_are_counted_trip_by_trip(libtpu):
   matmul. `loop_aware_cost` compiles the body once more and counts 5, as for the same 5 matmuls
   unrolled (FLOPs within 0.1%; bytes within 15%: a standalone body reads its carry from HBM). A
   loop-free program's counts stay the compiler's; nested loops multiply (4 x 3 matmuls)."""
-  target = tpu.parse_target("v4-8")
+  target = tpu_target.parse_target("v4-8")
   M, K, N = 1024, 2048, 4096
   w = jax.ShapeDtypeStruct((K, N), jnp.bfloat16)
   x = jax.ShapeDtypeStruct((M, K), jnp.bfloat16)
@@ -345,9 +354,9 @@ def test_loops_are_counted_trip_by_trip(libtpu):
                         parallel.AXIS)
 
   def report(fn):
-    return tpu.compile_report(tpu.lower_step(fn, target, (w, x), state_in=(0,)),
-                              target=target, name=fn.__name__,
-                              jaxpr=tpu.per_device_jaxpr(fn, target, (w, x)))
+    return tpu_compile.compile_report(tpu_target.lower_step(fn, target, (w, x), state_in=(0,)),
+                                      target=target, name=fn.__name__,
+                                      jaxpr=tpu_cost.per_device_jaxpr(fn, target, (w, x)))
   loop, plain, nest = report(looped), report(unrolled), report(nested)
   assert plain.while_loops == 0 and plain.loops == () and plain.loop_aware
   assert (plain.loop_flops, plain.loop_bytes) == (plain.compiler_flops,
@@ -361,7 +370,7 @@ def test_loops_are_counted_trip_by_trip(libtpu):
   assert loop.bound_s == pytest.approx(plain.bound_s, rel=0.15)
   assert sorted(lp.trips for lp in nest.loops) == [3, 4]
   assert nest.loop_flops == pytest.approx(12 * one, rel=0.01)
-  assert "*" not in tpu.format_report([loop, plain, nest])
+  assert "*" not in tpu_report.format_report([loop, plain, nest])
 
 
 def test_a_loop_body_too_big_alone_is_counted_once_with_a_note(libtpu):
@@ -369,16 +378,17 @@ def test_a_loop_body_too_big_alone_is_counted_once_with_a_note(libtpu):
   compiled alone would hold it whole on one 15.75 GiB chip. The report keeps the program's memory
   and the compiler's one-trip count for that loop, with a note naming it (a "~" row), instead of
   failing the whole check."""
-  target = tpu.parse_target("v5litepod-4")
+  target = tpu_target.parse_target("v5litepod-4")
   w = jax.ShapeDtypeStruct((4 * 2 ** 30 // 4, 4), jnp.float32)           # 16 GiB, [2^30, 4]
   x = jax.ShapeDtypeStruct((8,), jnp.float32)
 
   def step(w, x):
     y = jax.lax.fori_loop(0, 3, lambda i, y: y + jnp.sum(w[:8] * 2.0, axis=1), x)
     return jax.lax.psum(jnp.sum(y), parallel.AXIS)
-  r = tpu.compile_report(tpu.lower_step(step, target, (w, x), rules=parallel.Rules("fsdp"),
-                                        state_in=(0,), blocks=True),
-                         target=target, name="step", jaxpr=tpu.per_device_jaxpr(step, target, (w, x)))
+  lowered = tpu_target.lower_step(step, target, (w, x), rules=parallel.Rules("fsdp"),
+                                  state_in=(0,), blocks=True)
+  r = tpu_compile.compile_report(lowered, target=target, name="step",
+                                 jaxpr=tpu_cost.per_device_jaxpr(step, target, (w, x)))
   assert r.compiled and r.fits and r.argument_bytes < 5 * 2 ** 30       # w split 4 ways
   assert r.loops == () and "does not fit a v5litepod-4 chip" in r.loop_note
   assert "3 trips are counted once" in r.loop_note
@@ -394,23 +404,23 @@ def _big_input_step(remat):
 
 
 def _compile_big(target, batch, remat=False, D=512):
-  lowered = tpu.lower_step(_big_input_step(remat), target, (
+  lowered = tpu_target.lower_step(_big_input_step(remat), target, (
       jax.ShapeDtypeStruct((D, D), jnp.float32), jax.ShapeDtypeStruct((batch, D), jnp.float32)),
       state_in=(0,), out_axes=None, donate_argnums=(0,))
-  return tpu.compile_report(lowered, target=target, name=f"batch {batch}")
+  return tpu_compile.compile_report(lowered, target=target, name=f"batch {batch}")
 
 
 def test_does_not_fit_and_first_fitting(libtpu):
   """8M x 512 float32 rows per chip: 16 GiB of input alone, more than a v5e chip's 15.75 usable."""
-  target = tpu.parse_target("v5e-4")
+  target = tpu_target.parse_target("v5e-4")
   big = _compile_big(target, 2 ** 23)
-  assert not big.compiled and not tpu.fits(big)
+  assert not big.compiled and not tpu_report.fits(big)
   assert big.need_bytes >= 16 * GIB and "RESOURCE_EXHAUSTED" in big.compiler_message
-  msg = str(tpu.DoesNotFitError(big))
-  assert msg == tpu.does_not_fit_message(big)
+  msg = str(tpu_report.DoesNotFitError(big))
+  assert msg == tpu_report.does_not_fit_message(big)
   assert msg.startswith("batch 8388608 does not fit on v5litepod-4: it needs 16.00 GiB of HBM per "
                         "TPU v5 lite chip, which has 16 GiB (15.75 GiB usable)")
-  found, tried = tpu.first_fitting([
+  found, tried = tpu_fit.first_fitting([
       ("as configured", "", lambda: big),
       ("remat", "--config.remat=True", lambda: _compile_big(target, 2 ** 23, remat=True)),
       ("quarter batch", "--config.batch_size=2097152", lambda: _compile_big(target, 2 ** 21)),
@@ -419,14 +429,15 @@ def test_does_not_fit_and_first_fitting(libtpu):
   assert [v.label for v in tried] == ["as configured", "remat", "quarter batch"]
   assert found is tried[-1] and found.report.fits and not tried[1].report.fits
   assert found.report.need_bytes >= 4 * GIB                   # the 4 GiB input is in it
-  text = tpu.format_variants(tried).splitlines()
+  text = tpu_fit.format_variants(tried).splitlines()
   assert text[0] == "  as configured: >=16.00 GiB of 15.75 GiB per chip, does not fit"
   assert text[2].endswith("fits: --config.batch_size=2097152")
 
 
 def test_search_batch_compiles(libtpu):
-  target = tpu.parse_target("v5e-4")
-  res = tpu.search_batch(lambda b: _compile_big(target, b), 2 ** 12, 2 ** 23, multiple_of=2 ** 16)
+  target = tpu_target.parse_target("v5e-4")
+  res = tpu_fit.search_batch(lambda b: _compile_big(target, b), 2 ** 12, 2 ** 23,
+                             multiple_of=2 ** 16)
   assert res.report.fits and res.batch % 2 ** 16 == 0
   assert res.batch * 512 * 4 <= target.usable_hbm_bytes_per_device    # the input alone fits
   assert not _compile_big(target, res.batch + 2 ** 16).fits
@@ -437,42 +448,42 @@ def test_compiler_hbm_limits_match_the_chip_table(libtpu):
   """What the compiler says is available per device when 64 GiB (v5p: 128) of input does not fit."""
   for family, gen in (("v2-8", "v2"), ("v3-8", "v3"), ("v4-8", "v4"), ("v5e-4", "v5e"),
                       ("v5p-8", "v5p"), ("v6e-4", "v6e")):
-    target = tpu.parse_target(family)
+    target = tpu_target.parse_target(family)
     width = 2048 if gen == "v5p" else 1024              # 128 GiB / 64 GiB of float32 input
-    lowered = tpu.lower_step(lambda x: jax.lax.psum(jnp.sum(x), parallel.AXIS), target,
-                             (jax.ShapeDtypeStruct((2 ** 24, width), jnp.float32),))
+    lowered = tpu_target.lower_step(lambda x: jax.lax.psum(jnp.sum(x), parallel.AXIS), target,
+                                    (jax.ShapeDtypeStruct((2 ** 24, width), jnp.float32),))
     try:
       lowered.compile()
       raise AssertionError(f"{family}: expected RESOURCE_EXHAUSTED")
     except jax.errors.JaxRuntimeError as e:
-      _, available = tpu.parse_oom(str(e))
-    assert available == int(tpu.CHIPS[gen].compiler_hbm_gib * GIB), family
+      _, available = tpu_compile.parse_oom(str(e))
+    assert available == int(tpu_target.CHIPS[gen].compiler_hbm_gib * GIB), family
 
 
 def test_layout_constraints_detected(libtpu):
   """`dispatch.ops("xla_cpu", dtype).matmul` (the CPU-target form) pins a row-major transpose; the
   check finds it in that program only, so a TPU compile that carried it by mistake is reported."""
-  target = tpu.parse_target("v4-8")
+  target = tpu_target.parse_target("v4-8")
 
   def make(kernels):
     def step(w, x):                     # w replicated [256, 512], x per device [128, 256]
       loss = lambda w: jnp.sum(dispatch.ops(kernels, jnp.bfloat16).matmul(x, w) ** 2)
       g = jax.grad(loss)(w)
       return jax.lax.pmean(g, parallel.AXIS)
-    return tpu.lower_step(step, target, (jax.ShapeDtypeStruct((256, 512), jnp.float32),
-                                         jax.ShapeDtypeStruct((128, 256), jnp.float32)),
-                          state_in=(0,), out_axes=None)
+    return tpu_target.lower_step(step, target, (jax.ShapeDtypeStruct((256, 512), jnp.float32),
+                                                jax.ShapeDtypeStruct((128, 256), jnp.float32)),
+                                 state_in=(0,), out_axes=None)
   cpu_style, plain = make("xla_cpu"), make("default")
-  assert tpu.hlo_has_layout_constraints(cpu_style)
-  assert tpu.hlo_has_layout_constraints(cpu_style.as_text(dialect="hlo"))
-  assert not tpu.hlo_has_layout_constraints(plain)
-  assert not tpu.hlo_has_layout_constraints(plain.as_text(dialect="hlo"))
-  r = tpu.compile_report(cpu_style, target=target, name="fast_grad")
+  assert tpu_compile.hlo_has_layout_constraints(cpu_style)
+  assert tpu_compile.hlo_has_layout_constraints(cpu_style.as_text(dialect="hlo"))
+  assert not tpu_compile.hlo_has_layout_constraints(plain)
+  assert not tpu_compile.hlo_has_layout_constraints(plain.as_text(dialect="hlo"))
+  r = tpu_compile.compile_report(cpu_style, target=target, name="fast_grad")
   assert r.layout_constraints is True and r.compiled
   assert any(line.startswith("fast_grad: the program pins array layouts")
-             for line in tpu.format_report([r]).splitlines())
+             for line in tpu_report.format_report([r]).splitlines())
   with pytest.raises(TypeError, match="Lowered"):
-    tpu.hlo_has_layout_constraints(plain.compile())
+    tpu_compile.hlo_has_layout_constraints(plain.compile())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -547,7 +558,7 @@ def test_the_fix_line_names_the_first_variant_that_fits(monkeypatch, capsys):
          _report(target=target, compiled=False, oom_need_bytes=need))
     return [r], 1000
 
-  monkeypatch.setattr(tpu, "load_libtpu", lambda: "test")
+  monkeypatch.setattr(tpu_target, "load_libtpu", lambda: "test")
   monkeypatch.setattr(dry_run, "compile_for_tpu", fake_compile)
   with pytest.raises(errors.BadInput) as e:
     dry_run.run(nanogpt_train.NanoGPT(), config, target="v4-8", name="gpt2-xl")
@@ -569,12 +580,12 @@ def test_the_fix_line_names_the_first_variant_that_fits(monkeypatch, capsys):
 
 def test_tpu_layout_checks_devices_per_host_against_the_slice():
   c = v4_64.get_config()                    # 32 devices, 4 per host (a v4-64's 8 hosts)
-  layout = dry_run.tpu_layout(trm_train.TRM(), c, tpu.parse_target("v4-64"))
+  layout = dry_run.tpu_layout(trm_train.TRM(), c, tpu_target.parse_target("v4-64"))
   assert (layout.hosts, layout.devices_per_host, layout.per_host_batch,
           layout.per_device_batch) == (8, 4, 96, 24)
   c.num_devices, c.global_batch_size = 8, 768
   with pytest.raises(errors.ConfigError) as e:
-    dry_run.tpu_layout(trm_train.TRM(), c, tpu.parse_target("v6e-8"))   # 1 host x 8 chips
+    dry_run.tpu_layout(trm_train.TRM(), c, tpu_target.parse_target("v6e-8"))   # 1 host x 8 chips
   assert str(e.value) == (
       "config.devices_per_host=4: the config's per-host data layout is written for 4 devices per "
       "host but v6e-8 has 8 chips per host (1 host(s)). Fix: pass --config.devices_per_host=8, or a "

@@ -1,6 +1,6 @@
-"""`make tpu-check` (experiments/tools/tpu_check.py) without compiling: which rows it has, that a
-missing ARC folder skips the ARC rows with one line instead of losing the table, and the GPU
-measurements shown beside rows."""
+"""`make tpu-check` (experiments/tools/tpu_check.py) without compiling: which rows it has (each
+experiment's own tools/tpu_rows.py, found through the registry), that a missing ARC folder skips the
+ARC rows with one line instead of losing the table, and the GPU measurements shown beside rows."""
 
 import importlib
 import os
@@ -13,22 +13,40 @@ from experiments.common import trainer
 from experiments.diffucoder.tools import tpu_plan
 from experiments.tools import dry_run
 from experiments.tools import gpu_measured
-from experiments.tools import tpu
 from experiments.tools import tpu_check
+from experiments.tools import tpu_rows
+from experiments.tools import tpu_target
+from experiments.trm.tools import tpu_rows as trm_rows
 
 
 def test_missing_arc_folder_skips_those_rows_with_one_line(tmp_path):
   def must_not_build():
     raise AssertionError("a skipped check was built")
   missing = str(tmp_path / "no_arc")
-  check = tpu_check.Check("trm v4_64 arc1_att", must_not_build, "experiments.trm.configs.v4_64",
-                          "recipe=arc1_att", skip=lambda: tpu_check.missing_arc_reason(missing))
+  check = tpu_rows.Check("trm v4_64 arc1_att", must_not_build, "experiments.trm.configs.v4_64",
+                         "recipe=arc1_att", skip=lambda: trm_rows.missing_arc_reason(missing))
   lines = []
   assert tpu_check.run_checks([check], log=lines.append) == []
   assert lines == [f"trm v4_64 arc1_att: skipped: {missing} does not exist (the ARC-AGI JSON "
                    "files); pass --arc_dir=DIR to compile these rows"]
   os.makedirs(missing)
-  assert tpu_check.missing_arc_reason(missing) is None
+  assert trm_rows.missing_arc_reason(missing) is None
+
+
+def test_the_registry_gives_each_experiments_rows_in_the_tables_order():
+  """The rows come from the modules ROW_MODULES names (TRM's, nanoGPT's, then DiffuCoder's), whose
+  labels docs/tpu.md's table and `--only` use."""
+  assert tpu_check.ROW_MODULES == tuple(f"experiments.{e}.tools.tpu_rows"
+                                        for e in ("trm", "nanogpt", "diffucoder"))
+  labels = [c.label for c in tpu_check.CHECKS]
+  assert labels == (
+      [f"trm v4_64 {r}" for r in ("sudoku_mlp", "sudoku_att", "maze_att", "arc1_att", "arc2_att")]
+      + ["nanogpt v4_32 gpt2_124m", "nanogpt v4_32 gpt2_124m grad_accum=1"]
+      + ["nanogpt finetune gpt2-xl"] * 2 + ["nanogpt finetune gpt2-xl fsdp remat"] * 2
+      + ["nanogpt gpt2-xl pretraining fsdp remat", "diffucoder dream_7b mdm fsdp",
+         "diffucoder dream_7b mdm fsdp x model_parallel=4"]), labels
+  checks, programs = tpu_check.load_rows(tpu_check.ROW_MODULES[:1])
+  assert [c.label for c in checks] == labels[:5] and programs == []
 
 
 def test_arc_rows_are_the_ones_that_can_skip():
@@ -66,7 +84,7 @@ def test_every_row_builds_in_a_plain_clone(check):
   packaged vocabulary): the layout spans the slice and keeps the config's examples per update."""
   config = importlib.import_module(check.config_module).get_config(check.arg)
   check.overrides(config)
-  target = tpu.parse_target(check.target or config.target)
+  target = tpu_target.parse_target(check.target or config.target)
   trainer.check_config(check.experiment(), config)
   layout = dry_run.tpu_layout(check.experiment(), config, target)
   build = check.experiment().build(config, layout)

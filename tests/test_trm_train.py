@@ -23,6 +23,7 @@ from experiments.trm import train
 from experiments.trm.configs import arc1_att, arc2_att, base, cpu_demo, maze_att
 from experiments.trm.configs import sudoku_att, sudoku_mlp, v4_64
 from input_pipeline.puzzles import sudoku
+from input_pipeline.puzzles import sudoku_generator
 from modules import trm
 from modules.kernels import xla_cpu
 
@@ -110,7 +111,7 @@ def test_training_on_a_fixed_batch_lowers_the_loss():
   adam, sign = train.make_optimizers(config, total_steps=30)
   n = jax.local_device_count()
   per_device = 4
-  puzzles, solutions = sudoku.generate_puzzles(n * per_device, seed=3, givens=45)
+  puzzles, solutions = sudoku_generator.generate_puzzles(n * per_device, seed=3, givens=45)
   batch = {"inputs": sudoku.grid_to_tokens(puzzles).reshape(n, per_device, 81).astype(np.int32),
            "labels": sudoku.grid_to_tokens(solutions).reshape(n, per_device, 81).astype(np.int32),
            "puzzle_identifiers": np.zeros((n, per_device), np.int32)}
@@ -314,7 +315,7 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
   adam, sign = train.make_optimizers(config, total_steps=4)
   n, per_device = jax.local_device_count(), 2
   rng = np.random.default_rng(0)
-  puzzles, solutions = sudoku.generate_puzzles(n * per_device, seed=5, givens=45)
+  puzzles, solutions = sudoku_generator.generate_puzzles(n * per_device, seed=5, givens=45)
   dev = parallel.shard(parallel.device_indices())
   text = train.parameter_table(train.init_state(model, adam, sign, jax.random.key(0), shard_table=True),
                                    model, num_devices=4)
@@ -374,7 +375,7 @@ def test_batch_slices_give_the_whole_batch_step(tmp_path, kernels):
   assert model.config.halt_max_steps > 1                        # halting with exploration
   adam, sign = train.make_optimizers(config, total_steps=3)
   n, per_device = jax.local_device_count(), 4
-  puzzles, solutions = sudoku.generate_puzzles(n * per_device, seed=7, givens=40)
+  puzzles, solutions = sudoku_generator.generate_puzzles(n * per_device, seed=7, givens=40)
   ids = np.random.default_rng(1).integers(0, num_ids, (n, per_device)).astype(np.int32)
   batch = parallel.shard({
       "inputs": sudoku.grid_to_tokens(puzzles).reshape(n, per_device, 81).astype(np.int32),

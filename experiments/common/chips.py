@@ -1,7 +1,7 @@
 """The one table of accelerator figures: every TPU generation podlab targets, and the GPUs it meets.
 
-Read by the TPU compile (`experiments/tools/tpu.py`: HBM, usable HBM, peak and bandwidth of a
-slice's devices), the dry run and `make tpu-check` (through tpu.py), and the trainer's live MFU
+Read by the TPU compile (`experiments/tools/tpu_target.py`: HBM, usable HBM, peak and bandwidth of
+a slice's devices), the dry run and `make tpu-check` (through it), and the trainer's live MFU
 (`experiments/common/mfu.py`: the peak of the device it runs on).
 
 TPU figures, per chip (docs/tpu.md has the table):

@@ -529,7 +529,7 @@ class Step:
 
   def lower(self, *args) -> jax.stages.Lowered:
     """Lowers for global-shaped `args` (per-device leaves `[rows of the mesh, ...]`), e.g. a TPU
-    topology's abstract devices (experiments/tools/tpu.py)."""
+    topology's abstract devices (experiments/tools/tpu_target.py)."""
     return self._program(args)[0].lower(*args)
 
   def precompile(self, *args) -> jax.stages.Lowered:
@@ -585,7 +585,7 @@ def compile_step(fn: Callable[..., Any], rules: Rules = REPLICATED, *,
       outputs; a tuple for a tuple of outputs.
     donate_argnums: arguments whose buffers may be reused for outputs (state updated in place).
     devices: the devices, in order (default: every device of every process);
-      experiments/tools/tpu.py passes a TPU topology's to compile for a whole slice.
+      experiments/tools/tpu_target.py passes a TPU topology's to compile for a whole slice.
     compiler_options: XLA options of this step's compiles (`cpu_features.CPU_DOTS_ONLY`; callers
       pass them only for a CPU target).
     blocks: the step gets this device's blocks of split state leaves (and reads them whole through

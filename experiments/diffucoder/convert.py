@@ -28,7 +28,7 @@ is placed on the device (or `sharding`) as soon as it is built, so host memory h
 tensors of one parameter beyond what the device arrays use (on a CPU backend the device IS the host:
 then the peak is the model once plus about one tensor, never the whole model twice).
 
-Key layout (Hugging Face name -> Haiku parameter; see modules/dream.py):
+Key layout (Hugging Face name -> Haiku parameter; see modules/dream.py and hf_layout.py):
   model.embed_tokens.weight [V, D]                        -> dream/embed_tokens/embedding
   model.layers.{n}.input_layernorm.weight [D]             -> dream/layer_{n}/input_layernorm/weight
   model.layers.{n}.self_attn.{q,k,v}_proj.weight/.bias    -> dream/layer_{n}/self_attn/qkv_proj/w, b
@@ -41,106 +41,60 @@ Key layout (Hugging Face name -> Haiku parameter; see modules/dream.py):
 
 Shape glossary: V vocab, D hidden, H/K query/KV heads, Dh head dim, F SwiGLU width, n layer index.
 
+This module reads checkpoints (a Hugging Face folder, streamed; an orbax folder; a Hub name) and is
+the CLI. Beside it: hf_layout.py (the tensors and config.json of the Hugging Face layout,
+ConversionError), orbax_params.py (`save_params`, `restore_params`, `restore_sharded`: the orbax
+folders `--out` writes) and random_checkpoint.py (`write_random_checkpoint`: `--write_random`).
+
 Synopsis:
 
   import tempfile
   import jax, jax.numpy as jnp
   from experiments.diffucoder import convert
+  from experiments.diffucoder import orbax_params
+  from experiments.diffucoder import random_checkpoint
   from modules import dream
 
   cfg = dream.tiny_config()
   d = tempfile.mkdtemp()
-  convert.write_random_checkpoint(d, cfg, seed=0, num_shards=3)   # 3 shards + index + config.json
+  random_checkpoint.write_random_checkpoint(d, cfg, seed=0, num_shards=3)  # shards, index, config
   params = convert.load_params(d, cfg)                            # the Haiku tree, bfloat16
   tokens = jnp.array([[1, 2, 3]], jnp.int32)
   logits = jax.jit(dream.dream_forward(cfg).apply)(params, tokens, tokens >= 0)  # [1, 3, 272]
-  convert.save_params(params, d + "/orbax", cfg)
-  restored = convert.restore_params(d + "/orbax", cfg)
+  orbax_params.save_params(params, d + "/orbax", cfg)
+  restored = convert.load_checkpoint(d + "/orbax", cfg)           # an orbax folder: restore_params
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import importlib.util
-import json
 import os
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence
 
 from absl import logging
 import jax
-import jax.numpy as jnp
-from jax.sharding import NamedSharding
 import numpy as np
 
 from experiments.common import config_utils
 from experiments.common import distributed
 from experiments.common import errors
 from experiments.common import safetensors_io as st
+from experiments.diffucoder import hf_layout
 from experiments.diffucoder import model_sharding
+from experiments.diffucoder import orbax_params
+from experiments.diffucoder import random_checkpoint
+from experiments.diffucoder.hf_layout import ConversionError
 from input_pipeline import hub
 from modules import dream
 
-CONFIG_JSON = "config.json"
-PODLAB_CONFIG_JSON = "dream_config.json"        # written next to an orbax checkpoint
-
-# Hugging Face config.json field -> DreamConfig field.
-_HF_FIELDS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
-              "intermediate_size": "intermediate_size", "num_hidden_layers": "num_layers",
-              "num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads",
-              "rope_theta": "rope_theta", "rms_norm_eps": "rms_norm_eps"}
-
-
-class ConversionError(errors.FormatError):
-  """The checkpoint does not match the config (names, shapes, dtypes) or cannot be read."""
-
 
 # --------------------------------------------------------------------------------------------------
-# The key layout.
+# Loading a Hugging Face folder.
 # --------------------------------------------------------------------------------------------------
-
-
-def hf_tensor_specs(config: dream.DreamConfig) -> List[Tuple[str, Tuple[int, ...]]]:
-  """Every tensor of a Hugging Face Dream checkpoint, (name, torch shape), in checkpoint order."""
-  D, F, V = config.hidden_size, config.intermediate_size, config.vocab_size
-  Dq, Dkv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-  specs = [("model.embed_tokens.weight", (V, D))]
-  for n in range(config.num_layers):
-    p = f"model.layers.{n}."
-    specs += [(p + "input_layernorm.weight", (D,)),
-              (p + "self_attn.q_proj.weight", (Dq, D)), (p + "self_attn.q_proj.bias", (Dq,)),
-              (p + "self_attn.k_proj.weight", (Dkv, D)), (p + "self_attn.k_proj.bias", (Dkv,)),
-              (p + "self_attn.v_proj.weight", (Dkv, D)), (p + "self_attn.v_proj.bias", (Dkv,)),
-              (p + "self_attn.o_proj.weight", (D, Dq)),
-              (p + "post_attention_layernorm.weight", (D,)),
-              (p + "mlp.gate_proj.weight", (F, D)), (p + "mlp.up_proj.weight", (F, D)),
-              (p + "mlp.down_proj.weight", (D, F))]
-  specs += [("model.norm.weight", (D,)), ("lm_head.weight", (V, D))]
-  return specs
-
-
-def param_sources(config: dream.DreamConfig) -> List[Tuple[str, str, Tuple[str, ...], bool]]:
-  """(Haiku module, parameter, source HF tensors concatenated on axis 0, transpose?) per parameter."""
-  out = [("dream/embed_tokens", "embedding", ("model.embed_tokens.weight",), False)]
-  for n in range(config.num_layers):
-    p, m = f"model.layers.{n}.", f"dream/layer_{n}/"
-    out += [(m + "input_layernorm", "weight", (p + "input_layernorm.weight",), False),
-            (m + "self_attn/qkv_proj", "w", tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv"),
-             True),
-            (m + "self_attn/qkv_proj", "b", tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv"),
-             False),
-            (m + "self_attn/o_proj", "w", (p + "self_attn.o_proj.weight",), True),
-            (m + "post_attention_layernorm", "weight", (p + "post_attention_layernorm.weight",),
-             False),
-            (m + "mlp/gate_up_proj", "w", (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-             True),
-            (m + "mlp/down_proj", "w", (p + "mlp.down_proj.weight",), True)]
-  out += [("dream/norm", "weight", ("model.norm.weight",), False),
-          ("dream/lm_head", "w", ("lm_head.weight",), True)]
-  return out
 
 
 def model_parallel_placer(config: dream.DreamConfig, mesh: jax.sharding.Mesh
@@ -174,7 +128,7 @@ def params_from_tensors(get: Callable[[str], np.ndarray], config: dream.DreamCon
     place_param = lambda module, name, value: place(value)
   dtype = np.dtype(config.param_dtype)
   params: Dict[str, Dict[str, jax.Array]] = {}
-  for module, name, sources, transpose in param_sources(config):
+  for module, name, sources, transpose in hf_layout.param_sources(config):
     parts = [get(s) for s in sources]
     value = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
     del parts
@@ -188,90 +142,12 @@ def params_from_tensors(get: Callable[[str], np.ndarray], config: dream.DreamCon
   return params
 
 
-# --------------------------------------------------------------------------------------------------
-# Configs.
-# --------------------------------------------------------------------------------------------------
-
-
-DTYPES = ("bfloat16", "float32", "float16")
-
-
-def config_from_hf_json(path: str, **overrides) -> dream.DreamConfig:
-  """A DreamConfig from a Hugging Face config.json. dtype and param_dtype: its `torch_dtype`
-  (bfloat16 when absent, as the released models), unless overridden."""
-  try:
-    with open(path) as f:
-      hf = json.load(f)
-  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ConversionError(f"{path}: cannot read the model config ({type(e).__name__}: {e}). Fix: "
-                          "pass --config=configs/<model>.py") from None
-  missing = [k for k in _HF_FIELDS if k not in hf]
-  if missing:
-    raise ConversionError(f"{path}: lacks {missing}; not a Dream/Qwen2 config. Fix: pass "
-                          "--config=configs/<model>.py")
-  if hf.get("tie_word_embeddings", False):
-    raise ConversionError(f"{path}: tie_word_embeddings=true, but Dream's output head is untied "
-                          "(lm_head.weight). Fix: use a Dream / DiffuCoder checkpoint")
-  fields = {ours: hf[theirs] for theirs, ours in _HF_FIELDS.items()}
-  torch_dtype = hf.get("torch_dtype") or "bfloat16"
-  if "dtype" not in overrides or "param_dtype" not in overrides:
-    if torch_dtype not in DTYPES:
-      raise ConversionError(f"{path}: torch_dtype={torch_dtype!r} is not one of {DTYPES}. Fix: pass "
-                            "--dtype=bfloat16 (or float32) to cast the weights")
-    fields.update(dtype=torch_dtype, param_dtype=torch_dtype)
-  fields.update(overrides)
-  return dream_config_from(fields, path)
-
-
-def model_overrides(fields: Dict[str, object]) -> str:
-  """`--config.model.F=V ...` for {field: value} (what a fix text tells the user to pass)."""
-  return " ".join(f"--config.model.{k}={v}" for k, v in fields.items())
-
-
-def shape_fields(infos: Dict[str, st.TensorInfo]) -> Dict[str, int]:
-  """The DreamConfig fields a checkpoint's tensor shapes reveal: vocab_size and hidden_size
-  (embed_tokens), intermediate_size (layer 0's gate_proj) and num_layers (the layers present).
-  num_heads / num_kv_heads are not separable from the head dim: config.json holds them."""
-  out = {}
-  emb = infos.get("model.embed_tokens.weight")
-  if emb is not None and len(emb.shape) == 2:
-    out["vocab_size"], out["hidden_size"] = int(emb.shape[0]), int(emb.shape[1])
-  gate = infos.get("model.layers.0.mlp.gate_proj.weight")
-  if gate is not None and len(gate.shape) == 2:
-    out["intermediate_size"] = int(gate.shape[0])
-  layers = {int(n.split(".")[2]) for n in infos if n.startswith("model.layers.")
-            and n.split(".")[2].isdigit()}
-  if layers:
-    out["num_layers"] = max(layers) + 1
-  return out
-
-
-def check_against_hf_json(hf_dir: str, config: dream.DreamConfig) -> None:
-  """If hf_dir has a config.json, every architecture field must equal `config`'s."""
-  path = os.path.join(hf_dir, CONFIG_JSON)
-  if not os.path.isfile(path):
-    return
-  theirs = config_from_hf_json(path, dtype=config.dtype, param_dtype=config.param_dtype)
-  differ = [f for f in _HF_FIELDS.values() if getattr(theirs, f) != getattr(config, f)]
-  diffs = [f"{f}: config.json {getattr(theirs, f)!r} vs config.model {getattr(config, f)!r}"
-           for f in differ]
-  if diffs:
-    raise ConversionError(
-        f"{hf_dir}: the checkpoint's config.json disagrees with the config: {'; '.join(diffs)}. "
-        "Fix: pass the config of this model, or override the fields: "
-        + model_overrides({f: getattr(theirs, f) for f in differ}))
-
-
-# --------------------------------------------------------------------------------------------------
-# Loading.
-# --------------------------------------------------------------------------------------------------
-
 
 def check_checkpoint(ckpt: st.ShardedCheckpoint, config: dream.DreamConfig, *,
                      allow_cast: bool = False) -> None:
   """Names, shapes and dtypes of every tensor vs the config; raises one ConversionError listing all
   missing, unexpected, wrongly shaped and wrongly typed tensors."""
-  want = dict(hf_tensor_specs(config))
+  want = dict(hf_layout.hf_tensor_specs(config))
   have = ckpt.infos
   problems = []
   missing = [n for n in want if n not in have]
@@ -304,10 +180,10 @@ def check_checkpoint(ckpt: st.ShardedCheckpoint, config: dream.DreamConfig, *,
       problems.append(f"non-float tensors cannot be cast ({'; '.join(bad[:4])})")
   if problems:
     if missing or unexpected or shapes:
-      seen = {f: v for f, v in shape_fields(have).items() if getattr(config, f) != v}
+      seen = {f: v for f, v in hf_layout.shape_fields(have).items() if getattr(config, f) != v}
       fix = "pass the config of this checkpoint (or its config.json)"
       if seen:
-        fix += (", or override the fields its shapes show: " + model_overrides(seen) +
+        fix += (", or override the fields its shapes show: " + hf_layout.model_overrides(seen) +
                 " (num_heads / num_kv_heads: see its config.json)")
       fixes.insert(0, fix)
     raise ConversionError(
@@ -320,7 +196,7 @@ def casts(ckpt: st.ShardedCheckpoint, config: dream.DreamConfig) -> Dict[str, in
   """{"float32 -> bfloat16": number of tensors, ...}: the casts loading `ckpt` as `config` makes."""
   to = np.dtype(config.param_dtype).name
   count = collections.Counter(f"{np.dtype(ckpt.infos[n].dtype).name} -> {to}"
-                              for n, _ in hf_tensor_specs(config)
+                              for n, _ in hf_layout.hf_tensor_specs(config)
                               if n in ckpt.infos and ckpt.infos[n].dtype != np.dtype(to))
   return dict(sorted(count.items()))
 
@@ -329,7 +205,7 @@ def open_checked(hf_dir: str, config: dream.DreamConfig, *,
                  allow_cast: bool = False) -> st.ShardedCheckpoint:
   """The checks of `load_params` without reading any weight: config.json (if present), the shard
   headers and index, every tensor's name, shape and dtype. Returns the opened checkpoint."""
-  check_against_hf_json(hf_dir, config)
+  hf_layout.check_against_hf_json(hf_dir, config)
   try:
     ckpt = st.ShardedCheckpoint(hf_dir)
   except st.SafetensorsError as e:
@@ -361,95 +237,10 @@ def load_params(hf_dir: str, config: dream.DreamConfig, *, allow_cast: bool = Fa
                              place_param=place_param)
 
 
-def save_params(params: dict, out_dir: str, config: dream.DreamConfig) -> None:
-  """Writes an orbax checkpoint of `params` at out_dir/params (+ out_dir/dream_config.json)."""
-  # pylint: disable-next=g-import-not-at-top  (orbax and TF: only saving and restoring need them)
-  from experiments.common import checkpointing
-  out_dir = os.path.abspath(out_dir)
-  os.makedirs(out_dir, exist_ok=True)
-  checkpointing.write_tree(os.path.join(out_dir, "params"), params, force=True)
-  if jax.process_index() == 0:
-    with open(os.path.join(out_dir, PODLAB_CONFIG_JSON), "w") as f:
-      json.dump(config.to_dict(), f, indent=2)
 
-
-def saved_config(path: str, config: Optional[dream.DreamConfig] = None) -> dream.DreamConfig:
-  """The DreamConfig stored beside an orbax checkpoint by `save_params`; with `config`, checks that
-  its architecture equals the saved one (no weight is read)."""
-  path = os.path.abspath(path)
-  meta_path = os.path.join(path, PODLAB_CONFIG_JSON)
-  if not os.path.isfile(meta_path):
-    raise ConversionError(f"{path}: no {PODLAB_CONFIG_JSON}; not a checkpoint written by "
-                          "experiments.diffucoder.convert. Fix: convert the Hugging Face folder "
-                          "first, or pass it as a Hugging Face checkpoint")
-  with open(meta_path) as f:
-    saved = dream.DreamConfig(**json.load(f))
-  config = config or saved
-  differ = [f for f in _HF_FIELDS.values() if getattr(saved, f) != getattr(config, f)]
-  diffs = [f"{f}: saved {getattr(saved, f)!r} vs config {getattr(config, f)!r}" for f in differ]
-  if diffs:
-    raise ConversionError(
-        f"{path}: the checkpoint's architecture differs from the config: {'; '.join(diffs)}. "
-        "Fix: pass the config of this checkpoint, or override the fields: "
-        + model_overrides({f: getattr(saved, f) for f in differ}))
-  return saved
-
-
-def restore_params(path: str, config: Optional[dream.DreamConfig] = None, *,
-                   sharding: Optional[jax.sharding.Sharding] = None,
-                   shardings: Optional[dict] = None,
-                   log: Optional[Callable[[str], None]] = None) -> dict:
-  """Restores params written by `save_params`. With `config`, its architecture must equal the saved
-  one and the arrays come back in config.param_dtype with the expected shapes (a saved dtype that
-  differs is cast, and `log`, default absl logging.warning, says so from -> to). `sharding`: one
-  sharding for every array (default the first device); `shardings`: a {module: {name: Sharding}}
-  tree instead. Each array is read straight into its sharding (`checkpointing.read_tree(target=)`):
-  a device reads only its block, so no host holds the whole model."""
-  # pylint: disable-next=g-import-not-at-top  (orbax and TF: only saving and restoring need them)
-  from experiments.common import checkpointing
-  path = os.path.abspath(path)
-  saved = saved_config(path, config)
-  config = config or saved
-  if saved.param_dtype != config.param_dtype:
-    (log or logging.warning)(f"{path}: cast the saved parameters {saved.param_dtype.name} -> "
-                             f"{config.param_dtype.name} (config.model.param_dtype)")
-  shapes = dream.param_shapes(config)
-  if shardings is None:
-    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    shardings = jax.tree.map(lambda s: sharding, shapes)
-  target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                        shapes, shardings)
-  return checkpointing.read_tree(os.path.join(path, "params"), target=target)
-
-
-@functools.lru_cache(maxsize=None)
-def _column_gather(sharding: jax.sharding.Sharding) -> Callable[[jax.Array, jax.Array], jax.Array]:
-  """jit(v[..., order]) whose result lands in `sharding` (one compile per sharding and shape)."""
-  return jax.jit(lambda value, order: jnp.take(value, order, axis=-1), out_shardings=sharding)
-
-
-def restore_sharded(path: str, config: dream.DreamConfig, mesh: jax.sharding.Mesh, *,
-                    log: Optional[Callable[[str], None]] = None) -> dict:
-  """An orbax folder (`save_params`) straight into the model-parallel layout on a (data, model)
-  mesh: every array is restored into its partition spec's NamedSharding (each device reads only its
-  block; no host holds the whole model), then the fused qkv_proj / gate_up_proj columns are put in
-  `dream.model_parallel_layout` order on the devices, one tensor at a time (a gather between the
-  model devices: that tensor is held twice while it runs)."""
-  m = mesh.shape[model_sharding.MODEL_AXIS]
-  dream.check_model_degree(config, m)
-  specs = dream.param_partition_specs(config, model_sharding.MODEL_AXIS)
-  shardings = jax.tree.map(lambda s, spec: NamedSharding(mesh, spec), dream.param_shapes(config),
-                           specs)
-  params = restore_params(path, config, shardings=shardings, log=log)
-  for module, p in params.items():
-    for name in list(p):
-      value = p[name]
-      order = dream.model_parallel_layout(module, name, np.arange(value.shape[-1]), config, m)
-      if np.array_equal(order, np.arange(value.shape[-1])):
-        continue
-      p[name] = _column_gather(value.sharding)(value, jnp.asarray(order, jnp.int32))
-      value.delete()
-  return params
+# --------------------------------------------------------------------------------------------------
+# Any checkpoint folder (Hugging Face, orbax, a Hub name).
+# --------------------------------------------------------------------------------------------------
 
 
 def is_hf_dir(path: str) -> bool:
@@ -480,7 +271,7 @@ def check_checkpoint_folder(path: str, config: dream.DreamConfig) -> None:
   if is_hf_dir(path):
     open_checked(path, config)
   else:
-    saved_config(path, config)
+    orbax_params.saved_config(path, config)
 
 
 def load_checkpoint(path: str, config: dream.DreamConfig, **kwargs) -> dict:
@@ -496,68 +287,9 @@ def load_checkpoint(path: str, config: dream.DreamConfig, **kwargs) -> dict:
     return load_params(path, config, **kwargs)
   mesh = kwargs.get("mesh")
   if mesh is None:
-    return restore_params(path, config, log=kwargs.get("log"))
-  return restore_sharded(path, config, mesh, log=kwargs.get("log"))
+    return orbax_params.restore_params(path, config, log=kwargs.get("log"))
+  return orbax_params.restore_sharded(path, config, mesh, log=kwargs.get("log"))
 
-
-# --------------------------------------------------------------------------------------------------
-# Random checkpoints in the real layout.
-# --------------------------------------------------------------------------------------------------
-
-
-def random_tensor(name: str, shape: Sequence[int], index: int, seed: int,
-                  dtype=np.float32) -> np.ndarray:
-  """The deterministic random value of one tensor of a random checkpoint (see write_random_checkpoint).
-
-  Linear weights ~ N(0, 1/in), biases ~ N(0, 0.1^2), norm weights ~ 1 + N(0, 0.1^2), embedding
-  rows ~ N(0, 1): a well-conditioned random model whose biases and norm weights all matter.
-  """
-  rng = np.random.default_rng([seed, index])
-  x = rng.standard_normal(tuple(shape), dtype=np.float32)
-  if name.endswith("layernorm.weight") or name == "model.norm.weight":
-    x = 1.0 + 0.1 * x
-  elif name.endswith(".bias"):
-    x *= 0.1
-  elif name != "model.embed_tokens.weight":
-    x *= 1.0 / np.sqrt(shape[1])
-  return x.astype(dtype)
-
-
-def hf_config_json(config: dream.DreamConfig, tokens: Optional[dict] = None) -> dict:
-  """The Hugging Face config.json of a Dream model with this architecture."""
-  tokens = tokens or {}
-  return {"architectures": ["DreamModel"], "model_type": "Dream",
-          "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-          "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
-          "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
-          "rope_theta": config.rope_theta, "rms_norm_eps": config.rms_norm_eps,
-          "hidden_act": "silu", "tie_word_embeddings": False, "attention_dropout": 0.0,
-          "torch_dtype": config.param_dtype.name,
-          **{k.replace("_id", "_token_id"): v for k, v in tokens.items()}}
-
-
-def write_random_checkpoint(out_dir: str, config: dream.DreamConfig, *, seed: int = 0,
-                            num_shards: Optional[int] = None,
-                            max_shard_bytes: Optional[int] = None,
-                            tokens: Optional[dict] = None) -> List[str]:
-  """Writes a random Dream model as a Hugging Face folder: shards + index json + config.json.
-
-  Tensors are in the real key layout and torch [out, in] shapes, in config.param_dtype, generated
-  one at a time (`random_tensor`, so any size can be written with little memory). Give either the
-  number of shards (contiguous, about equal bytes) or the shard size limit. Returns the shard names.
-  """
-  specs = hf_tensor_specs(config)
-  dtype = np.dtype(config.param_dtype)
-  index = {name: i for i, (name, _) in enumerate(specs)}
-  shapes = dict(specs)
-  if max_shard_bytes is None and num_shards is None:
-    num_shards = 1
-  make = lambda name: random_tensor(name, shapes[name], index[name], seed, dtype)
-  names = st.write_sharded(out_dir, [(n, s, dtype) for n, s in specs], make,
-                           max_shard_bytes=max_shard_bytes, num_shards=num_shards)
-  with open(os.path.join(out_dir, CONFIG_JSON), "w") as f:
-    json.dump(hf_config_json(config, tokens), f, indent=2)
-  return names
 
 
 # --------------------------------------------------------------------------------------------------
@@ -575,16 +307,6 @@ def _load_config_file(path: str):
   return mod.get_config(arg or None)
 
 
-def dream_config_from(fields: Dict[str, object], source: str) -> dream.DreamConfig:
-  """DreamConfig.from_dict(fields); a bad field (DreamConfig's ValueError, which names the field,
-  the value and what it must be) becomes a ConversionError naming `source` (one line, exit 2)."""
-  try:
-    return dream.DreamConfig.from_dict(fields)
-  except ValueError as e:
-    raise ConversionError(f"{source}: {e}. Fix: correct that field (or its "
-                          "--config.model. override)") from None
-
-
 def main(argv: Sequence[str]) -> int:
   distributed.choose_platforms()     # off a TPU VM: the CPU, no libtpu probe (and its warnings)
   parser = argparse.ArgumentParser(
@@ -595,7 +317,7 @@ def main(argv: Sequence[str]) -> int:
   parser.add_argument("--config", help="configs/<model>.py[:arg] (default: the folder's config.json)")
   parser.add_argument("--cast", action="store_true",
                       help="cast tensors to config.model.param_dtype instead of requiring it (logged)")
-  parser.add_argument("--dtype", choices=DTYPES,
+  parser.add_argument("--dtype", choices=hf_layout.DTYPES,
                       help="parameter and compute dtype of the result (default: --config's, else "
                       "config.json's torch_dtype); tensors in another dtype are cast (logged)")
   parser.add_argument("--write_random", metavar="DIR",
@@ -623,7 +345,8 @@ def main(argv: Sequence[str]) -> int:
   if args.config:
     c = _load_config_file(args.config)
     try:
-      config = dream_config_from({**c.model.to_dict(), **overrides}, f"--config={args.config}")
+      config = hf_layout.dream_config_from({**c.model.to_dict(), **overrides},
+                                           f"--config={args.config}")
     except errors.USER_ERRORS as e:
       print(f"error: {e}", file=sys.stderr)
       return errors.exit_code(e)
@@ -631,8 +354,8 @@ def main(argv: Sequence[str]) -> int:
   if args.write_random:
     if config is None:
       parser.error("--write_random needs --config (the architecture to write)")
-    names = write_random_checkpoint(args.write_random, config, seed=args.seed,
-                                    num_shards=args.shards, tokens=tokens)
+    names = random_checkpoint.write_random_checkpoint(args.write_random, config, seed=args.seed,
+                                                      num_shards=args.shards, tokens=tokens)
     print(f"wrote {len(names)} shards of a random {dream.count_params(config):,}-parameter Dream "
           f"to {args.write_random}")
     return 0
@@ -641,13 +364,14 @@ def main(argv: Sequence[str]) -> int:
   try:
     args.hf_dir = resolve(args.hf_dir, "--hf_dir")     # a Hub name: downloaded once
     if config is None:
-      config = config_from_hf_json(os.path.join(args.hf_dir, CONFIG_JSON), **overrides)
+      config = hf_layout.config_from_hf_json(os.path.join(args.hf_dir, hf_layout.CONFIG_JSON),
+                                             **overrides)
   except errors.USER_ERRORS as e:          # podlab's errors: one line; anything else is a bug
     print(f"error: {e}", file=sys.stderr)
     return errors.exit_code(e)
   start = time.time()
   done = [0]
-  total = len(param_sources(config))
+  total = len(hf_layout.param_sources(config))
 
   def progress(name):
     done[0] += 1
@@ -665,7 +389,7 @@ def main(argv: Sequence[str]) -> int:
   print(f"loaded {n:,} parameters ({len(jax.tree.leaves(params))} arrays, "
         f"{config.param_dtype.name}) in {time.time() - start:.1f} s")
   if args.out:
-    save_params(params, args.out, config)
+    orbax_params.save_params(params, args.out, config)
     print(f"wrote orbax checkpoint {args.out}")
   return 0
 

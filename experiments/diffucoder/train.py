@@ -47,15 +47,20 @@ from experiments.common import device_step
 from experiments.common import errors
 from experiments.common import experiment
 from experiments.common import layout as layout_lib
+from experiments.common import lazy_import
 from experiments.common import metrics as metrics_lib
 from experiments.common import optim
 from experiments.common import parallel
 from experiments.common import trainer
 from experiments.common import workdir as workdir_lib
 from experiments.diffucoder import convert
+from experiments.diffucoder import hf_layout
+from experiments.diffucoder import orbax_params
 from experiments.diffucoder.configs import shakespeare_mdm
-from input_pipeline import pipeline
 from modules import dream
+
+# The data libraries (TensorFlow, TFDS) load where data is read, not with the step (lazy_import).
+data_source = lazy_import.module("input_pipeline.data_source")
 
 PROGRESS = ("train/loss", "train/masked_ce", "train/lr")
 RUN_JSON = "mdm_run.json"
@@ -158,9 +163,9 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
 # --------------------------------------------------------------------------------------------------
 # Data.
 
-def text_data(config: ml_collections.ConfigDict) -> pipeline.TextSplits:
+def text_data(config: ml_collections.ConfigDict) -> data_source.TextSplits:
   """This host's tokens of the dataset's train and val splits (the val split must hold a window)."""
-  data = pipeline.TextSplits(config.dataset, seed=config.seed)
+  data = data_source.TextSplits(config.dataset, seed=config.seed)
   n = len(data.tokens[data.val_split])
   if n <= config.seq_len:
     raise errors.ConfigError("seq_len", config.seq_len, f"the {data.val_split} split has only "
@@ -168,7 +173,7 @@ def text_data(config: ml_collections.ConfigDict) -> pipeline.TextSplits:
   return data
 
 
-def train_batches(data: pipeline.TextSplits, config: ml_collections.ConfigDict,
+def train_batches(data: data_source.TextSplits, config: ml_collections.ConfigDict,
                   layout: layout_lib.BatchLayout, start_step: int):
   """{"tokens": [local devices, accum, per-device batch, L] int32} per update (random windows,
   a pure function of (seed, host, step): resuming at start_step continues the same stream)."""
@@ -311,7 +316,8 @@ def final_table(final: Any, history: Any) -> str:
 def is_dream_folder(path: str) -> bool:
   """A Hugging Face Dream folder (safetensors) or a converted orbax folder (dream_config.json)."""
   return bool(path) and os.path.isdir(path) and (
-      convert.is_hf_dir(path) or os.path.isfile(os.path.join(path, convert.PODLAB_CONFIG_JSON)))
+      convert.is_hf_dir(path)
+      or os.path.isfile(os.path.join(path, orbax_params.PODLAB_CONFIG_JSON)))
 
 
 class MaskedDiffusion(experiment.Experiment):
@@ -326,7 +332,7 @@ class MaskedDiffusion(experiment.Experiment):
     validate_config(config)
 
   def prepare(self, config: ml_collections.ConfigDict) -> None:
-    pipeline.DataSource.from_config(config.dataset, seed=config.seed)   # prepares when asked
+    data_source.DataSource.from_config(config.dataset, seed=config.seed)   # prepares when asked
 
   def model_axis_spec(self, config: ml_collections.ConfigDict):
     """Dream's Megatron split (`dream.param_partition_spec`) over `parallel.MODEL_AXIS` for
@@ -348,7 +354,7 @@ class MaskedDiffusion(experiment.Experiment):
   def build(self, config: ml_collections.ConfigDict,
             layout: layout_lib.BatchLayout) -> experiment.Build:
     model, L = model_config(config), int(config.seq_len)
-    vocab = int(pipeline.dataset_metadata(config.dataset).get("vocab_size") or 0)
+    vocab = int(data_source.dataset_metadata(config.dataset).get("vocab_size") or 0)
     if vocab and config.mask_id < vocab:
       raise errors.ConfigError(
           "mask_id", config.mask_id, f"is an id of the data ({config.dataset.name} uses ids "
@@ -405,7 +411,7 @@ class MaskedDiffusion(experiment.Experiment):
           "model.safetensors[.index.json] or dream_config.json there)",
           "pass a podlab workdir, a Hugging Face Dream folder or the --out folder of `python -m "
           "experiments.diffucoder.convert`")
-    hf_json = os.path.join(path, convert.CONFIG_JSON)
+    hf_json = os.path.join(path, hf_layout.CONFIG_JSON)
     if convert.is_hf_dir(path) and os.path.isfile(hf_json):
       with open(hf_json, encoding="utf-8") as f:
         theirs = json.load(f).get("mask_token_id")

@@ -46,6 +46,7 @@ from experiments.common import lazy_import
 from modules import gpt
 
 # The data libraries (TensorFlow, TFDS) load where a split is read (lazy_import).
+data_source = lazy_import.module("input_pipeline.data_source")
 pipeline = lazy_import.module("input_pipeline.pipeline")
 text_corpus = lazy_import.module("input_pipeline.builders.text_corpus")
 
@@ -196,7 +197,7 @@ def split_tokens(config, split: str = "") -> Tuple[np.ndarray, int, str]:
   use when config.dataset.prepare_if_missing). `split` "" = config.dataset.val_split."""
   ds = config.dataset
   split = split or ds.val_split
-  source = pipeline.DataSource.from_config(ds, seed=config.seed)
+  source = data_source.DataSource.from_config(ds, seed=config.seed)
   builder = pipeline.prepared_builder(source.data_dir, source.name, source.builder_kwargs)
   return (text_corpus.load_tokens(builder, split), int(builder.info.metadata["vocab_size"]),
           split)

@@ -61,7 +61,7 @@ from modules import gpt
 from modules.kernels import dispatch
 
 # The data libraries (TensorFlow, TFDS) load where data is read, not with the step (lazy_import).
-pipeline = lazy_import.module("input_pipeline.pipeline")
+data_source = lazy_import.module("input_pipeline.data_source")
 
 PROGRESS = ("train/loss", "train/lr")
 
@@ -257,16 +257,16 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
 # --------------------------------------------------------------------------------------------------
 # Data.
 
-def text_data(config: ml_collections.ConfigDict) -> "pipeline.TextSplits":
+def text_data(config: ml_collections.ConfigDict) -> "data_source.TextSplits":
   """This host's train/val tokens of config.dataset and their random-window streams."""
   check_tokenizer(config)
-  return pipeline.TextSplits(data_config(config), seed=config.seed)
+  return data_source.TextSplits(data_config(config), seed=config.seed)
 
 
 def data_vocab_size(config: ml_collections.ConfigDict) -> int:
   """The dataset's token ids, read without the data: the prepared dataset's, else the registry's,
   else the GPT-2 init_from model's; 0 = unknown here."""
-  vocab = int(pipeline.dataset_metadata(data_config(config)).get("vocab_size") or 0)
+  vocab = int(data_source.dataset_metadata(data_config(config)).get("vocab_size") or 0)
   folder = folder_config(config) if vocab <= 0 else None
   return folder.vocab_size if folder else vocab
 
@@ -426,13 +426,13 @@ class NanoGPT(experiment.Experiment):
   def prepare(self, config: ml_collections.ConfigDict) -> None:
     resolve_names(config)
     check_tokenizer(config)
-    pipeline.DataSource.from_config(data_config(config), seed=config.seed)  # prepares when asked
+    data_source.DataSource.from_config(data_config(config), seed=config.seed)  # prepares when asked
 
   def describe_inputs(self, config: ml_collections.ConfigDict):
     out = []
     if hf_gpt2.is_hub_name(config.init_from):
       out.append(("weights", hub.describe(config.init_from, hub.GPT2_NAMES)))
-    data = pipeline.describe_data(data_config(config))
+    data = data_source.describe_data(data_config(config))
     name = config.dataset.builder_kwargs.get("tokenizer_dir", "")
     if config.dataset.builder_kwargs.get("level", "") == "bpe" and not (name and hf_gpt2.cached(
         name)):

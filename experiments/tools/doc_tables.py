@@ -19,7 +19,10 @@ block's rows of the same key and the others stay: each run then gets a numbered 
 command that produced it.
 The file is written atomically (a temporary file in its folder, then os.replace); a marker that is
 missing or appears twice is an error (ValueError) naming the marker and the file. `make tpu-check`'s
-table (experiments/tools/tpu_docs.py) uses the same markers and functions.
+table (experiments/tools/tpu_docs.py) uses the same markers and functions. The bench tools print
+their rows as one fixed-width table (`format_table`, `print_table` with an optional JSON copy;
+`format_cell`: numbers rounded for reading, NaN for a failed row) and set a `--quick` smoke run's
+sizes with `quick_defaults`.
 
 Synopsis:
 
@@ -38,12 +41,14 @@ Synopsis:
 from __future__ import annotations
 
 import datetime
+import json
+import math
 import os
 import re
 import shlex
 import subprocess
 import tempfile
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 Row = Dict[str, str]
 
@@ -262,3 +267,55 @@ def write_table(path: str, name: str, writer: str, *, command: str, columns: Seq
   text = update(text, begin, end, columns, rows, describe_run(command, note, root, device), key, path)
   write_atomic(path, text)
   return block(text, begin, end)
+
+
+# --- the bench tools' printed table and --quick defaults ----------------------------------------
+
+def quick_defaults(args: Any, argv: Sequence[str], **defaults: Any) -> None:
+  """For a tool's `--quick` smoke run: sets each `defaults` attribute of the parsed `args` unless its
+  flag (`--name`) was given on the command line `argv` (flags given explicitly still win)."""
+  given = {a.split("=")[0] for a in argv}
+  for name, value in defaults.items():
+    if f"--{name}" not in given:
+      setattr(args, name, value)
+
+
+def format_cell(v: Any) -> str:
+  """A cell as the table prints it: on/off, nan, thousands separators, 3 significant-ish digits."""
+  if isinstance(v, bool):
+    return "on" if v else "off"
+  if isinstance(v, float):
+    if math.isnan(v):
+      return "nan"
+    if v == 0:
+      return "0"
+    a = abs(v)
+    if a >= 1000:
+      return f"{v:,.0f}"
+    if a >= 10:
+      return f"{v:.1f}"
+    if a >= 0.01:
+      return f"{v:.3f}"
+    return f"{v:.2e}"
+  return str(v)
+
+
+def format_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str]) -> str:
+  """Fixed-width text table of `rows` (dicts) with a header line of `columns`."""
+  cells = [list(columns)] + [[format_cell(r.get(c, "")) for c in columns] for r in rows]
+  widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+  lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in cells]
+  lines.insert(1, "  ".join("-" * w for w in widths))
+  return "\n".join(lines)
+
+
+def print_table(header: Sequence[str], rows: Sequence[Dict[str, Any]], columns: Sequence[str],
+                json_out: str = "") -> None:
+  """Prints `header`'s lines and the table of `rows`; with `json_out`, writes {"header", "rows"}
+  there too (the side-by-side tools' output)."""
+  for line in header:
+    print(line)
+  print(format_table(rows, columns))
+  if json_out:
+    with open(json_out, "w") as fh:
+      json.dump({"header": list(header), "rows": list(rows)}, fh, indent=1)

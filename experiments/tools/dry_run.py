@@ -12,13 +12,14 @@ non-finite guard, donation, replicated state) and the experiment's evaluation st
 Targets:
   cpu      this machine with the pod host's device count (config.devices_per_host) as fake CPU
            devices: one host's program, XLA:CPU's memory estimate (a TPU's differs).
-  v4-64 ...  a gcloud accelerator type (experiments/tools/tpu.py: v2-8 ... v6e-256): the programs
-           compiled by the TPU compiler (libtpu, the `tpu` extra) for the whole slice, every host's
-           devices, on this CPU machine. One table (tpu.format_report): per-device HBM (the
-           compiler's peak and the margin to the chip's usable HBM), compile time, the compiler's
-           (loop-aware) and the analytic FLOPs, bytes accessed, the compute and memory bounds and
-           the larger, "bound (compiler estimate)", examples/s (tokens/s) and MFU at the bound
-           (upper bounds), and the chip-hours of the run's updates at the bound (a lower bound).
+  v4-64 ...  a gcloud accelerator type (experiments/tools/tpu_target.py: v2-8 ... v6e-256): the
+           programs compiled by the TPU compiler (libtpu, the `tpu` extra) for the whole slice,
+           every host's devices, on this CPU machine. One table (tpu_report.format_report):
+           per-device HBM (the compiler's peak and the margin to the chip's usable HBM), compile
+           time, the compiler's (loop-aware) and the analytic FLOPs, bytes accessed, the compute
+           and memory bounds and the larger, "bound (compiler estimate)", examples/s (tokens/s)
+           and MFU at the bound (upper bounds), and the chip-hours of the run's updates at the
+           bound (a lower bound).
            COMPILER ESTIMATES, not measurements.
 
 A training step that does not fit exits with one line naming the chip, its HBM and the need, and
@@ -54,7 +55,11 @@ from experiments.common import experiment as experiment_lib
 from experiments.common import layout as layout_lib
 from experiments.common import parallel
 from experiments.common import trainer
-from experiments.tools import tpu
+from experiments.tools import tpu_compile
+from experiments.tools import tpu_cost
+from experiments.tools import tpu_fit
+from experiments.tools import tpu_report
+from experiments.tools import tpu_target
 
 GIB = 2.0 ** 30
 
@@ -153,7 +158,7 @@ def _cpu_report(experiment: experiment_lib.Experiment, config: ml_collections.Co
 # TPU targets.
 
 def tpu_layout(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict,
-               target: tpu.Target) -> layout_lib.BatchLayout:
+               target: tpu_target.Target) -> layout_lib.BatchLayout:
   """The layout of `config` on a TPU slice (every figure checked against the slice by
   layout.batch_layout: num_devices, devices_per_host, the batch's divisibility; the state rules)."""
   return trainer.run_layout(experiment, config, devices=target.num_devices,
@@ -162,27 +167,29 @@ def tpu_layout(experiment: experiment_lib.Experiment, config: ml_collections.Con
 
 
 def _per_device(p: experiment_lib.Program) -> tuple:
-  """The program's arguments without their leading (local) device axis (tpu.lower_step adds the
-  slice's)."""
+  """The program's arguments without their leading (local) device axis (tpu_target.lower_step
+  adds the slice's)."""
   strip = lambda s: jax.ShapeDtypeStruct(tuple(s.shape[1:]), s.dtype)  # noqa: E731
   return tuple(a if i in p.state_in else jax.tree.map(strip, a) for i, a in enumerate(p.args))
 
 
-def lower_for_tpu(p: experiment_lib.Program, target: tpu.Target,
+def lower_for_tpu(p: experiment_lib.Program, target: tpu_target.Target,
                   layout: layout_lib.BatchLayout) -> jax.stages.Lowered:
-  """The program lowered for the whole slice as the run lays it out (tpu.lower_step)."""
-  return tpu.lower_step(p.fn, target, _per_device(p), rules=layout.rules, state_in=p.state_in,
-                        out_axes=p.out_axes, donate_argnums=p.donate_argnums, blocks=p.blocks)
+  """The program lowered for the whole slice as the run lays it out (tpu_target.lower_step)."""
+  return tpu_target.lower_step(p.fn, target, _per_device(p), rules=layout.rules,
+                               state_in=p.state_in, out_axes=p.out_axes,
+                               donate_argnums=p.donate_argnums, blocks=p.blocks)
 
 
 def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collections.ConfigDict,
-                    target: tpu.Target, *, only: Optional[Sequence[str]] = None,
+                    target: tpu_target.Target, *, only: Optional[Sequence[str]] = None,
                     loop_aware: bool = True,
-                    breakdown: bool = False) -> Tuple[List[tpu.Report], int]:
+                    breakdown: bool = False) -> Tuple[List[tpu_report.Report], int]:
   """(the reports of the config's programs (or `only` those) compiled for `target` in the config's
   state layout (`config.sharding`), the run's updates). `loop_aware`: count loops trip by trip
-  (tpu.loop_aware_cost: each loop body compiled too); the fit searches, which need only the memory,
-  turn it off; `breakdown`: each report's bytes per operation (tpu.compile_report)."""
+  (tpu_cost.loop_aware_cost: each loop body compiled too); the fit searches, which need only the
+  memory, turn it off; `breakdown`: each report's bytes per operation
+  (tpu_compile.compile_report)."""
   trainer.check_config(experiment, config)
   layout = tpu_layout(experiment, config, target)
   reports = []
@@ -191,11 +198,11 @@ def compile_for_tpu(experiment: experiment_lib.Experiment, config: ml_collection
     if only is not None and pname not in only:
       continue
     lowered = lower_for_tpu(p, target, layout)
-    reports.append(tpu.compile_report(
+    reports.append(tpu_compile.compile_report(
         lowered, target=target, name=pname,
         analytic_flops_per_device=p.flops / target.num_devices if p.flops else None,
         items_per_step=p.items or None, item_name=b.display.item_name,
-        jaxpr=tpu.per_device_jaxpr(p.fn, target, _per_device(p)) if loop_aware else None,
+        jaxpr=tpu_cost.per_device_jaxpr(p.fn, target, _per_device(p)) if loop_aware else None,
         breakdown=breakdown))
   return reports, int(b.total_steps)
 
@@ -255,7 +262,7 @@ def fit_variants(experiment: experiment_lib.Experiment, config: ml_collections.C
   return out
 
 
-def _fixes(experiment, config, target: tpu.Target):
+def _fixes(experiment, config, target: tpu_target.Target):
   """(label, flags, compile_fn) variants tried when the training step does not fit: `fit_variants`,
   then half the per-device batch."""
   out = []
@@ -274,7 +281,7 @@ def _fixes(experiment, config, target: tpu.Target):
   return out
 
 
-def _chip_hours(report: tpu.Report, target: tpu.Target, steps: int) -> str:
+def _chip_hours(report: tpu_report.Report, target: tpu_target.Target, steps: int) -> str:
   if not steps or report.bound_s is None:
     return ""
   hours = report.chip_hours(steps)
@@ -284,21 +291,21 @@ def _chip_hours(report: tpu.Report, target: tpu.Target, steps: int) -> str:
 
 
 def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -> str:
-  target = tpu.parse_target(target_name)
+  target = tpu_target.parse_target(target_name)
   tpu_layout(experiment, config, target)   # a layout the slice cannot take: one line, before libtpu
-  tpu.load_libtpu()
+  tpu_target.load_libtpu()
   reports, steps = compile_for_tpu(experiment, config, target)
-  text = [f"Dry run of {name} for {target.name}:", tpu.format_report(reports)]
+  text = [f"Dry run of {name} for {target.name}:", tpu_report.format_report(reports)]
   hours = _chip_hours(reports[0], target, steps)
   if hours:
     text.append(hours)
   if search:
     per_device = tpu_layout(experiment, config, target).per_device_batch
 
-    def compile_at(b: int) -> tpu.Report:
+    def compile_at(b: int) -> tpu_report.Report:
       c, _ = layout_lib.with_per_device_batch(config, b, target.num_devices)
       return compile_for_tpu(experiment, c, target, only=("train_step",), loop_aware=False)[0][0]
-    found = tpu.search_batch(compile_at, 1, max(per_device * 64, 64))
+    found = tpu_fit.search_batch(compile_at, 1, max(per_device * 64, 64))
     if found.batch is None:
       text.append("--search_batch: not even a per-device batch of 1 fits.")
     else:
@@ -311,17 +318,17 @@ def _tpu_report(experiment, config, target_name: str, search: bool, name: str) -
                     f"{per_device})" if base.items_per_s else "")
       text.append(
           f"--search_batch: the largest per-device batch that fits {target.name} is {found.batch} "
-          f"({tpu.margin_text(r)}){speed}{mfu}{base_speed}: {flag}. A batch other than the recipe's is a deviation: "
-          "its published results were measured at the recipe's batch. "
+          f"({tpu_report.margin_text(r)}){speed}{mfu}{base_speed}: {flag}. A batch other than "
+          "the recipe's is a deviation: its published results were measured at the recipe's batch. "
           f"({len(found.tried) + 1} compiles)")
   train = reports[0]
   if not train.fits:
-    fixed, tried = tpu.first_fitting(_fixes(experiment, config, target))
-    text.append("Tried to make train_step fit:\n" + tpu.format_variants(tried))
+    fixed, tried = tpu_fit.first_fitting(_fixes(experiment, config, target))
+    text.append("Tried to make train_step fit:\n" + tpu_fit.format_variants(tried))
     print("\n".join(text), flush=True)
     fix = (f"{fixed.label}: {fixed.flags}" if fixed is not None else
            "a larger slice (--target), or a smaller model; none of the tried variants fits")
-    raise errors.BadInput(f"{tpu.does_not_fit_message(train)}. Fix: {fix}")
+    raise errors.BadInput(f"{tpu_report.does_not_fit_message(train)}. Fix: {fix}")
   return "\n".join(text)
 
 

@@ -1,15 +1,15 @@
 """Step times measured on a real GPU, shown by `make tpu-check` beside the TPU bound of the same program.
 
 The TPU rows of `make tpu-check` are the compiler's bounds; a step measured on a real accelerator
-says how far a bound is from a chip. Each entry names the device, the commit, the command or issue
-that produced it, and the `tpu_check` row of the same program (the same model, precision and global
-batch); `tpu_check` prints `cell(m)` in its "measured GPU" column.
+says how far a bound is from a chip. Each entry names the device, the commit, where the command and
+method are written down, and the `tpu_check` row of the same program (the same model, precision and
+global batch); `tpu_check` prints `cell(m)` in its "measured GPU" column.
 
 Synopsis:
 
   from experiments.tools import gpu_measured
   m = gpu_measured.for_row("trm v4_64 sudoku_mlp: train_step")
-  gpu_measured.cell(m)           # "H200 380.2 ms = 2,020 examples/s (02b0496)"
+  gpu_measured.cell(m)           # "H200 380.2 ms = 2,020 examples/s (<commit>)"
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ class Measurement:
 
 
 MEASURED: Tuple[Measurement, ...] = (
-    # Issue 48: one NVIDIA H200, JAX 0.11.2 with CUDA, bf16, batch 768 (the Sudoku recipe's global
+    # One NVIDIA H200, JAX 0.11.2 with CUDA, bf16, batch 768 (the Sudoku recipe's global
     # batch on one device), median of 10 steps after 3 warm-up, podlab's whole training step.
     Measurement("trm v4_64 sudoku_mlp: train_step", "H200", 380.2, 768, "examples", "02b0496",
-                "issue 48"),
+                'docs/benchmarks.md, "On a GPU"'),
     Measurement("trm v4_64 sudoku_att: train_step", "H200", 333.2, 768, "examples", "02b0496",
-                "issue 48"),
+                'docs/benchmarks.md, "On a GPU"'),
 )
 
 

@@ -31,12 +31,13 @@ Glossary:
 Synopsis:
 
   import numpy as np
-  from input_pipeline.puzzles import arc
+  from input_pipeline.puzzles import arc, arc_dataset
   from experiments.trm import arc_eval
   task = arc.Task("t1", [arc.Pair(np.array([[1, 2]], np.uint8), np.array([[2, 1]], np.uint8))],
                   [arc.Pair(np.array([[3, 4]], np.uint8), np.array([[4, 3]], np.uint8))])
-  meta = arc.build_metadata([("toy", task)], arc.Variant("toy", ("toy",), "toy"), num_aug=3, seed=0)
-  examples = list(arc.iter_examples([task], meta, "test"))            # one per augmentation
+  meta = arc_dataset.build_metadata([("toy", task)], arc_dataset.Variant("toy", ("toy",), "toy"),
+                                    num_aug=3, seed=0)
+  examples = list(arc_dataset.iter_examples([task], meta, "test"))    # one per augmentation
   preds = np.stack([e["labels"] for e in examples]).clip(0)            # [N, 900] a perfect model
   ids = np.array([e["puzzle_identifiers"] for e in examples])         # [N]
   test_index = np.array([e["test_index"] for e in examples])          # [N]
@@ -57,6 +58,7 @@ import numpy as np
 
 from experiments.common import workdir
 from input_pipeline.puzzles import arc
+from input_pipeline.puzzles import arc_dataset
 
 PASS_KS = (1, 2, 5, 10, 100, 1000)
 VOTES_FORMAT = "arc_votes/1"
@@ -96,7 +98,7 @@ def _check_votes(votes: Any) -> None:
 # --------------------------------------------------------------------------------------------
 # Per-host collection and merging.
 
-def collect(meta: arc.ArcMetadata, predictions: np.ndarray, q_halt_logits: np.ndarray,
+def collect(meta: arc_dataset.ArcMetadata, predictions: np.ndarray, q_halt_logits: np.ndarray,
             puzzle_identifiers: np.ndarray, test_index: np.ndarray,
             mask: Optional[np.ndarray] = None) -> dict:
   """Votes of one host's (or one batch's) test-split predictions.
@@ -194,7 +196,7 @@ def rank(candidates: Dict[str, Sequence[int]]) -> List[Tuple[str, int, float]]:
 # --------------------------------------------------------------------------------------------
 # Scores and the submission.
 
-def score(meta: arc.ArcMetadata, votes: dict, pass_ks: Sequence[int] = PASS_KS,
+def score(meta: arc_dataset.ArcMetadata, votes: dict, pass_ks: Sequence[int] = PASS_KS,
           tasks: Optional[Sequence[str]] = None) -> Dict[str, float]:
   """pass@k (mean over tasks of the fraction of test inputs whose solution is in the top k).
 
@@ -240,7 +242,7 @@ def voted_tasks(votes: dict) -> List[str]:
   return sorted(votes["votes"])
 
 
-def make_submission(meta: arc.ArcMetadata, votes: dict, attempts: int = 2
+def make_submission(meta: arc_dataset.ArcMetadata, votes: dict, attempts: int = 2
                     ) -> Dict[str, List[Dict[str, List[List[int]]]]]:
   """{task_id: [{"attempt_1": grid, ...}, ...]}: every test task, every test input, in order.
 
@@ -261,14 +263,14 @@ def make_submission(meta: arc.ArcMetadata, votes: dict, attempts: int = 2
   return out
 
 
-def finalize(meta: arc.ArcMetadata, parts: Iterable[dict], pass_ks: Sequence[int] = PASS_KS,
+def finalize(meta: arc_dataset.ArcMetadata, parts: Iterable[dict], pass_ks: Sequence[int] = PASS_KS,
              tasks: Optional[Sequence[str]] = None) -> Tuple[Dict[str, float], dict]:
   """(metrics, submission) of all hosts' votes: merge, score and make_submission in one call."""
   votes = merge(parts)
   return score(meta, votes, pass_ks, tasks), make_submission(meta, votes)
 
 
-def validate_submission(submission: Any, meta: Optional[arc.ArcMetadata] = None,
+def validate_submission(submission: Any, meta: Optional[arc_dataset.ArcMetadata] = None,
                         attempts: int = 2) -> None:
   """Raise ValueError (naming task, test input and attempt) unless `submission` has the Kaggle
   format: {task_id: [{"attempt_1": grid, "attempt_2": grid}, ...]}, grids non-empty rectangular

@@ -17,10 +17,11 @@ Synopsis (the pass@K scorer's file exchange, on the toy metadata of experiments/
   import tempfile, numpy as np
   from experiments.common import layout
   from experiments.trm import arc_eval, evaluators
-  from input_pipeline.puzzles import arc
+  from input_pipeline.puzzles import arc, arc_dataset
   task = arc.Task("t1", [arc.Pair(np.array([[1, 2]], np.uint8), np.array([[2, 1]], np.uint8))],
                   [arc.Pair(np.array([[3, 4]], np.uint8), np.array([[4, 3]], np.uint8))])
-  meta = arc.build_metadata([("toy", task)], arc.Variant("toy", ("toy",), "toy"), num_aug=3, seed=0)
+  meta = arc_dataset.build_metadata([("toy", task)], arc_dataset.Variant("toy", ("toy",), "toy"),
+                                    num_aug=3, seed=0)
   scorer = evaluators.ArcPassAtK(meta, layout.of_devices())  # a run passes its own layout
   scores = scorer.finalize([], step=1, workdir=tempfile.mkdtemp(), final=True)
   scores["num_test_inputs"]                                  # 1.0 (no votes: nothing right)

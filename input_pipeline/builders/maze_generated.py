@@ -1,16 +1,17 @@
 """TFDS builder `maze_generated`: seeded 30x30 mazes with a long unique shortest path (offline).
 
-No download: the mazes come from `input_pipeline.puzzles.maze.generate_mazes`, so the dataset is a pure
-function of its config (path threshold, loop probability, split sizes, seed, dihedral option). The
-train and test splits are drawn from independent generator streams and checked to share no maze.
+No download: the mazes come from `input_pipeline.puzzles.maze_generator.generate_mazes`, so the
+dataset is a pure function of its config (path threshold, loop probability, split sizes, seed,
+dihedral option). The train and test splits are drawn from independent generator streams and
+checked to share no maze.
 
 Dihedral augmentation of the train split (the paper trains with the 8 dihedral transforms; the
 reference builder's default is off), a config option shared with `maze_hard`:
   * `dihedral=False` (default): train = N mazes as generated, never transformed.
   * `dihedral=True`: train = N mazes stored once, flagged `dihedral_augment`; the tf.data training
     stream shows each visit under a uniformly random one of the 8 transforms (the pipeline's
-    "maze_dihedral" augmentation, `input_pipeline.puzzles.maze.augment_dihedral_batch`). This is the
-    reference's sampling distribution (one random version of each maze per epoch) and keeps its
+    "maze_dihedral" augmentation, `input_pipeline.puzzles.augment.augment_dihedral_batch`). This is
+    the reference's sampling distribution (one random version of each maze per epoch) and keeps its
     epoch arithmetic (total_groups = N train examples).
   * `dihedral=True, materialise=True`: the reference builder with augmentation on: train = 8 * N
     rows, maze-major (row 8 r + t = transform t of maze r, `dihedral_id` = t), none flagged. An
@@ -47,6 +48,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from input_pipeline.puzzles import maze
+from input_pipeline.puzzles import maze_generator
 from input_pipeline.builders import base
 
 METADATA: dict = dict(maze.METADATA)
@@ -79,7 +81,7 @@ def train_rows(num_mazes: int, dihedral: bool, materialise: bool) -> int:
 
 @dataclasses.dataclass(eq=False)
 class MazeGeneratedConfig(tfds.core.BuilderConfig):
-  """Knobs of a generated maze dataset (see `input_pipeline.puzzles.maze.generate_mazes`)."""
+  """Knobs of a generated maze dataset (see `maze_generator.generate_mazes`)."""
   path_threshold: int = maze.DEFAULT_PATH_THRESHOLD
   loop_prob: float = 0.05
   train_size: int = 1_000
@@ -217,8 +219,8 @@ class MazeGenerated(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
     del dl_manager  # nothing to download
     c: MazeGeneratedConfig = self.builder_config
     kw = dict(path_threshold=c.path_threshold, loop_prob=c.loop_prob)
-    train = maze.generate_mazes(c.train_size, c.seed, stream="train", **kw)
-    test = maze.generate_mazes(c.test_size, c.seed, stream="test", **kw)
+    train = maze_generator.generate_mazes(c.train_size, c.seed, stream="train", **kw)
+    test = maze_generator.generate_mazes(c.test_size, c.seed, stream="test", **kw)
     check_disjoint(train[0], test[0])
     mode = dihedral_mode(c.dihedral, c.materialise)
     return {"train": self._generate_examples(*train, mode),

@@ -4,8 +4,8 @@ Reads `train.csv` and `test.csv` (columns `source,question,answer,rating`, 900-c
 "# SGo", shortest paths > 110) of huggingface.co/datasets/sapientinc/maze-30x30-hard-1k: downloaded
 by TFDS's download manager and checked against the Hub's record (base.py `fetch_sources`), or,
 offline, from the TFDS manual dir; every row is validated
-(`input_pipeline.puzzles.maze.read_maze_csv`: one S, one G, the answer's 'o' cells a shortest S->G path)
-and a malformed row stops preparation with `file:line: field ...`.
+(`input_pipeline.puzzles.maze_csv.read_maze_csv`: one S, one G, the answer's 'o' cells a shortest
+S->G path) and a malformed row stops preparation with `file:line: field ...`.
 
 Options, the reference builder's made reproducible and explicit:
   * `subsample_size` (default None = all train rows, the reference default): draw that many train
@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from input_pipeline.puzzles import maze
+from input_pipeline.puzzles import maze_csv
 from input_pipeline.builders import maze_generated
 from input_pipeline.builders import base
 
@@ -128,9 +129,9 @@ class MazeHard(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
     files = base.fetch_sources(dl_manager, "maze_hard", self.SOURCES)
     paths = {split: files[f"{split}.csv"] for split in ("train", "test")}
     c: MazeHardConfig = self.builder_config
-    train = maze.read_maze_csv(paths["train"])
+    train = maze_csv.read_maze_csv(paths["train"])
     rows = select_train_rows(len(train), c.subsample_size, c.seed)
-    test = maze.read_maze_csv(paths["test"])
+    test = maze_csv.read_maze_csv(paths["test"])
     mode = maze_generated.dihedral_mode(c.dihedral, c.materialise)
     return {
         "train": self._generate_examples(train.questions[rows], train.answers[rows], mode),

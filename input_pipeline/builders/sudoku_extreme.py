@@ -3,7 +3,7 @@
 Reads `train.csv` and `test.csv` (columns `source,question,answer,rating`, 81-char grids with '.'
 blanks) of huggingface.co/datasets/sapientinc/sudoku-extreme: downloaded by TFDS's download manager
 and checked against the Hub's sha256 (base.py `fetch_sources`), or, offline, from the TFDS manual
-dir; every row is validated (`input_pipeline.puzzles.sudoku.read_sudoku_csv`)
+dir; every row is validated (`input_pipeline.puzzles.sudoku_csv.read_sudoku_csv`)
 and a malformed row stops preparation with `file:line: field ...`. The train split follows the
 reference recipe, made reproducible: keep rows with `rating >= min_rating`, then draw
 `subsample_size` of them without replacement with `numpy.random.default_rng(seed)`
@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from input_pipeline.puzzles import sudoku
+from input_pipeline.puzzles import sudoku_csv
 from input_pipeline.builders import base
 from input_pipeline.builders import sudoku_generated
 
@@ -114,9 +115,9 @@ class SudokuExtreme(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
     files = base.fetch_sources(dl_manager, "sudoku_extreme", self.SOURCES)
     paths = {split: files[f"{split}.csv"] for split in ("train", "test")}
     c: SudokuExtremeConfig = self.builder_config
-    train = sudoku.read_sudoku_csv(paths["train"])
+    train = sudoku_csv.read_sudoku_csv(paths["train"])
     rows = select_train_rows(train.ratings, c.subsample_size, c.min_rating, c.seed)
-    test = sudoku.read_sudoku_csv(paths["test"])
+    test = sudoku_csv.read_sudoku_csv(paths["test"])
     return {
         "train": self._generate_examples(train.questions[rows], train.answers[rows]),
         "test": self._generate_examples(test.questions, test.answers),

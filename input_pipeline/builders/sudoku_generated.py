@@ -1,8 +1,9 @@
 """TFDS builder `sudoku_generated`: seeded, uniquely solvable Sudoku puzzles (the embedded default).
 
-No download: the puzzles come from `input_pipeline.puzzles.sudoku.generate_puzzles`, so the dataset is a
-pure function of its config (difficulty knobs, split sizes, seed). The train and test splits are
-drawn from independent generator streams and checked to share no puzzle and no solution grid.
+No download: the puzzles come from `input_pipeline.puzzles.sudoku_generator.generate_puzzles`, so
+the dataset is a pure function of its config (difficulty knobs, split sizes, seed). The train and
+test splits are drawn from independent generator streams and checked to share no puzzle and no
+solution grid.
 
 Configs: presets `easy` (36 givens), `medium` (30 givens, the default), `hard` (26 givens) and
 `extreme` (24 givens, rating >= 1, i.e. needs search), each 10,000 train / 1,000 test, seed 0; any
@@ -32,6 +33,7 @@ import tensorflow_datasets as tfds
 
 from input_pipeline.builders import base
 from input_pipeline.puzzles import sudoku
+from input_pipeline.puzzles import sudoku_generator
 
 METADATA: dict = dict(sudoku.METADATA)
 
@@ -40,7 +42,7 @@ _VERSION = tfds.core.Version("1.0.0")
 
 @dataclasses.dataclass(eq=False)
 class SudokuGeneratedConfig(tfds.core.BuilderConfig):
-  """Knobs of a generated Sudoku dataset (see `input_pipeline.puzzles.sudoku.generate_puzzles`)."""
+  """Knobs of a generated Sudoku dataset (see `sudoku_generator.generate_puzzles`)."""
   givens: int = 30
   min_rating: int = 0
   max_rating: Optional[int] = None
@@ -145,8 +147,8 @@ class SudokuGenerated(base.LocalCodePath, tfds.core.GeneratorBasedBuilder):
     workers = self._num_workers or 1   # no subprocesses from a process running TF/JAX threads
     kw = dict(givens=c.givens, min_rating=c.min_rating, max_rating=c.max_rating,
               num_workers=workers)
-    train = sudoku.generate_puzzles(c.train_size, c.seed, stream="train", **kw)
-    test = sudoku.generate_puzzles(c.test_size, c.seed, stream="test", **kw)
+    train = sudoku_generator.generate_puzzles(c.train_size, c.seed, stream="train", **kw)
+    test = sudoku_generator.generate_puzzles(c.test_size, c.seed, stream="test", **kw)
     check_disjoint(train, test)
     return {"train": self._generate_examples(*train), "test": self._generate_examples(*test)}
 

@@ -10,8 +10,8 @@ of its inputs (resumable, the same on every machine):
   "maze_dihedral"  one of the 8 dihedral transforms per example (inputs and labels [B, 900])
   "none"           no augmentation (ARC: its augmentations are materialised by the builder)
 
-The numpy formats (parsing, generators, the numpy versions of these transforms) are in sudoku.py,
-maze.py and arc.py beside this file; this module is the only one of the package that imports
+The numpy formats (parsing, generators, the numpy versions of these transforms) are in sudoku*.py,
+maze*.py and arc*.py beside this file; this module is the only one of the package that imports
 TensorFlow.
 
 Synopsis:

@@ -1,9 +1,11 @@
-"""Maze-Hard in numpy/Python: encoding, BFS, pair validation, CSV reader, dihedral maps, generator.
+"""Maze-Hard in numpy/Python: encoding, BFS, pair validation, dihedral maps.
 
-Everything the Maze datasets need lives here, so it can be used (and tested) without TF: the TFDS
-builders `maze_hard` and `maze_generated` in `input_pipeline.builders` are built on these functions.
-The one TF part, the on-the-fly tf.data augmentation `augment_dihedral_batch`, imports TensorFlow
-when it is called and is checked against the numpy transforms.
+Everything the Maze datasets need lives here and in its two siblings, `maze_generator` (the
+generator) and `maze_csv` (the Maze-Hard CSV files), so it can be used (and tested) without TF: the
+TFDS builders `maze_hard` and `maze_generated` in `input_pipeline.builders` are built on these
+functions.
+The on-the-fly tf.data augmentation `augment.augment_dihedral_batch` is checked against the numpy
+transforms.
 
 Glossary (shapes; N mazes, H = W = 30 the grid side, L = H * W = 900 cells, row-major):
   string      900 characters over "# SGo": '#' wall, ' ' open, 'S' start, 'G' goal, 'o' a path
@@ -33,28 +35,11 @@ A transform maps valid (question, answer) pairs to valid pairs (BFS distances ar
 `augment_dihedral_batch` draws one uniformly random id per example, the distribution of the
 reference's "8 materialised versions per maze, one random version per maze and epoch".
 
-Generator (`generate_mazes`): a 15 x 15 lattice of open cells at every other row and column of the
-30 x 30 grid (offset 0 or 1 per axis, at random), joined into a spanning tree by a randomized
-depth-first search (long winding corridors, walls everywhere else), then every remaining wall
-between two lattice cells opened with probability `loop_prob` (default 0.05, ~10 loops: so that
-"shortest" matters; 0 = a perfect maze with a single path; loops shorten paths, and above ~0.1
-paths longer than 110 get rare).
-S is a uniformly random open cell and G a uniformly random open cell whose BFS distance from S
-exceeds `path_threshold` (default 110, like the Hard set) and, with `unique_path` (default), whose
-shortest path from S is unique, so the label is a function of the input; a new S, then a new maze,
-is drawn when there is none. Every maze is checked with `pair_error`. Maze i is a pure function of
-(seed, stream, i, knobs). Measured on the 2-core development machine (Python 3.11, one process,
-machine busy, load ~6): 300-330 mazes/s at the defaults (300 mazes in ~1 s, 1,000 in ~3 s), the
-check included; path lengths 111-214, mean 123; about half the mazes would have several shortest
-paths without `unique_path`. Reading
-and validating a 1,000-row CSV takes ~0.4 s.
-This is podlab's own distribution: lattice-aligned corridors, about half the cells walls; it is
-not the public Maze-Hard distribution (whose generator the reference page does not describe).
-
 Synopsis:
   import numpy as np
   from input_pipeline.puzzles import maze
-  questions, answers = maze.generate_mazes(4, seed=0)              # [4, 900] uint8 tokens 1..5
+  from input_pipeline.puzzles import maze_generator
+  questions, answers = maze_generator.generate_mazes(4, seed=0)    # [4, 900] uint8 tokens 1..5
   assert all(maze.pair_error(q, a) is None for q, a in zip(questions, answers))
   assert (maze.path_lengths(answers) > 110).all()
   text = maze.tokens_to_string(questions[0])                       # 900 chars over "# SG"
@@ -64,24 +49,16 @@ Synopsis:
   for tid in range(8):                                             # the 8 dihedral transforms
     moved = maze.dihedral_transform(grid, tid)
     assert np.array_equal(maze.dihedral_transform(moved, maze.DIHEDRAL_INVERSE[tid]), grid)
-  # data = maze.read_maze_csv("train.csv")                         # a validated Maze-Hard CSV
 """
-
 from __future__ import annotations
 
-import csv
-import dataclasses
 import functools
-import os
-import random
-from collections.abc import Iterable, Mapping
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
 from input_pipeline import errors
 from input_pipeline import puzzles
-from input_pipeline.puzzles import puzzle_csv
 
 # --------------------------------------------------------------------------------------------
 # Encoding.
@@ -113,7 +90,7 @@ METADATA: dict = dict(
     augmentation="maze_dihedral",
 )
 
-_QUESTION_CHARS = "# SG"
+QUESTION_CHARS = "# SG"
 _CHAR_TO_TOKEN = np.zeros(256, np.uint8)  # 0 = not a maze character
 _CHAR_TO_TOKEN[np.frombuffer(CHARSET.encode("ascii"), np.uint8)] = np.arange(1, VOCAB_SIZE)
 _TOKEN_TO_CHAR = np.frombuffer(("?" + CHARSET).encode("ascii"), np.uint8)
@@ -135,7 +112,7 @@ def _char(token: int) -> str:
 
 def string_to_tokens(text: str, *, answer: bool = False) -> np.ndarray:
   """900-char maze string -> tokens uint8 [900] (1..4, or 1..5 with `answer`)."""
-  alphabet = CHARSET if answer else _QUESTION_CHARS
+  alphabet = CHARSET if answer else QUESTION_CHARS
   if len(text) != NUM_CELLS:
     raise MazeDataError(f"maze string has {len(text)} characters, expected {NUM_CELLS}")
   if text.strip(alphabet):  # strip leaves a remainder iff a character is outside the alphabet
@@ -172,7 +149,7 @@ def path_lengths(answers: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def _neighbours(height: int, width: int) -> tuple[tuple[int, ...], ...]:
+def neighbours(height: int, width: int) -> tuple[tuple[int, ...], ...]:
   """Flat 4-neighbours of every cell, in the fixed order up, down, left, right."""
   out = []
   for v in range(height * width):
@@ -190,7 +167,7 @@ def _neighbours(height: int, width: int) -> tuple[tuple[int, ...], ...]:
   return tuple(out)
 
 
-def _bfs(open_cells: list, start: int, nbrs: tuple, counts: Optional[list] = None) -> list[int]:
+def bfs(open_cells: list, start: int, nbrs: tuple, counts: Optional[list] = None) -> list[int]:
   """Level-synchronous BFS over flat cells: distances (-1 unreachable). With `counts` (a list of
   zeros), also the number of shortest paths from `start` to every cell, capped at 2."""
   dist = [-1] * len(open_cells)
@@ -227,7 +204,7 @@ def bfs_distances(open_mask: np.ndarray, start: tuple[int, int]) -> np.ndarray:
   r, c = int(start[0]), int(start[1])
   if not (0 <= r < h and 0 <= c < w and open_mask[r, c]):
     raise ValueError(f"start {start} is not an open cell of the {h}x{w} grid")
-  dist = _bfs(open_mask.reshape(-1).tolist(), r * w + c, _neighbours(h, w))
+  dist = bfs(open_mask.reshape(-1).tolist(), r * w + c, neighbours(h, w))
   return np.asarray(dist, np.int32).reshape(h, w)
 
 
@@ -250,7 +227,7 @@ def shortest_path_length(tokens: np.ndarray) -> int:
   is unreachable."""
   tokens = _as_maze(tokens, "maze")
   s, g = _the_cell(tokens, START_ID, "maze"), _the_cell(tokens, GOAL_ID, "maze")
-  return _bfs((tokens != WALL_ID).tolist(), s, _neighbours(SIDE, SIDE))[g]
+  return bfs((tokens != WALL_ID).tolist(), s, neighbours(SIDE, SIDE))[g]
 
 
 def count_shortest_paths(tokens: np.ndarray, limit: int = 2) -> int:
@@ -258,8 +235,8 @@ def count_shortest_paths(tokens: np.ndarray, limit: int = 2) -> int:
   tokens = _as_maze(tokens, "maze")
   s, g = _the_cell(tokens, START_ID, "maze"), _the_cell(tokens, GOAL_ID, "maze")
   open_cells = (tokens != WALL_ID).tolist()
-  nbrs = _neighbours(SIDE, SIDE)
-  dist = _bfs(open_cells, s, nbrs)
+  nbrs = neighbours(SIDE, SIDE)
+  dist = bfs(open_cells, s, nbrs)
   if dist[g] < 0:
     return 0
   counts = [0] * NUM_CELLS  # exact counts, level by level, capped at `limit`
@@ -270,7 +247,7 @@ def count_shortest_paths(tokens: np.ndarray, limit: int = 2) -> int:
   return counts[g]
 
 
-def _trace_back(dist: list[int], goal: int, nbrs: tuple) -> list[int]:
+def trace_back(dist: list[int], goal: int, nbrs: tuple) -> list[int]:
   """Interior cells of a shortest path ending at `goal` (first predecessor in neighbour order)."""
   path = []
   v = goal
@@ -285,12 +262,12 @@ def solve(question: np.ndarray) -> np.ndarray:
   back from G, the first predecessor in the order up, down, left, right)."""
   question = _as_maze(question, "question").astype(np.uint8)
   s, g = _the_cell(question, START_ID, "question"), _the_cell(question, GOAL_ID, "question")
-  nbrs = _neighbours(SIDE, SIDE)
-  dist = _bfs((question != WALL_ID).tolist(), s, nbrs)
+  nbrs = neighbours(SIDE, SIDE)
+  dist = bfs((question != WALL_ID).tolist(), s, nbrs)
   if dist[g] < 0:
     raise MazeDataError(f"question has no path from S ({_where(s)}) to G ({_where(g)})")
   answer = question.copy()
-  answer[_trace_back(dist, g, nbrs)] = PATH_ID
+  answer[trace_back(dist, g, nbrs)] = PATH_ID
   return answer
 
 
@@ -312,7 +289,7 @@ def pair_error(question: np.ndarray, answer: np.ndarray) -> Optional[str]:
     bad = np.flatnonzero((x < WALL_ID) | (x > top))
     if bad.size:
       return (f"{what} has {_char(int(x[bad[0]]))} at {_where(bad[0])}, outside "
-              f"{(_QUESTION_CHARS if top == GOAL_ID else CHARSET)!r}")
+              f"{(QUESTION_CHARS if top == GOAL_ID else CHARSET)!r}")
   for token in (START_ID, GOAL_ID):
     cells = np.flatnonzero(q == token)
     if cells.size != 1:
@@ -325,12 +302,12 @@ def pair_error(question: np.ndarray, answer: np.ndarray) -> Optional[str]:
     return (f"answer disagrees with the question at {_where(c)} (question has "
             f"{_char(int(q[c]))}, answer has {_char(int(a[c]))}; only ' ' may become 'o')")
   s, g = int(np.flatnonzero(q == START_ID)[0]), int(np.flatnonzero(q == GOAL_ID)[0])
-  nbrs = _neighbours(SIDE, SIDE)
-  shortest = _bfs((q != WALL_ID).tolist(), s, nbrs)[g]
+  nbrs = neighbours(SIDE, SIDE)
+  shortest = bfs((q != WALL_ID).tolist(), s, nbrs)[g]
   if shortest < 0:
     return f"question has no path from S ({_where(s)}) to G ({_where(g)})"
   marked = int((a == PATH_ID).sum())
-  along = _bfs((a >= START_ID).tolist(), s, nbrs)[g]  # through S, G and 'o' cells only
+  along = bfs((a >= START_ID).tolist(), s, nbrs)[g]  # through S, G and 'o' cells only
   if along < 0:
     return (f"answer's {marked} 'o' cells do not connect S ({_where(s)}) to G ({_where(g)})")
   if along > shortest:
@@ -358,90 +335,6 @@ def is_valid_pair(questions: np.ndarray, answers: np.ndarray) -> np.ndarray:
   q = questions.reshape(-1, questions.shape[-1])
   a = answers.reshape(-1, answers.shape[-1])
   return np.array([pair_error(x, y) is None for x, y in zip(q, a)], bool).reshape(batch_shape)
-
-
-# --------------------------------------------------------------------------------------------
-# Maze-Hard CSV.
-
-CSV_HEADER = ("source", "question", "answer", "rating")
-
-
-@dataclasses.dataclass
-class MazeCsv:
-  """A validated Maze-Hard CSV file."""
-  questions: np.ndarray  # [N, 900] uint8 tokens 1..4
-  answers: np.ndarray  # [N, 900] uint8 tokens 1..5
-  ratings: np.ndarray  # [N] int64, the `rating` column
-  path_lengths: np.ndarray  # [N] int64, moves of the shortest S->G path
-  line_numbers: np.ndarray  # [N] int64, 1-based line of each row in the file
-
-  def __len__(self) -> int:
-    return int(self.ratings.shape[0])
-
-
-def _row_error(row: list[str]) -> Optional[str]:
-  """Syntax error of one CSV row (field count, lengths, alphabets, rating), or None."""
-  if len(row) != 4:
-    return f"row has {len(row)} fields, expected 4 ({','.join(CSV_HEADER)})"
-  _, question, answer, rating = row
-  for what, text, alphabet in (("question", question, _QUESTION_CHARS),
-                               ("answer", answer, CHARSET)):
-    if len(text) != NUM_CELLS:
-      return f"{what} has {len(text)} characters, expected {NUM_CELLS} (30x30)"
-    if text.strip(alphabet):
-      bad = sorted(set(text) - set(alphabet))
-      note = " ('o' marks the path in answers only)" if "o" in bad else ""
-      return f"{what} has characters {bad!r} outside {alphabet!r}{note}"
-  try:
-    int(rating)
-  except ValueError:
-    return f"rating {rating!r} is not an integer"
-  return None
-
-
-def read_maze_csv(path: str | os.PathLike) -> MazeCsv:
-  """Read and validate a Maze-Hard CSV (`source,question,answer,rating`, 900-char mazes).
-
-  Every row is checked (`_row_error`, then `pair_error`: one S, one G, the answer a shortest path);
-  the first malformed row raises `MazeDataError` naming `path:line`, the field and what is wrong.
-  Nothing is dropped silently.
-  """
-  path_str = os.fspath(path)
-  questions: list[np.ndarray] = []
-  answers: list[np.ndarray] = []
-  ratings: list[int] = []
-  lines: list[int] = []
-  for line, row in puzzle_csv.rows(path_str, CSV_HEADER, MazeDataError):
-    error = _row_error(row)
-    if error is None:
-      q = string_to_tokens(row[1])
-      a = string_to_tokens(row[2], answer=True)
-      error = pair_error(q, a)
-    if error is not None:
-      raise MazeDataError(f"{path_str}:{line}: {error}")
-    questions.append(q)
-    answers.append(a)
-    ratings.append(int(row[3]))
-    lines.append(line)
-  q_all = np.stack(questions) if questions else np.zeros((0, NUM_CELLS), np.uint8)
-  a_all = np.stack(answers) if answers else np.zeros((0, NUM_CELLS), np.uint8)
-  return MazeCsv(questions=q_all, answers=a_all, ratings=np.asarray(ratings, np.int64),
-                 path_lengths=path_lengths(a_all), line_numbers=np.asarray(lines, np.int64))
-
-
-def write_maze_csv(path: str | os.PathLike, questions: Iterable[np.ndarray],
-                   answers: Iterable[np.ndarray], ratings: Optional[Iterable[int]] = None,
-                   source: str = "podlab") -> None:
-  """Write token pairs in the Maze-Hard CSV format; `ratings` default to the path lengths."""
-  questions = [np.asarray(q) for q in questions]
-  answers = [np.asarray(a) for a in answers]
-  if ratings is None:
-    ratings = [int(path_lengths(a)) for a in answers]
-  with open(path, "w", newline="", encoding="utf-8") as f:
-    writer = csv.writer(f, lineterminator="\n")
-    writer.writerow(CSV_HEADER)
-    for q, a, r in zip(questions, answers, ratings, strict=True):
-      writer.writerow([source, tokens_to_string(q), tokens_to_string(a), int(r)])
 
 
 # --------------------------------------------------------------------------------------------
@@ -503,122 +396,3 @@ DIHEDRAL_COMPOSE = _compose_table()
 def apply_dihedral(tokens: np.ndarray, tid: int) -> np.ndarray:
   """Transform `tid` of token sequences [..., 900] (any values: pads and -100 labels move along)."""
   return np.asarray(tokens)[..., DIHEDRAL_POSITIONS[tid]]
-
-
-# --------------------------------------------------------------------------------------------
-# Generator.
-
-_LATTICE = SIDE // 2  # 15 x 15 lattice cells
-
-
-@dataclasses.dataclass(frozen=True)
-class GeneratorOptions:
-  """The knobs that define a generated maze distribution (see the module docstring)."""
-  path_threshold: int = DEFAULT_PATH_THRESHOLD
-  loop_prob: float = 0.05
-  unique_path: bool = True
-  max_attempts: int = 1_000
-
-
-def _carve(rng: random.Random, loop_prob: float) -> list[bool]:
-  """Open cells [900] of a random lattice maze: DFS spanning tree plus random loops."""
-  oy, ox = rng.randrange(2), rng.randrange(2)
-  open_cells = [False] * NUM_CELLS
-
-  def at(i: int, j: int) -> int:  # lattice (i, j) -> flat grid cell
-    return (2 * i + oy) * SIDE + 2 * j + ox
-
-  lattice_nbrs = _neighbours(_LATTICE, _LATTICE)
-  visited = [False] * (_LATTICE * _LATTICE)
-  start = rng.randrange(_LATTICE * _LATTICE)
-  visited[start] = True
-  open_cells[at(*divmod(start, _LATTICE))] = True
-  stack = [start]
-  while stack:
-    v = stack[-1]
-    fresh = [u for u in lattice_nbrs[v] if not visited[u]]
-    if not fresh:
-      stack.pop()
-      continue
-    u = fresh[rng.randrange(len(fresh))]
-    visited[u] = True
-    a, b = at(*divmod(v, _LATTICE)), at(*divmod(u, _LATTICE))
-    open_cells[(a + b) // 2] = True  # the wall cell between two lattice cells
-    open_cells[b] = True
-    stack.append(u)
-  if loop_prob > 0:
-    for v in range(_LATTICE * _LATTICE):
-      for u in lattice_nbrs[v]:
-        if u > v:
-          wall = (at(*divmod(v, _LATTICE)) + at(*divmod(u, _LATTICE))) // 2
-          if not open_cells[wall] and rng.random() < loop_prob:
-            open_cells[wall] = True
-  return open_cells
-
-
-def _generate_one(seed: int, stream: str, index: int,
-                  options: GeneratorOptions) -> tuple[np.ndarray, np.ndarray]:
-  rng = random.Random(f"podlab-maze/{seed}/{stream}/{index}")  # str seeds hash with SHA-512
-  nbrs = _neighbours(SIDE, SIDE)
-  for _ in range(options.max_attempts):
-    open_cells = _carve(rng, options.loop_prob)
-    cells = [v for v in range(NUM_CELLS) if open_cells[v]]
-    for _ in range(4):  # a few starts per maze, then a new maze
-      s = cells[rng.randrange(len(cells))]
-      counts = [0] * NUM_CELLS
-      dist = _bfs(open_cells, s, nbrs, counts)
-      goals = [v for v in cells if dist[v] > options.path_threshold and
-               (counts[v] == 1 or not options.unique_path)]
-      if not goals:
-        continue
-      g = goals[rng.randrange(len(goals))]
-      question = np.where(np.asarray(open_cells), OPEN_ID, WALL_ID).astype(np.uint8)
-      question[s] = START_ID
-      question[g] = GOAL_ID
-      answer = question.copy()
-      answer[_trace_back(dist, g, nbrs)] = PATH_ID
-      error = pair_error(question, answer)
-      if error is not None:  # never expected: the generator and the validator disagree
-        raise AssertionError(f"generated maze (seed={seed}, stream={stream!r}, index={index}) "
-                             f"fails validation: {error}\n{render(answer)}")
-      return question, answer
-  raise RuntimeError(
-      f"no maze with path_threshold={options.path_threshold}, loop_prob={options.loop_prob}, "
-      f"unique_path={options.unique_path} after {options.max_attempts} attempts (seed={seed}, "
-      f"stream={stream!r}, index={index}); lower path_threshold or loop_prob")
-
-
-def generate_mazes(n: int, seed: int, path_threshold: int = DEFAULT_PATH_THRESHOLD, *,
-                   loop_prob: float = 0.05, unique_path: bool = True, stream: str = "",
-                   start_index: int = 0,
-                   max_attempts: int = 1_000) -> tuple[np.ndarray, np.ndarray]:
-  """Generate `n` valid 30x30 mazes whose shortest S->G path has more than `path_threshold` moves.
-
-  Args:
-    n: number of mazes.
-    seed: integer seed; maze i is a pure function of (seed, stream, start_index + i, knobs).
-    path_threshold: every maze's shortest path length (moves) exceeds it (0..~400; the Hard set:
-      110).
-    loop_prob: probability of opening each wall between two lattice cells left by the spanning
-      tree (0 = a perfect maze with exactly one path; larger = more loops, shorter paths).
-    unique_path: keep only goals with a unique shortest path (the label is then a function of the
-      question).
-    stream: a name separating independent streams with the same seed (e.g. "train", "test").
-    start_index: index of the first maze in the stream.
-    max_attempts: fresh mazes to try per output maze before giving up.
-  Returns:
-    (questions, answers): uint8 tokens [n, 900]; questions over 1..4, answers over 1..5.
-  """
-  if n < 0:
-    raise ValueError(f"n={n} must be >= 0")
-  if not 0 <= path_threshold < NUM_CELLS:
-    raise ValueError(f"path_threshold={path_threshold} must lie in 0..{NUM_CELLS - 1}")
-  if not 0.0 <= loop_prob <= 1.0:
-    raise ValueError(f"loop_prob={loop_prob} must lie in [0, 1]")
-  options = GeneratorOptions(path_threshold=path_threshold, loop_prob=loop_prob,
-                             unique_path=unique_path, max_attempts=max_attempts)
-  questions = np.zeros((n, NUM_CELLS), np.uint8)
-  answers = np.zeros((n, NUM_CELLS), np.uint8)
-  for i in range(n):
-    questions[i], answers[i] = _generate_one(seed, stream, start_index + i, options)
-  return questions, answers

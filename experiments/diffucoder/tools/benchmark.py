@@ -69,19 +69,22 @@ row scores the true continuations of the prompts ("held-out text"; its agreement
 plain's tokens equal to the text). Then the first prompt's completions, decoded.
 
 Shape glossary: B batch (rows), L canvas length, V vocabulary, N devices (mode 3) or new tokens.
+
+This module is the program and runs each mode; mode 1's model and timed step are
+experiments/diffucoder/tools/step_speed.py (`small_config`, `bench_cell`), modes 2 and 4's
+decodings decodings.py (`compare_decodings`, `completion_nll`, `trained_table`), and the tables
+and the docs block bench_table.py (`format_rows`, `write_docs`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence
 
 from experiments.common import console
 
@@ -98,11 +101,16 @@ from experiments.common import parallel  # noqa: E402
 from experiments.common import trainer  # noqa: E402
 from experiments.common import workdir as workdir_lib  # noqa: E402
 from experiments.diffucoder import convert  # noqa: E402
+from experiments.diffucoder import hf_layout  # noqa: E402
+from experiments.diffucoder import orbax_params  # noqa: E402
 from experiments.diffucoder import sampling  # noqa: E402
 from experiments.diffucoder import train  # noqa: E402
+from experiments.diffucoder.tools import bench_table  # noqa: E402
+from experiments.diffucoder.tools import decodings  # noqa: E402
+from experiments.diffucoder.tools import step_speed  # noqa: E402
 from experiments.diffucoder.tools import tpu_plan  # noqa: E402
 from experiments.tools import doc_tables  # noqa: E402
-from experiments.tools import tpu  # noqa: E402
+from experiments.tools import tpu_target  # noqa: E402
 from modules import dream  # noqa: E402
 
 
@@ -159,200 +167,28 @@ GB = 1e9
 EXPERIMENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # experiments/diffucoder
 
 
-def small_config(hidden=128, layers=2, heads=4, kv_heads=2, vocab=1024, dtype="bfloat16"):
-  """A small random Dream (SwiGLU width 2.75 x hidden, as the 7B's 18944 / 3584 ~ 5.3 halved)."""
-  return dream.DreamConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
-                           num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, dtype=dtype,
-                           param_dtype=dtype)
-
-
-def sampler_forward(config):
-  """The sampler's forward(params, tokens, valid, positions, context=None, return_kv=False) of a
-  DreamConfig (generate.model_forward; generate is not imported: its entry-point flags would clash
-  with this program's --dry_run)."""
-  apply = dream.dream_forward(config).apply
-
-  def forward(params, tokens, valid, positions, context=None, return_kv=False):
-    return apply(params, tokens, valid, positions, context, return_kv)
-  return forward
-
-
-analytic_flops = tpu_plan.analytic_flops      # one forward's model FLOPs (tests and mode 1 use it)
-
-
-def _random_params(config, seed=0):
-  return dream.dream_forward(config).init(jax.random.key(seed), jnp.zeros((1, 4), jnp.int32),
-                                          jnp.ones((1, 4), bool))
-
-
-def bench_cell(config, params, batch: int, canvas: int, opts, timed_steps: int,
-               prompt_fraction: float = 0.25, seed: int = 0) -> Dict[str, Any]:
-  """Compile and time the plain step for one (batch, canvas); see the module doc."""
-  prompt_len = max(int(canvas * prompt_fraction), 1)
-  new = canvas - prompt_len
-  mask_id = config.vocab_size - 1
-  rng = np.random.default_rng(seed)
-  tokens = np.concatenate([rng.integers(0, mask_id, (batch, prompt_len)),
-                           np.full((batch, new), mask_id)], axis=1).astype(np.int32)
-  valid = np.ones_like(tokens, bool)
-  positions = np.asarray(sampling.positions_from_valid(jnp.asarray(valid)))
-  step = jax.jit(sampling.plain_step_fn(sampler_forward(config), opts, mask_id=mask_id,
-                                        start=prompt_len))
-  ratios = sampling.transfer_ratios(new, opts.eps)
-  t0 = time.perf_counter()
-  compiled = step.lower(params, tokens, valid, positions, jax.random.key(0),
-                        jnp.float32(ratios[0])).compile()
-  compile_s = time.perf_counter() - t0
-  x = jnp.asarray(tokens)
-  times = []
-  for i in range(timed_steps):
-    t0 = time.perf_counter()
-    x = compiled(params, x, valid, positions, jax.random.key(i), jnp.float32(ratios[i]))
-    x.block_until_ready()
-    times.append(time.perf_counter() - t0)
-  step_s = statistics.median(times)
-  return dict(batch=batch, canvas=canvas, new_tokens=new, compile_s=compile_s,
-              ms_step=step_s * 1e3, tokens_per_s=batch * new / (new * step_s),
-              gflop_step=analytic_flops(config, batch, canvas) / 1e9,
-              gflop_per_s=analytic_flops(config, batch, canvas) / step_s / 1e9)
-
-
-def _cell(v) -> str:
-  """A table cell as the tool prints it (floats to 3 decimals below 10, else 1)."""
-  if isinstance(v, float):
-    return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
-  return str(v)
-
-
-def format_rows(rows: List[Dict[str, Any]], columns: Sequence[str]) -> str:
-  table = [list(columns)] + [[_cell(r[c]) for c in columns] for r in rows]
-  widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
-  return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table)
-
-
-TABLE_COLUMNS = ["model", "dtype", "sampler", "batch", "canvas", "new_tokens", "compile_s",
-                 "ms_step", "tokens_per_s", "gflop_step", "gflop_per_s"]
-"""Mode 1's table; its first five columns (TABLE_KEY) name a row's options."""
-TABLE_KEY = ("model", "dtype", "sampler", "batch", "canvas")
-DOC_TABLE = "diffucoder-benchmark"
-DOC_WRITER = "`python -m experiments.diffucoder.tools.benchmark --write_docs`"
-
-
-def setup_cells(config, opts) -> Dict[str, str]:
-  """The model, dtype and sampler cells of mode 1's rows (config: the small Dream; opts: its
-  SamplerOptions)."""
-  sampler = f"{opts.alg}, " + ("greedy" if opts.temperature == 0 else f"T {opts.temperature:g}")
-  sampler += f", top_p {opts.top_p:g}" if opts.top_p < 1 else ""
-  return {"model": f"{config.hidden_size} x {config.num_layers} layers, "
-                   f"{config.num_heads}/{config.num_kv_heads} heads, vocab {config.vocab_size}",
-          "dtype": config.dtype.name, "sampler": sampler}
-
-
-def write_docs(rows: Sequence[Dict[str, Any]], command: str, device=None,
-               path: str = doc_tables.BENCHMARKS_DOC) -> str:
-  """Merges mode 1's rows (cells as printed) into `path`'s diffucoder-benchmark block, keyed by
-  TABLE_KEY: a run with other options (e.g. a top-p sampler) adds its rows beside the others."""
-  cells = [{c: _cell(r[c]) for c in TABLE_COLUMNS} for r in rows]
-  return doc_tables.write_table(path, DOC_TABLE, DOC_WRITER, command=command, columns=TABLE_COLUMNS,
-                                rows=cells, key=TABLE_KEY, device=device)
-
-
 def run_table() -> List[Dict[str, Any]]:
-  config = small_config(_HIDDEN.value, _LAYERS.value, _HEADS.value, _KV_HEADS.value, _VOCAB.value,
-                        _DTYPE.value)
-  params = _random_params(config)
+  config = step_speed.small_config(_HIDDEN.value, _LAYERS.value, _HEADS.value, _KV_HEADS.value,
+                                   _VOCAB.value, _DTYPE.value)
+  params = step_speed.random_params(config)
   rows = []
   for canvas in map(int, _CANVASES.value):
     new = canvas - max(int(canvas * _PROMPT_FRACTION.value), 1)
     opts = sampling.SamplerOptions(steps=new, alg=_ALG.value, temperature=_TEMPERATURE.value,
                                    top_p=_TOP_P.value)
     for batch in map(int, _BATCHES.value):
-      row = {**setup_cells(config, opts),
-             **bench_cell(config, params, batch, canvas, opts, _TIMED.value, _PROMPT_FRACTION.value)}
+      row = {**bench_table.setup_cells(config, opts),
+             **step_speed.bench_cell(config, params, batch, canvas, opts, _TIMED.value,
+                                     _PROMPT_FRACTION.value)}
       rows.append(row)
-      print(format_rows([row], list(row)).splitlines()[-1], file=sys.stderr, flush=True)
+      print(bench_table.format_rows([row], list(row)).splitlines()[-1], file=sys.stderr, flush=True)
   print(f"small random Dream: {dream.count_params(config):,} parameters ({config.hidden_size} "
         f"hidden, {config.num_layers} layers, {config.num_heads}/{config.num_kv_heads} heads, "
         f"vocab {config.vocab_size}, {config.dtype.name}); sampler {_ALG.value}, temperature "
         f"{_TEMPERATURE.value}, top_p {_TOP_P.value}; steps = new tokens = 3/4 of the canvas")
-  print(format_rows(rows, TABLE_COLUMNS))
+  print(bench_table.format_rows(rows, bench_table.TABLE_COLUMNS))
   return rows
 
-
-def compare_variants(new: int, block_length: int, threshold: float) -> List[Tuple[str, dict, int]]:
-  """The decodings mode 2 compares: (name, SamplerOptions fields, index of the row whose decoding it
-  approximates). `steps` defaults to `new` (one token per step on average); Fast-dLLM's threshold
-  rows use its published steps = new / block_length. The "fast_dllm ..., no cache" rows run
-  Fast-dLLM's loop with full forwards (not in its code): the decodings its caches approximate."""
-  bl, t = block_length, threshold
-  parallel_steps = new // bl
-  return [
-      ("plain (reference)", dict(), 0),
-      (f"blocks of {bl}, no cache", dict(block_length=bl), 0),
-      ("prefix cache", dict(block_length=bl, cache="prefix"), 1),
-      ("dual cache", dict(block_length=bl, cache="dual"), 1),
-      (f"threshold {t}, no cache", dict(block_length=bl, threshold=t), 1),
-      (f"dual cache + threshold {t}", dict(block_length=bl, cache="dual", threshold=t), 4),
-      ("fast_dllm, no cache", dict(block_length=bl, block_algorithm="fast_dllm"), 0),
-      ("fast_dllm prefix cache", dict(block_length=bl, cache="prefix", block_algorithm="fast_dllm"),
-       6),
-      ("fast_dllm dual cache", dict(block_length=bl, cache="dual", block_algorithm="fast_dllm"), 6),
-      (f"fast_dllm threshold {t}, no cache", dict(block_length=bl, threshold=t,
-                                                  steps=parallel_steps, block_algorithm="fast_dllm"),
-       6),
-      (f"fast_dllm prefix + threshold {t}", dict(block_length=bl, cache="prefix", threshold=t,
-                                                 steps=parallel_steps, block_algorithm="fast_dllm"),
-       9),
-      (f"fast_dllm dual + threshold {t}", dict(block_length=bl, cache="dual", threshold=t,
-                                               steps=parallel_steps, block_algorithm="fast_dllm"), 9),
-  ]
-
-
-def trained_variants(new: int, block_length: int, threshold: float) -> List[Tuple[str, dict, int]]:
-  """Mode 4's rows: `compare_variants`, then the plain sampler with new / 2 and new / 4 steps (2 and
-  4 tokens per step on average): the speed any diffusion sampler buys by taking fewer steps, the
-  yardstick for what the caches and thresholds buy at their agreement."""
-  fewer = [(f"plain, {new // k} steps", dict(steps=new // k), 0) for k in (2, 4) if new // k >= 1]
-  return compare_variants(new, block_length, threshold) + fewer
-
-
-def compare_decodings(config, params, prompt, valid, *, mask_id: int, new_tokens: int,
-                      block_length: int, threshold: float, alg: str = "entropy", repeats: int = 3,
-                      variants=None, steps: Any = None) -> List[Dict[str, Any]]:
-  """Mode 2 on any Dream: `config` a modules.dream.DreamConfig, `params` its Haiku parameters
-  (random, converted or trained), prompt / valid [B, P] (left-padded). Each variant (default
-  `compare_variants`) decodes greedily: each is compiled (its tokens kept: greedy decoding is
-  deterministic), then `repeats` rounds time one generation of every variant in turn (so a change
-  of the machine's load over the minutes affects all variants alike); seconds is the median.
-  Returns one row per variant: decoding, forwards, seconds, tokens_per_s, speedup (vs the first
-  row), agreement (identical generated tokens vs the first row), vs / agreement_vs (vs the row the
-  variant approximates) and tokens (the generated [B, new_tokens] ids, for further scoring).
-  `steps` (default new_tokens) is the diffusion steps of the variants that do not set their own."""
-  forward = sampler_forward(config)
-  variants = variants or compare_variants(new_tokens, block_length, threshold)
-  start = prompt.shape[1]
-  key = jax.random.key(0)
-  runners, firsts = [], []
-  for name, kw, _ in variants:                        # compile each (and keep its greedy tokens)
-    opts = sampling.SamplerOptions(**{"steps": steps or new_tokens, "alg": alg, **kw})
-    runner = sampling.Runner(forward, opts, mask_id=mask_id)
-    firsts.append(runner.generate(params, prompt, valid, key, max_new_tokens=new_tokens))
-    runners.append(runner)
-    print(f"compiled {name}: {firsts[-1].forwards} forwards", file=sys.stderr, flush=True)
-  times = [[] for _ in variants]
-  for _ in range(repeats):                  # rounds over all variants: load drift hits them alike
-    for i, runner in enumerate(runners):
-      times[i].append(runner.generate(params, prompt, valid, key,
-                                      max_new_tokens=new_tokens).seconds)
-  gens = [f.tokens[:, start:] for f in firsts]
-  seconds = [statistics.median(t) for t in times]
-  rows = []
-  for i, (name, _, base) in enumerate(variants):
-    rows.append(dict(decoding=name, forwards=firsts[i].forwards, seconds=seconds[i],
-                     tokens_per_s=gens[i].size / seconds[i], speedup=seconds[0] / seconds[i],
-                     agreement=float(np.mean(gens[i] == gens[0])), vs=variants[base][0],
-                     agreement_vs=float(np.mean(gens[i] == gens[base])), tokens=gens[i]))
-  return rows
 
 
 def _compare_model():
@@ -360,19 +196,19 @@ def _compare_model():
   if _CHECKPOINT.value:
     path = _CHECKPOINT.value
     if convert.is_hf_dir(path):
-      config = convert.config_from_hf_json(os.path.join(path, convert.CONFIG_JSON))
-      mask = json.load(open(os.path.join(path, convert.CONFIG_JSON))).get("mask_token_id")
+      config = hf_layout.config_from_hf_json(os.path.join(path, hf_layout.CONFIG_JSON))
+      mask = json.load(open(os.path.join(path, hf_layout.CONFIG_JSON))).get("mask_token_id")
     else:
-      config, mask = convert.saved_config(path), None
+      config, mask = orbax_params.saved_config(path), None
     mask = _MASK_ID.value if _MASK_ID.value is not None else mask
     if mask is None:
       raise errors.BadInput(f"--checkpoint={path}: its config has no mask_token_id. Fix: pass "
                             "--mask_id=ID (the <|mask|> token's id)")
     params = convert.load_checkpoint(path, config)
     return config, params, int(mask), f"checkpoint {path}"
-  config = small_config(_HIDDEN.value, _LAYERS.value, _HEADS.value, _KV_HEADS.value, _VOCAB.value,
-                        _DTYPE.value)
-  params = _random_params(config)
+  config = step_speed.small_config(_HIDDEN.value, _LAYERS.value, _HEADS.value, _KV_HEADS.value,
+                                   _VOCAB.value, _DTYPE.value)
+  params = step_speed.random_params(config)
   if _LOGIT_SCALE.value != 1.0:
     head = params["dream/lm_head"]["w"]
     params["dream/lm_head"]["w"] = (head.astype("float32") * _LOGIT_SCALE.value).astype(head.dtype)
@@ -389,9 +225,10 @@ def run_compare() -> List[Dict[str, Any]]:
   valid = np.ones_like(prompt, bool)
   new = _NEW.value or 128
   steps = _STEPS.value or new
-  rows = compare_decodings(config, params, prompt, valid, mask_id=mask_id, new_tokens=new,
-                           block_length=_BLOCK.value, threshold=_THRESHOLD.value, alg=_ALG.value,
-                           repeats=_REPEATS.value, steps=steps)
+  rows = decodings.compare_decodings(config, params, prompt, valid, mask_id=mask_id,
+                                     new_tokens=new, block_length=_BLOCK.value,
+                                     threshold=_THRESHOLD.value, alg=_ALG.value,
+                                     repeats=_REPEATS.value, steps=steps)
   print(f"{n} prompts of {prompt_len} random tokens, {new} new "
         f"tokens, {steps} steps (Fast-dLLM's threshold rows: {new // _BLOCK.value}), greedy "
         f"{_ALG.value}; {what} (hidden {config.hidden_size}, {config.num_layers} layers, vocab "
@@ -399,8 +236,8 @@ def run_compare() -> List[Dict[str, Any]]:
         "agreement_vs = vs the decoding the option approximates (`vs`); speedup vs plain; "
         f"seconds: median of {_REPEATS.value} generations after compilation; forwards: model "
         "calls (per block the most any device's loop ran)")
-  print(format_rows(rows, ["decoding", "forwards", "seconds", "tokens_per_s", "speedup",
-                           "agreement", "vs", "agreement_vs"]))
+  print(bench_table.format_rows(rows, ["decoding", "forwards", "seconds", "tokens_per_s",
+                                       "speedup", "agreement", "vs", "agreement_vs"]))
   for r in rows:
     r.pop("tokens")
   return rows
@@ -408,87 +245,6 @@ def run_compare() -> List[Dict[str, Any]]:
 
 # --------------------------------------------------------------------------------------------------
 # Mode 4: the speed-up table on a trained masked-diffusion model.
-
-
-@functools.lru_cache(maxsize=8)
-def _nll_scorer(config):
-  """jit(params, tokens [r, L], pos [r], target [r]) -> -log softmax(raw logits[pos])[target] [r]."""
-  apply = dream.dream_forward(config).apply
-
-  @jax.jit
-  def score(params, tokens, pos, tgt):
-    logits = apply(params, tokens, jnp.ones(tokens.shape, bool))             # [r, L, V]
-    row = jnp.take_along_axis(logits, pos[:, None, None], axis=1)[:, 0]      # [r, V]
-    logp = jax.nn.log_softmax(row.astype(jnp.float32), axis=-1)
-    return -jnp.take_along_axis(logp, tgt[:, None], axis=-1)[:, 0]          # [r]
-  return score
-
-
-def completion_nll(config, params, prompt: np.ndarray, completion: np.ndarray, *, mask_id: int,
-                   rows_per_call: int = 64) -> np.ndarray:
-  """nll [B, N] (float64, nats): -log p(y_j | prompt, y_<j, N - j masks) for each token y_j of the
-  completions [B, N] after the unpadded prompts [B, P], under the model `config`/`params`.
-
-  The left-to-right chain rule with the masked-diffusion model as the conditional: canvas j is the
-  prompt, y_0 .. y_{j-1}, then <|mask|> x (N - j) (the canvas length of the sampler), and y_j is read
-  from the raw logit of position P + j - 1 (Dream's shift). Summed over j it is the exact negative
-  log-likelihood of the completion under the left-to-right autoregressive model the plain
-  masked-diffusion model defines (one of its any-order factorisations), so completions of all
-  decodings are scored by one fixed model and one fixed order. B x N canvases, `rows_per_call` per
-  forward (the last call padded with repeats)."""
-  prompt = np.asarray(prompt, np.int32)
-  completion = np.asarray(completion, np.int32)
-  B, P = prompt.shape
-  N = completion.shape[1]
-  if P < 1:
-    raise ValueError("completion_nll needs a prompt of at least one token (the shift reads P - 1)")
-  canvases = np.full((B, N, P + N), mask_id, np.int32)                      # [B, N, L]
-  canvases[:, :, :P] = prompt[:, None]
-  for j in range(N):
-    canvases[:, j, P:P + j] = completion[:, :j]
-  canvases = canvases.reshape(B * N, P + N)
-  read = np.tile(P - 1 + np.arange(N), B).astype(np.int32)                  # [B N] logit position
-  target = completion.reshape(-1)
-  score = _nll_scorer(config)
-  total = B * N
-  out = np.zeros(total, np.float64)
-  for lo in range(0, total, rows_per_call):
-    idx = np.arange(lo, lo + rows_per_call) % total
-    got = np.asarray(score(params, canvases[idx], read[idx], target[idx]), np.float64)
-    n = min(rows_per_call, total - lo)
-    out[lo:lo + n] = got[:n]
-  return out.reshape(B, N)
-
-
-def trained_table(config, params, prompt: np.ndarray, continuation: np.ndarray, *, mask_id: int,
-                  new_tokens: int, block_length: int, threshold: float, steps: Any = None,
-                  repeats: int = 3, variants=None) -> List[Dict[str, Any]]:
-  """The rows of mode 4: `compare_decodings` of `variants` (default `trained_variants`) on
-  unpadded prompts [B, P] (greedy, entropy) plus, per row, forwards_per_token (forwards / new
-  tokens) and nll (mean `completion_nll` of its completions under the plain model, nats per token),
-  then a last row "held-out text" scoring the true continuations [B, new_tokens] (its agreement: the
-  share of plain's tokens equal to the text)."""
-  prompt = np.asarray(prompt, np.int32)
-  valid = np.ones(prompt.shape, bool)
-  variants = variants or trained_variants(new_tokens, block_length, threshold)
-  rows = compare_decodings(config, params, prompt, valid, mask_id=mask_id, new_tokens=new_tokens,
-                           block_length=block_length, threshold=threshold, repeats=repeats,
-                           variants=variants, steps=steps)
-  for r in rows:
-    r["forwards_per_token"] = r["forwards"] / new_tokens
-    r["nll"] = float(np.mean(completion_nll(config, params, prompt, r["tokens"], mask_id=mask_id)))
-  truth = np.asarray(continuation, np.int32)
-  rows.append(dict(decoding="held-out text", forwards="-", forwards_per_token="-", seconds="-",
-                   tokens_per_s="-", speedup="-", agreement=float(np.mean(truth == rows[0]["tokens"])),
-                   vs="-", agreement_vs="-", tokens=truth,
-                   nll=float(np.mean(completion_nll(config, params, prompt, truth,
-                                                    mask_id=mask_id)))))
-  return rows
-
-
-TRAINED_COLUMNS = ["decoding", "forwards", "forwards_per_token", "seconds", "tokens_per_s",
-                   "speedup", "agreement", "nll", "vs", "agreement_vs"]
-
 
 def _show(ids: np.ndarray, vocab: str) -> str:
   """Characters of ids (ids outside the vocabulary, e.g. the mask, as '_'), newlines as '|'."""
@@ -514,9 +270,9 @@ def run_trained(workdir: str) -> List[Dict[str, Any]]:
   prompt = np.stack([val[o:o + P] for o in offsets]).astype(np.int32)
   truth = np.stack([val[o + P:o + P + new] for o in offsets]).astype(np.int32)
   steps = _STEPS.value or new
-  rows = trained_table(model, params, prompt, truth, mask_id=int(config.mask_id), new_tokens=new,
-                       block_length=_BLOCK.value, threshold=_THRESHOLD.value, steps=steps,
-                       repeats=_REPEATS.value)
+  rows = decodings.trained_table(model, params, prompt, truth, mask_id=int(config.mask_id),
+                                 new_tokens=new, block_length=_BLOCK.value,
+                                 threshold=_THRESHOLD.value, steps=steps, repeats=_REPEATS.value)
   final = (workdir_lib.read_json_if_exists(workdir_lib.Workdir(workdir).final_eval)
            or {}).get("eval", {})
   held = (f"; held-out masked_ce {final['masked_ce']:.4f} vs unigram {final['unigram_ce']:.4f}"
@@ -529,7 +285,7 @@ def run_trained(workdir: str) -> List[Dict[str, Any]]:
         "model calls / new tokens (cached calls see a window); agreement: tokens equal to plain's; "
         "nll: nats per token of the completions under the plain model, left to right "
         "(completion_nll); held-out text: the true continuations")
-  print(format_rows(rows, TRAINED_COLUMNS))
+  print(bench_table.format_rows(rows, decodings.TRAINED_COLUMNS))
   vocab = saved.get("vocab", "")
   if vocab:
     print(f"\nprompt 0: ...{_show(prompt[0][-60:], vocab)}")
@@ -554,7 +310,7 @@ def dry_run_child(n: int) -> Dict[str, Any]:
   params = dream.param_shapes(config)
   opts = sampling.SamplerOptions(steps=canvas - start, alg=_ALG.value,
                                  temperature=_TEMPERATURE.value, top_p=_TOP_P.value)
-  step = parallel.compile_step(sampling.plain_step_fn(sampler_forward(config), opts,
+  step = parallel.compile_step(sampling.plain_step_fn(step_speed.sampler_forward(config), opts,
                                                    mask_id=151666, start=start,
                                                    axis_name=parallel.AXIS),
                             state_in=(0, 5))
@@ -578,7 +334,7 @@ def dry_run_child(n: int) -> Dict[str, Any]:
               total_gb=(mem.argument_size_in_bytes + mem.temp_size_in_bytes
                         + mem.output_size_in_bytes) / GB,
               tflop_step_device_xla=xla_flops / 1e12,
-              tflop_step_device_analytic=analytic_flops(config, b, canvas) / 1e12,
+              tflop_step_device_analytic=step_speed.analytic_flops(config, b, canvas) / 1e12,
               compile_s=compile_s)
 
 
@@ -603,15 +359,15 @@ def run_dry(counts: Sequence[int]) -> List[Dict[str, Any]]:
       raise RuntimeError(f"dry run for {n} devices failed (exit {proc.returncode})")
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     rows.append(row)
-    print(format_rows([row], list(row)).splitlines()[-1], file=sys.stderr, flush=True)
+    print(bench_table.format_rows([row], list(row)).splitlines()[-1], file=sys.stderr, flush=True)
   print(f"DiffuCoder/Dream 7.6B ({rows[0]['params']:,} parameters, bfloat16 weights "
         f"{rows[0]['weights_gb']:.2f} GB, replicated on every device by the data-parallel pmap), "
         f"one plain diffusion step (forward + sampler, {_ALG.value}, top_p {_TOP_P.value}) for a "
         f"global batch of {_GLOBAL_BATCH.value} canvases of {_CANVAS.value}; per device; memory: "
         "XLA CPU memory_analysis (a TPU's differs)")
-  print(format_rows(rows, ["devices", "rows_per_device", "canvas", "argument_gb", "temp_gb",
-                           "output_gb", "total_gb", "tflop_step_device_xla",
-                           "tflop_step_device_analytic", "compile_s"]))
+  print(bench_table.format_rows(rows, ["devices", "rows_per_device", "canvas", "argument_gb",
+                                       "temp_gb", "output_gb", "total_gb", "tflop_step_device_xla",
+                                       "tflop_step_device_analytic", "compile_s"]))
   return rows
 
 
@@ -622,7 +378,7 @@ def run_dry_tpu(target_name: str, config: dream.DreamConfig = dream.DIFFUCODER_7
   """Mode 3 with --target=TPU: the plain step of `config` (global_batch rows of `canvas` tokens,
   the first prompt_fraction of them the prompt, `opts`' sampler with steps = new tokens) compiled
   for the slice by libtpu, through `tpu_plan.dry_run` (generate.py --dry_run's program and table)."""
-  target = tpu.parse_target(target_name)
+  target = tpu_target.parse_target(target_name)
   m = int(model_parallel)
   groups = target.num_devices // m if m >= 1 and target.num_devices % m == 0 else 0
   if groups and global_batch % groups:
@@ -650,7 +406,8 @@ def main() -> None:
     raise errors.BadInput(f"--write_docs with {modes[0]}: only mode 1's table (the random model's "
                           "sampling speed) is written into the docs. Fix: drop --write_docs")
   if _WRITE_DOCS.value:                  # the markers are there before the run, not after
-    doc_tables.check_markers(doc_tables.BENCHMARKS_DOC, DOC_TABLE, DOC_WRITER)
+    doc_tables.check_markers(doc_tables.BENCHMARKS_DOC, bench_table.DOC_TABLE,
+                             bench_table.DOC_WRITER)
   if target and target != "cpu":
     opts = sampling.SamplerOptions(alg=_ALG.value, temperature=_TEMPERATURE.value,
                                    top_p=_TOP_P.value)
@@ -667,9 +424,10 @@ def main() -> None:
   else:
     rows = run_table()
     if _WRITE_DOCS.value:
-      write_docs(rows, doc_tables.command_line("experiments.diffucoder.tools.benchmark",
-                                               sys.argv[1:]), jax.devices()[0])
-      print(f"merged the table into {doc_tables.BENCHMARKS_DOC}'s {DOC_TABLE} table", flush=True)
+      bench_table.write_docs(rows, doc_tables.command_line("experiments.diffucoder.tools.benchmark",
+                                                           sys.argv[1:]), jax.devices()[0])
+      print(f"merged the table into {doc_tables.BENCHMARKS_DOC}'s {bench_table.DOC_TABLE} table",
+            flush=True)
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "w") as f:
       json.dump(rows, f, indent=1)

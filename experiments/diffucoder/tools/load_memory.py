@@ -37,6 +37,8 @@ from experiments.common import console
 from experiments.common import distributed
 from experiments.diffucoder import convert
 from experiments.diffucoder import model_sharding
+from experiments.diffucoder import orbax_params
+from experiments.diffucoder import random_checkpoint
 from modules import dream
 
 _DIR = flags.DEFINE_string("dir", "/tmp/dream_load_memory", "Where the random checkpoint is written.")
@@ -95,11 +97,11 @@ def main(argv) -> None:
   config = dream.DreamConfig(**CONFIG)
   if not os.path.isfile(os.path.join(_DIR.value, "config.json")):
     console.say(f"writing a random {dream.count_params(config) * 2 / 1e9:.2f} GB Dream to {_DIR.value}")
-    convert.write_random_checkpoint(_DIR.value, config, num_shards=_SHARDS.value)
+    random_checkpoint.write_random_checkpoint(_DIR.value, config, num_shards=_SHARDS.value)
   if _FORMAT.value == "orbax" and not os.path.isdir(orbax_dir()):
     console.say(f"writing its orbax copy to {orbax_dir()}")
-    convert.save_params(convert.load_params(_DIR.value, config, place=np.asarray), orbax_dir(),
-                        config)
+    orbax_params.save_params(convert.load_params(_DIR.value, config, place=np.asarray),
+                             orbax_dir(), config)
   rows: List[Dict[str, Any]] = []
   for mesh in _MESHES.value:
     data, model = (int(x) for x in mesh.split("x"))

@@ -9,8 +9,8 @@ weight is allocated. A global batch smaller than the data groups uses `batch` of
 devices idle); otherwise the rows split evenly (batch a multiple of devices / model_parallel).
 
 Every figure is a COMPILER ESTIMATE (libtpu's memory assignment and cost model; see
-experiments/tools/tpu.py), not a measurement. Tokens/s: with steps = max_new_tokens (the reference
-setting) each step fixes one token per row, so tokens/s = batch / step time.
+experiments/tools/tpu_compile.py), not a measurement. Tokens/s: with steps = max_new_tokens (the
+reference setting) each step fixes one token per row, so tokens/s = batch / step time.
 
   python -m experiments.diffucoder.tools.tpu_plan --target=v5e-8 --batch=8            # smallest degree
   python -m experiments.diffucoder.tools.tpu_plan --target=v2-8 --batch=1 --model_parallel=4
@@ -21,11 +21,11 @@ setting) each step fixes one token per row, so tokens/s = batch / step time.
 
 Synopsis (needs libtpu; one compile takes about a minute on 2 CPU cores):
 
-  from experiments.tools import tpu
+  from experiments.tools import tpu_target
   from experiments.diffucoder.tools import tpu_plan
-  tpu.load_libtpu()
-  report = tpu_plan.compile_step(tpu.parse_target("v4-8"), batch=1, model_parallel=1)
-  report.fits, report.need_bytes / tpu.GIB, report.items_per_s       # per-device HBM, tokens/s
+  tpu_target.load_libtpu()
+  report = tpu_plan.compile_step(tpu_target.parse_target("v4-8"), batch=1, model_parallel=1)
+  report.fits, report.need_bytes / tpu_target.GIB, report.items_per_s   # per-device HBM, tokens/s
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ from experiments.common import errors
 from experiments.common import parallel
 from experiments.diffucoder import model_sharding
 from experiments.diffucoder import sampling
-from experiments.tools import tpu
+from experiments.tools import tpu_compile
+from experiments.tools import tpu_report
+from experiments.tools import tpu_target
 from modules import dream
 
 PROMPT = 128
@@ -81,7 +83,7 @@ def analytic_flops(config: dream.DreamConfig, batch: int, canvas: int) -> float:
   return float(batch) * (canvas * per_token + attention)
 
 
-def data_groups(target: tpu.Target, batch: int, model_parallel: int) -> int:
+def data_groups(target: tpu_target.Target, batch: int, model_parallel: int) -> int:
   """Data groups used at `batch`: min(batch, devices / model_parallel); the batch must split evenly."""
   groups = target.num_devices // model_parallel
   if batch < groups:
@@ -93,7 +95,7 @@ def data_groups(target: tpu.Target, batch: int, model_parallel: int) -> int:
   return groups
 
 
-def lower_step(target: tpu.Target, batch: int, model_parallel: int,
+def lower_step(target: tpu_target.Target, batch: int, model_parallel: int,
                config: dream.DreamConfig = dream.DREAM_7B,
                opts: Optional[sampling.SamplerOptions] = None, *, prompt: int = PROMPT,
                new: int = NEW) -> jax.stages.Lowered:
@@ -103,7 +105,7 @@ def lower_step(target: tpu.Target, batch: int, model_parallel: int,
   opts = opts or sampling.SamplerOptions(steps=new, alg="entropy")
   PROMPT, CANVAS = prompt, prompt + new  # pylint: disable=invalid-name,redefined-outer-name
   dream.check_model_degree(config, model_parallel)
-  devices = tpu.target_devices(target)
+  devices = tpu_target.target_devices(target)
   groups = data_groups(target, batch, model_parallel)
   rows = batch // groups
   shapes = dream.param_shapes(config)
@@ -114,7 +116,7 @@ def lower_step(target: tpu.Target, batch: int, model_parallel: int,
     key = jax.eval_shape(lambda: jax.random.key(0))
     args = (shapes, jax.ShapeDtypeStruct((rows, CANVAS), i32), jax.ShapeDtypeStruct((rows, CANVAS), b),
             jax.ShapeDtypeStruct((rows, CANVAS), i32), key, jax.ShapeDtypeStruct((), jnp.float32))
-    return tpu.lower_step(step, target, args, state_in=(0, 5))
+    return tpu_target.lower_step(step, target, args, state_in=(0, 5))
   mesh = model_sharding.mesh_2d(groups, model_parallel, devices=devices)
   specs = dream.param_partition_specs(config, model_sharding.MODEL_AXIS)
   model = (dream.dream_forward(config, model_sharding.MODEL_AXIS, model_parallel) if model_parallel > 1
@@ -140,7 +142,7 @@ FAST_DLLM = sampling.SamplerOptions(steps=NEW // 32, alg="entropy", block_length
 confidence threshold 0.9)."""
 
 
-def lower_block(target: tpu.Target, batch: int, model_parallel: int,
+def lower_block(target: tpu_target.Target, batch: int, model_parallel: int,
                 config: dream.DreamConfig = dream.DREAM_7B,
                 opts: sampling.SamplerOptions = FAST_DLLM, *, prompt: int = PROMPT,
                 new: int = NEW) -> jax.stages.Lowered:
@@ -153,7 +155,7 @@ def lower_block(target: tpu.Target, batch: int, model_parallel: int,
   opts.validate(NEW)
   dream.check_model_degree(config, model_parallel)
   groups = data_groups(target, batch, model_parallel)
-  mesh = model_sharding.mesh_2d(groups, model_parallel, devices=tpu.target_devices(target))
+  mesh = model_sharding.mesh_2d(groups, model_parallel, devices=tpu_target.target_devices(target))
   specs = dream.param_partition_specs(config, model_sharding.MODEL_AXIS)
   model = (dream.dream_forward(config, model_sharding.MODEL_AXIS, model_parallel) if model_parallel > 1
            else dream.dream_forward(config))
@@ -182,19 +184,21 @@ def sampler_options(sampler: str) -> sampling.SamplerOptions:
   return SAMPLERS[sampler]
 
 
-def compile_block(target: tpu.Target, batch: int, model_parallel: int,
-                  config: dream.DreamConfig = dream.DREAM_7B) -> tpu.Report:
+def compile_block(target: tpu_target.Target, batch: int, model_parallel: int,
+                  config: dream.DreamConfig = dream.DREAM_7B) -> tpu_report.Report:
   """`lower_block`'s Report: per-device HBM (the FLOPs and step time are not estimated: the number
   of cached forwards depends on the threshold)."""
   t0 = time.perf_counter()
-  report = tpu.compile_report(lower_block(target, batch, model_parallel, config), target=target,
-                              name=f"dream 7b fast-dllm block b{batch} mp{model_parallel}")
+  report = tpu_compile.compile_report(
+      lower_block(target, batch, model_parallel, config), target=target,
+      name=f"dream 7b fast-dllm block b{batch} mp{model_parallel}")
   report.compile_s = time.perf_counter() - t0
   return report
 
 
-def compile_step(target: tpu.Target, batch: int, model_parallel: int,
-                 config: dream.DreamConfig = dream.DREAM_7B, sampler: str = "greedy") -> tpu.Report:
+def compile_step(target: tpu_target.Target, batch: int, model_parallel: int,
+                 config: dream.DreamConfig = dream.DREAM_7B,
+                 sampler: str = "greedy") -> tpu_report.Report:
   """The step's Report: per-device HBM need vs capacity, and tokens/s at the bound (an upper bound)
   (analytic FLOPs of the forward per device; one token per row per step). `sampler`: a SAMPLERS
   key."""
@@ -204,7 +208,7 @@ def compile_step(target: tpu.Target, batch: int, model_parallel: int,
   t0 = time.perf_counter()
   lowered = lower_step(target, batch, model_parallel, config, opts)
   tag = "" if sampler == "greedy" else f" {sampler} {opts.top_p}"
-  report = tpu.compile_report(
+  report = tpu_compile.compile_report(
       lowered, target=target, name=f"dream 7b sampling step{tag} b{batch} mp{model_parallel}",
       analytic_flops_per_device=analytic_flops(config, batch, CANVAS) / used,
       items_per_step=batch, item_name="tokens")
@@ -212,9 +216,10 @@ def compile_step(target: tpu.Target, batch: int, model_parallel: int,
   return report
 
 
-def smallest_fitting(target: tpu.Target, batch: int, config: dream.DreamConfig = dream.DREAM_7B,
+def smallest_fitting(target: tpu_target.Target, batch: int,
+                     config: dream.DreamConfig = dream.DREAM_7B,
                      log: Callable[[str], None] = lambda line: None,
-                     sampler: str = "greedy") -> List[tpu.Report]:
+                     sampler: str = "greedy") -> List[tpu_report.Report]:
   """Compiles the step at model_parallel 1, 2, 4... (valid degrees that leave the batch splittable)
   until one fits; returns every report made (the last fits, unless none does)."""
   reports = []
@@ -227,7 +232,7 @@ def smallest_fitting(target: tpu.Target, batch: int, config: dream.DreamConfig =
     r = compile_step(target, batch, m, config, sampler)
     reports.append(r)
     log(f"{target.name} {sampler} batch {batch} model_parallel {m}: "
-        f"{'fits' if r.fits else 'does not fit'} ({tpu.margin_text(r)}), compile "
+        f"{'fits' if r.fits else 'does not fit'} ({tpu_report.margin_text(r)}), compile "
         f"{r.compile_s:.0f} s")
     if r.fits:
       break
@@ -249,8 +254,8 @@ def dry_run(target_name: Optional[str], config: dream.DreamConfig, opts: samplin
   if not target_name or target_name == "cpu":
     raise errors.BadInput(f"--target={target_name or ''}: the generator's dry run compiles for a TPU "
                           "slice. Fix: pass --target=v5e-8 (or v2-8, v3-8, v4-8, v5p-8, ...)")
-  tpu.load_libtpu()
-  target = tpu.parse_target(target_name)
+  tpu_target.load_libtpu()
+  target = tpu_target.parse_target(target_name)
   m = int(model_parallel)
   try:
     dream.check_model_degree(config, m)
@@ -269,7 +274,7 @@ def dry_run(target_name: Optional[str], config: dream.DreamConfig, opts: samplin
   step = lower_step(target, batch, m, config, opts if opts.block_length == 0 else
                     sampling.SamplerOptions(steps=max_new_tokens, alg=opts.alg),
                     prompt=prompt, new=max_new_tokens)
-  report = tpu.compile_report(
+  report = tpu_compile.compile_report(
       step, target=target, name=f"dream sampling step b{batch} mp{m}",
       analytic_flops_per_device=analytic_flops(config, batch, canvas) / target.num_devices,
       items_per_step=batch, item_name="tokens")
@@ -277,12 +282,12 @@ def dry_run(target_name: Optional[str], config: dream.DreamConfig, opts: samplin
   reports = [report]
   if opts.block_length > 0:
     t0 = time.perf_counter()
-    block = tpu.compile_report(lower_block(target, batch, m, config, opts, prompt=prompt,
-                                           new=max_new_tokens),
-                               target=target, name=f"dream {opts.block_algorithm} block b{batch} mp{m}")
+    block = tpu_compile.compile_report(
+        lower_block(target, batch, m, config, opts, prompt=prompt, new=max_new_tokens),
+        target=target, name=f"dream {opts.block_algorithm} block b{batch} mp{m}")
     block.compile_s = time.perf_counter() - t0
     reports.append(block)
-  table = tpu.format_report(reports)
+  table = tpu_report.format_report(reports)
   loop = (f"The generation loop runs the step {opts.steps} times per batch (host-side); its "
           "programs are the ones above." if opts.block_length == 0 else
           f"The generation loop runs the block program once per block ({max_new_tokens // opts.block_length} "
@@ -290,19 +295,19 @@ def dry_run(target_name: Optional[str], config: dream.DreamConfig, opts: samplin
   bad = [r for r in reports if not r.fits]
   if bad:
     print(table + "\n" + loop, flush=True)
-    error = tpu.DoesNotFitError(bad[0])
+    error = tpu_report.DoesNotFitError(bad[0])
     if not opts.block_length:              # the smallest larger degree whose step fits, if any
       for d in dream.valid_model_degrees(config):
         rows = rows_at(d)
         groups_d = target.num_devices // d if target.num_devices % d == 0 else 0
         if d <= m or not groups_d or (rows >= groups_d and rows % groups_d):
           continue
-        r = tpu.compile_report(lower_step(target, rows, d, config, opts, prompt=prompt,
-                                          new=max_new_tokens),
-                               target=target, name=f"mp{d}")
+        r = tpu_compile.compile_report(lower_step(target, rows, d, config, opts, prompt=prompt,
+                                                  new=max_new_tokens),
+                                       target=target, name=f"mp{d}")
         if r.fits:
           error.args = (f"{error.args[0]}. Fix: {flag}={d} fits at batch {rows} "
-                        f"({tpu.margin_text(r)})",)
+                        f"({tpu_report.margin_text(r)})",)
           break
     raise error
   return table + "\n" + loop
@@ -325,7 +330,7 @@ def _define_flags() -> None:
 
 def run(targets: Sequence[str], batches: Sequence[int], model_parallel: int = 0,
         log: Callable[[str], None] = print, block: bool = False,
-        samplers: Sequence[str] = ("greedy",)) -> List[tpu.Report]:
+        samplers: Sequence[str] = ("greedy",)) -> List[tpu_report.Report]:
   """Reports of every (target, sampler, batch): the smallest fitting degree, or `model_parallel`
   only (the plain step, or with `block` a whole Fast-dLLM block, whose sampler is FAST_DLLM's)."""
   for sampler in samplers:
@@ -335,7 +340,7 @@ def run(targets: Sequence[str], batches: Sequence[int], model_parallel: int = 0,
                                    "pass --model_parallel=1, 2 or 4 with --block")
   reports = []
   for name in targets:
-    target = tpu.parse_target(name)
+    target = tpu_target.parse_target(name)
     for sampler in (("greedy",) if block else samplers):
       for batch in batches:
         if block:
@@ -351,10 +356,10 @@ def main(argv: Sequence[str]) -> None:
   del argv
   console.quiet_libraries()
   distributed.choose_platforms()          # the host backend is the CPU; libtpu only compiles
-  tpu.load_libtpu()
+  tpu_target.load_libtpu()
   reports = run(_TARGET.value, _BATCH.value, _MODEL_PARALLEL.value,
                 log=lambda line: console.say(line), block=_BLOCK.value, samplers=_SAMPLER.value)
-  print(tpu.format_report(reports), flush=True)
+  print(tpu_report.format_report(reports), flush=True)
 
 
 if __name__ == "__main__":

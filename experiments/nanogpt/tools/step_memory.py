@@ -25,7 +25,7 @@ console.quiet_native_logs()
 from experiments.nanogpt import train  # noqa: E402
 from experiments.nanogpt.configs import finetune_shakespeare  # noqa: E402
 from experiments.tools import dry_run  # noqa: E402
-from experiments.tools import tpu  # noqa: E402
+from experiments.tools import tpu_target  # noqa: E402
 
 GIB = 2 ** 30
 
@@ -38,7 +38,7 @@ def main(argv) -> None:
     key, value = a.split("=", 1)
     args[key] = value
   size, devices = args.pop("size", "gpt2-xl"), args.pop("devices", "4")
-  target = tpu.parse_target(args.pop("target", "v4-8"))
+  target = tpu_target.parse_target(args.pop("target", "v4-8"))
   dump = args.pop("dump", "")
   c = finetune_shakespeare.for_compile(finetune_shakespeare.get_config(f"{size},devices={devices}"))
   c.sharding = args.pop("sharding", "fsdp")
@@ -49,7 +49,7 @@ def main(argv) -> None:
     last = key.split(".")[-1]
     old = node[last]
     node[last] = (value.lower() in ("1", "true") if isinstance(old, bool) else type(old)(value))
-  tpu.load_libtpu()
+  tpu_target.load_libtpu()
   t0 = time.time()
   layout = dry_run.tpu_layout(train.NanoGPT(), c, target)
   build = train.NanoGPT().build(c, layout)

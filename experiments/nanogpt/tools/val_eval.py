@@ -74,7 +74,7 @@ def load_workdir(workdir: str) -> Tuple[gpt.GPTConfig, Dict[str, Any], int, str]
   tree = checkpointing.read_tree(run.replicated(step))
   params = jax.tree.map(np.asarray, tree["state"]["params"])
   config = nanogpt_checkpoint.config_from_args(args, args.get("dtype", "float32"))
-  # A workdir from before model.activations existed (2e39947) ran bfloat16 as "float32".
+  # A workdir from before model.activations existed ran bfloat16 as "float32".
   config = dataclasses.replace(config, activations=args.get("activations", "float32"),
                               gelu=args.get("gelu", "exact"))   # workdirs before gelu: exact
   return config, params, step, args.get("vocab", "")

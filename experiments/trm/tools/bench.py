@@ -60,58 +60,44 @@ Flags: --models=mlp,att  --dtypes=bfloat16,float32  --batches=64,max  --steps=3 
   --isolate=auto|true|false (auto: each row in a fresh process on a CPU backend)  --json_out=
   --write_docs
 
-Functions (tests call them at tiny sizes): `trm_config`, `analytic_flops`, `xla_net_call_flops`,
-`matmul_peak_flops`, `compile_step`, `find_max_batch`, `bench_row`, `run_benchmark`, `format_table`,
-`pipeline_throughput`.
+Functions (tests call them at tiny sizes): `analytic_flops`, `xla_net_call_flops`, `find_max_batch`,
+`bench_row`, `run_benchmark`, `pipeline_throughput`. The step they time is built by
+experiments/trm/tools/step_setup.py (`recipe_config`, `trm_config`, `compile_step`), the matmul peak
+and memory are measured by measure.py, and the table is printed by experiments/tools/doc_tables.py
+(`format_table`) and merged into the docs by bench_cli.py (`write_docs`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # before TensorFlow is imported (via train)
 
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import jax
-import jax.numpy as jnp
-import ml_collections
-import numpy as np
 
-from experiments.common import device_step
 from experiments.common import distributed
 from experiments.common import layout as layout_lib
-from experiments.common import parallel
-from experiments.common import trainer
 from experiments.tools import doc_tables
-from experiments.trm import cpu_tuning
 from experiments.trm import flops
-from experiments.trm import train
-from experiments.trm.configs import sudoku_att
-from experiments.trm.configs import sudoku_mlp
-from modules import layers
-from modules import trm
+from experiments.trm.tools import bench_cli
+from experiments.trm.tools import measure
+from experiments.trm.tools import step_setup
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-SUDOKU_METADATA = {"seq_len": 81, "vocab_size": 11, "num_puzzle_identifiers": 1}
-RECIPES = {"mlp": sudoku_mlp.get_config, "att": sudoku_att.get_config}
-REFERENCE_TOTAL_STEPS = 65_104           # Sudoku at batch 768 (docs/trm.md section 5): the LR schedule
 REFERENCE_MEMORY_NOTE = ("reference PyTorch needs ~0.056 GB per example in bf16 "
                          "(batch 768 ~ 45 GB)")
 REFERENCE_FLOP_NOTE = ("reference: about 43 GFLOP per example per optimizer step "
                        "(TRM-MLP Sudoku: 25.6 forward + 17.1 backward)")
-GB = 1e9
 
 COLUMNS = ("model", "dtype", "batch", "global_batch", "remat", "compile_s", "step_ms",
            "examples_per_s", "rss_peak_GB", "compiled_temp_GB", "temp_arg_GB", "GB_per_example",
@@ -125,37 +111,6 @@ def _log(msg: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Configs.
-
-def recipe_config(model: str, dtype: str, *, hidden: Optional[int] = None, remat: bool = False,
-                  per_device_batch: int = 64,
-                  cpu_tuning: Optional[bool] = None) -> ml_collections.ConfigDict:
-  """The real Sudoku recipe config ("mlp" or "att") with compute dtype, remat, optional hidden size;
-  `cpu_tuning` False turns the CPU-only forms off (None: the config's own, on)."""
-  if model not in RECIPES:
-    raise ValueError(f"unknown model {model!r}; use one of {sorted(RECIPES)}")
-  c = RECIPES[model]()
-  c.model.forward_dtype = dtype
-  c.model.remat = bool(remat)
-  if hidden:
-    c.model.hidden_size = int(hidden)
-    c.model.puzzle_emb_ndim = int(hidden)     # the recipes' E = D
-  c, _ = layout_lib.with_per_device_batch(c, per_device_batch, jax.local_device_count())
-  c.total_steps = REFERENCE_TOTAL_STEPS
-  if cpu_tuning is not None:
-    c.cpu_tuning = bool(cpu_tuning)
-  trainer.check_config(train.TRM(), c)
-  return c
-
-
-def trm_config(model: str, dtype: str = "bfloat16", *, hidden: Optional[int] = None,
-               remat: bool = False) -> trm.TRMConfig:
-  """TRMConfig of a recipe via `train.model_config` and the Sudoku metadata (L 81, V 11, N 1)."""
-  return train.model_config(recipe_config(model, dtype, hidden=hidden, remat=remat),
-                            SUDOKU_METADATA)
-
-
-# --------------------------------------------------------------------------------------------------
 # Analytic FLOPs.
 
 FlopCount = flops.FlopCount
@@ -164,182 +119,7 @@ xla_net_call_flops = flops.xla_net_call_flops
 
 
 # --------------------------------------------------------------------------------------------------
-# Matmul peak.
-
-def matmul_peak_flops(dtype: str, size: int = 2048, reps: int = 5,
-                      shape: Optional[Sequence[int]] = None) -> float:
-  """Median FLOP/s of a jitted [size, size] @ [size, size] (bfloat16: f32 accumulation, as the model);
-  `shape` = (M, K, N): an [M, K] @ [K, N] product instead."""
-  m, k, n = shape or (size, size, size)
-  dt = jnp.dtype(dtype)
-  ka, kb = jax.random.split(jax.random.key(0))
-  a = jax.random.normal(ka, (m, k), jnp.float32).astype(dt)
-  b = jax.random.normal(kb, (k, n), jnp.float32).astype(dt)
-  dot = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
-  dot(a, b).block_until_ready()
-  times = []
-  for _ in range(max(1, reps)):
-    t0 = time.perf_counter()
-    dot(a, b).block_until_ready()
-    times.append(time.perf_counter() - t0)
-  return 2.0 * m * k * n / statistics.median(times)
-
-
-# --------------------------------------------------------------------------------------------------
-# Memory.
-
-def reset_peak_rss() -> bool:
-  """Resets this process's VmHWM (Linux >= 4.0); False where that is not possible."""
-  try:
-    with open("/proc/self/clear_refs", "w") as fh:
-      fh.write("5")
-    return True
-  except OSError:
-    return False
-
-
-def peak_rss_gb(reset_ok: bool) -> float:
-  """VmHWM since the last reset (when `reset_ok`), else getrusage's process-lifetime ru_maxrss."""
-  if reset_ok:
-    try:
-      with open("/proc/self/status") as fh:
-        for line in fh:
-          if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024 / GB
-    except OSError:
-      pass
-  return process_maxrss_gb()
-
-
-def minor_page_faults() -> int:
-  """This process's minor page faults so far: fresh pages touched (a step that grew the heap shows
-  as hundreds of thousands; docs/benchmarks.md, "Warm-up")."""
-  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def process_maxrss_gb() -> float:
-  scale = 1 if sys.platform == "darwin" else 1024      # bytes on macOS, KiB on Linux
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / GB
-
-
-def _memory(compiled) -> Dict[str, float]:
-  m = compiled.memory_analysis()
-  if m is None:
-    return {"temp": float("nan"), "arg": float("nan"), "out": float("nan"), "alias": float("nan")}
-  return {"temp": m.temp_size_in_bytes / GB, "arg": m.argument_size_in_bytes / GB,
-          "out": m.output_size_in_bytes / GB, "alias": m.alias_size_in_bytes / GB}
-
-
-# --------------------------------------------------------------------------------------------------
-# The real training step.
-
-@dataclasses.dataclass
-class StepSetup:
-  """A compiled train step and fresh on-device arguments for it."""
-  cfg: trm.TRMConfig
-  per_device_batch: int
-  global_batch: int
-  compiled: Any
-  compile_s: float
-  memory: Dict[str, float]
-  args: Tuple[Any, Any, Any, Any]          # state, carry, batch, device_index
-  slices: int = 1                          # cpu_tuning.batch_slices: the batch's slices per step
-  forms: Dict[str, Any] = dataclasses.field(default_factory=dict)   # cpu_tuning.carried
-
-  def forms_text(self) -> str:
-    """Which CPU forms the compiled step carries, e.g. "fast_grad True, ..., batch_slices 2"."""
-    return cpu_tuning.forms_text(self.forms)
-
-
-def random_batch(n_local: int, per_device: int, seed: int = 0) -> Dict[str, np.ndarray]:
-  """Sudoku-shaped random batch [n_local, b, ...]: inputs in {blank, digits}, labels digits."""
-  rng = np.random.default_rng(seed)
-  L, V = SUDOKU_METADATA["seq_len"], SUDOKU_METADATA["vocab_size"]
-  return {"inputs": rng.integers(1, V, (n_local, per_device, L)).astype(np.int32),
-          "labels": rng.integers(2, V, (n_local, per_device, L)).astype(np.int32),
-          "puzzle_identifiers": np.zeros((n_local, per_device), np.int32)}
-
-
-def compile_step(model: str, dtype: str, per_device_batch: int, *, remat: bool = False,
-                 hidden: Optional[int] = None, cpu_tuning: Optional[bool] = None,
-                 forms: str = "all") -> StepSetup:
-  """Builds state/carry/batch as `train.train_and_evaluate` does and AOT-compiles the pmapped step
-  (`forms`: the CPU forms it may carry, as `compile_config_step`)."""
-  return compile_config_step(recipe_config(model, dtype, hidden=hidden, remat=remat,
-                                           per_device_batch=per_device_batch,
-                                           cpu_tuning=cpu_tuning), forms=forms)
-
-
-def compile_config_step(config: ml_collections.ConfigDict, compile: bool = True,  # pylint: disable=redefined-builtin
-                        forms: str = "all") -> StepSetup:
-  """`compile_step` for any TRM config (e.g. configs/cpu_demo.py's), on a random Sudoku-shaped batch;
-  `compile=False`: the state, carry and batch alone (`compiled` None, `memory` empty). `forms`: on
-  a CPU target (config.cpu_tuning), the CPU forms the step carries: "all" (a run's), "none" or a
-  comma list of cpu_tuning.FORMS (`cpu_tuning.override`)."""
-  with cpu_tuning.override(forms):
-    return _compile_config_step(config, compile)
-
-
-def _compile_config_step(config: ml_collections.ConfigDict, compile: bool) -> StepSetup:  # pylint: disable=redefined-builtin
-  layout, b = trainer.build(train.TRM(), config)  # the trainer's own step and state
-  per_device_batch, n_local = layout.per_device_batch, layout.devices_per_host
-  cfg = b.model_config
-  state, carry = trainer.init_state(b, config)
-  state, carry = parallel.replicate(state), parallel.shard(carry)
-  batch = parallel.shard(random_batch(n_local, per_device_batch, config.seed))
-  device_index = parallel.shard(parallel.device_indices())
-  slices = cpu_tuning.batch_slices(config.batch_slices, cfg, per_device_batch, layout.cpu_tuning)
-  forms = cpu_tuning.carried(cfg, bool(b.compiler_options), slices)
-  if not compile:
-    return StepSetup(cfg=cfg, per_device_batch=per_device_batch,
-                     global_batch=per_device_batch * n_local, compiled=None, compile_s=0.0,
-                     memory={}, args=(state, carry, batch, device_index), slices=slices,
-                     forms=forms)
-  p_step = device_step.parallel_train_step(b.train_step, config.nonfinite, seed=config.seed,
-                                           rng_step_offset=train.TRM.rng_step_offset)
-  t0 = time.perf_counter()
-  compiled = p_step.lower(state, carry, batch, device_index).compile(
-      compiler_options=dict(b.compiler_options) or None)         # the trainer's XLA options
-  compile_s = time.perf_counter() - t0
-  return StepSetup(cfg=cfg, per_device_batch=per_device_batch,
-                   global_batch=per_device_batch * n_local, compiled=compiled, compile_s=compile_s,
-                   memory=_memory(compiled), args=(state, carry, batch, device_index),
-                   slices=slices, forms=forms)
-
-
-def percentiles_ms(times_s: Sequence[float]) -> Dict[str, float]:
-  """Step times in seconds -> {"ms": median, "p10", "p90"} in milliseconds."""
-  ms = 1e3 * np.asarray(times_s)
-  return {"ms": float(np.median(ms)), "p10": float(np.percentile(ms, 10)),
-          "p90": float(np.percentile(ms, 90))}
-
-
-def quick_defaults(args: Any, argv: Sequence[str], **defaults: Any) -> None:
-  """For a tool's `--quick` smoke run: sets each `defaults` attribute of the parsed `args` unless its
-  flag (`--name`) was given on the command line `argv` (flags given explicitly still win)."""
-  given = {a.split("=")[0] for a in argv}
-  for name, value in defaults.items():
-    if f"--{name}" not in given:
-      setattr(args, name, value)
-
-
-def time_steps(setup: StepSetup, steps: int, warmup: int = 0, label: str = "") -> List[float]:
-  """Runs warmup + steps optimizer steps (carry and state fed back); returns the timed seconds."""
-  state, carry, batch, device_index = setup.args
-  setup.args = (None, None, batch, device_index)          # state and carry get donated
-  times = []
-  for i in range(warmup + steps):
-    t0 = time.perf_counter()
-    state, carry, sums = setup.compiled(state, carry, batch, device_index)
-    jax.block_until_ready((state, carry, sums))
-    dt = time.perf_counter() - t0
-    kind = "warm-up" if i < warmup else "timed"
-    _log(f"  {label} step {i + 1}/{warmup + steps} ({kind}): {dt:.3f} s")
-    if i >= warmup:
-      times.append(dt)
-  del state, carry
-  return times
-
+# The rows: the largest batch that fits, one timed row (in this process or a fresh one).
 
 def find_max_batch(model: str, dtype: str, candidates: Sequence[int], limit_gb: float, *,
                    hidden: Optional[int] = None) -> Tuple[Optional[int], bool, List[Dict[str, Any]]]:
@@ -354,7 +134,7 @@ def find_max_batch(model: str, dtype: str, candidates: Sequence[int], limit_gb: 
   for remat in (False, True):
     todo = cands if not remat else [b for b in cands if best[False] is None or b > best[False]]
     for b in todo:
-      setup = compile_step(model, dtype, b, remat=remat, hidden=hidden)
+      setup = step_setup.compile_step(model, dtype, b, remat=remat, hidden=hidden)
       m = setup.memory
       fits = m["temp"] + m["arg"] <= limit_gb
       rows.append({"model": model, "dtype": dtype, "remat": remat, "batch": b,
@@ -376,14 +156,14 @@ def bench_row(model: str, dtype: str, per_device_batch: int, *, remat: bool = Fa
               hidden: Optional[int] = None, steps: int = 3, warmup: int = 0,
               peaks: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
   """One table row: compile, time `steps` real training steps, memory, analytic FLOP/s."""
-  reset_ok = reset_peak_rss()
+  reset_ok = measure.reset_peak_rss()
   label = f"{model} {dtype} batch {per_device_batch}{' remat' if remat else ''}"
   _log(f"{label}: compiling the pmapped train step ...")
-  setup = compile_step(model, dtype, per_device_batch, remat=remat, hidden=hidden)
+  setup = step_setup.compile_step(model, dtype, per_device_batch, remat=remat, hidden=hidden)
   m = setup.memory
   _log(f"{label}: compiled in {setup.compile_s:.1f} s (temp {m['temp']:.3f} GB, "
        f"args {m['arg']:.3f} GB); {warmup} warm-up + {steps} timed steps")
-  times = time_steps(setup, steps, warmup, label)
+  times = step_setup.time_steps(setup, steps, warmup, label)
   step_s = statistics.median(times)
   flops = analytic_flops(setup.cfg).total
   examples_per_s = setup.global_batch / step_s
@@ -392,7 +172,7 @@ def bench_row(model: str, dtype: str, per_device_batch: int, *, remat: bool = Fa
   row = {"model": model, "dtype": dtype, "batch": per_device_batch,
          "global_batch": setup.global_batch, "remat": remat, "compile_s": setup.compile_s,
          "step_ms": 1e3 * step_s, "examples_per_s": examples_per_s,
-         "rss_peak_GB": peak_rss_gb(reset_ok), "compiled_temp_GB": m["temp"],
+         "rss_peak_GB": measure.peak_rss_gb(reset_ok), "compiled_temp_GB": m["temp"],
          "temp_arg_GB": m["temp"] + m["arg"],
          "GB_per_example": (m["temp"] + m["arg"]) / per_device_batch,
          "GFLOP_per_ex": flops / 1e9, "GFLOP_per_s": achieved / 1e9,
@@ -414,7 +194,7 @@ def bench_row_subprocess(model: str, dtype: str, per_device_batch: int, *, remat
            f"--batches={per_device_batch}", f"--remat={'true' if remat else 'false'}",
            f"--hidden={hidden or 0}", f"--steps={steps}", f"--warmup_steps={warmup}",
            f"--row_out={out}"]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, check=False)
+    proc = subprocess.run(cmd, cwd=bench_cli.REPO_ROOT, check=False)
     if proc.returncode != 0 or not os.path.exists(out):
       _log(f"{model} {dtype} batch {per_device_batch}: the row's process failed (exit code "
            f"{proc.returncode}); recorded as NaN")
@@ -476,35 +256,7 @@ def pipeline_throughput(data_dir: Optional[str] = None, *, batch_size: int = 768
 
 
 # --------------------------------------------------------------------------------------------------
-# The table.
-
-def _fmt(v: Any) -> str:
-  if isinstance(v, bool):
-    return "on" if v else "off"
-  if isinstance(v, float):
-    if math.isnan(v):
-      return "nan"
-    if v == 0:
-      return "0"
-    a = abs(v)
-    if a >= 1000:
-      return f"{v:,.0f}"
-    if a >= 10:
-      return f"{v:.1f}"
-    if a >= 0.01:
-      return f"{v:.3f}"
-    return f"{v:.2e}"
-  return str(v)
-
-
-def format_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
-  """Fixed-width text table of `rows` (dicts) with a header line of `columns`."""
-  cells = [list(columns)] + [[_fmt(r.get(c, "")) for c in columns] for r in rows]
-  widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-  lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in cells]
-  lines.insert(1, "  ".join("-" * w for w in widths))
-  return "\n".join(lines)
-
+# The docs block; the whole benchmark.
 
 DOC_TABLE = "trm-bench-throughput"
 DOC_WRITER = "`make bench-throughput THROUGHPUT_ARGS=--write_docs`"
@@ -512,38 +264,11 @@ DOC_KEY = ("model", "dtype", "batch", "remat")
 """The columns that name a row of the docs' table: a run's rows replace those of the same key."""
 
 
-def doc_rows(rows: Sequence[Dict[str, Any]], columns: Sequence[str]) -> List[Dict[str, str]]:
-  """`rows`' cells as `format_table` prints them."""
-  return [{c: _fmt(r.get(c, "")) for c in columns} for r in rows]
-
-
-def write_docs(rows: Sequence[Dict[str, Any]], command: str, note: str = "", device=None, *,
-               name: str = DOC_TABLE, writer: str = DOC_WRITER, columns: Sequence[str] = COLUMNS,
-               key: Sequence[str] = DOC_KEY, path: str = doc_tables.BENCHMARKS_DOC) -> str:
-  """Merges the table's rows, as printed, into `path`'s block `name` (experiments/tools/doc_tables.py:
-  keyed by `key`, each row's run named above the table); returns the block. bench_reference.py
-  writes its own block through this too."""
-  return doc_tables.write_table(path, name, writer, command=command, columns=columns,
-                                rows=doc_rows(rows, columns), key=key, note=note, device=device)
-
-
-def print_table(header: Sequence[str], rows: Sequence[Dict[str, Any]], columns: Sequence[str],
-                json_out: str = "") -> None:
-  """Prints `header`'s lines and the table of `rows`; with `json_out`, writes {"header", "rows"}
-  there too (the side-by-side tools' output)."""
-  for line in header:
-    print(line)
-  print(format_table(rows, columns))
-  if json_out:
-    with open(json_out, "w") as fh:
-      json.dump({"header": list(header), "rows": list(rows)}, fh, indent=1)
-
-
 def flop_report(hidden: Optional[int] = None, xla_check: bool = True) -> List[str]:
   """Lines with the analytic FLOPs per example per step of both recipes (and XLA's one-call check)."""
   out = []
   for model in ("mlp", "att"):
-    cfg = trm_config(model, hidden=hidden)
+    cfg = step_setup.trm_config(model, hidden=hidden)
     f = analytic_flops(cfg)
     line = (f"{model}: D={cfg.hidden_size} S={cfg.total_len} T={cfg.H_cycles} n={cfg.L_cycles}: "
             f"{f.total / 1e9:.2f} GFLOP/example/step = {f.forward / 1e9:.2f} forward + "
@@ -569,7 +294,7 @@ def run_benchmark(models: Sequence[str], dtypes: Sequence[str], batches: Sequenc
   row_fn = bench_row_subprocess if isolate else bench_row
   peaks = {}
   for dtype in dtypes:
-    peaks[dtype] = matmul_peak_flops(dtype, matmul_size, matmul_reps)
+    peaks[dtype] = measure.matmul_peak_flops(dtype, matmul_size, matmul_reps)
     _log(f"matmul peak {dtype} ({matmul_size}^3, median of {matmul_reps}): "
          f"{peaks[dtype] / 1e9:.1f} GFLOP/s")
   rows, search = [], []
@@ -680,11 +405,11 @@ def main(argv: Sequence[str]) -> None:
   title = (f"TRM training-step benchmark (Sudoku recipes; {jax.local_device_count()} x "
            f"{jax.devices()[0].device_kind}; timings are medians of {steps} step(s) within this run)")
   print(title)
-  print(format_table(rows))
+  print(doc_tables.format_table(rows, COLUMNS))
   if search:
     print(f"\nMax-batch search (compile-only memory_analysis, limit {f.memory_limit_gb} GB on "
           "temp + argument bytes per device):")
-    print(format_table(search, SEARCH_COLUMNS))
+    print(doc_tables.format_table(search, SEARCH_COLUMNS))
   print("\nMatmul peak measured in this run: " + ", ".join(
       f"{d} {p / 1e9:.1f} GFLOP/s" for d, p in peaks.items()) + f" ({matmul_size}^3)")
   print("Analytic FLOPs per example per optimizer step (model FLOPs, matmuls only):")
@@ -694,7 +419,8 @@ def main(argv: Sequence[str]) -> None:
   print(f"Memory: {REFERENCE_MEMORY_NOTE}; GB_per_example above is this port's compiled "
         "(temp + argument) bytes per example.")
   print(f"Peak RSS of this process (getrusage ru_maxrss"
-        f"{'; rows ran in their own processes' if isolate else ''}): {process_maxrss_gb():.2f} GB")
+        f"{'; rows ran in their own processes' if isolate else ''}): "
+        f"{measure.process_maxrss_gb():.2f} GB")
   if pipe is not None:
     print(f"Input pipeline alone (tf.data, Sudoku augmentation, batch {pipe['batch']}): "
           f"{pipe['examples_per_s']:,.0f} examples/s (median {pipe['median_batch_ms']:.1f} ms per "
@@ -706,8 +432,9 @@ def main(argv: Sequence[str]) -> None:
                  "analytic": flop_lines}, fh, indent=1)
   if f.write_docs:
     peak_line = "matmul peak " + ", ".join(f"{d} {p / 1e9:.1f} GFLOP/s" for d, p in peaks.items())
-    write_docs(rows, doc_tables.command_line("experiments.trm.tools.bench", sys.argv[1:]),
-               f"{title}; {peak_line}", jax.devices()[0])
+    bench_cli.write_docs(rows, doc_tables.command_line("experiments.trm.tools.bench", sys.argv[1:]),
+                         f"{title}; {peak_line}", jax.devices()[0], name=DOC_TABLE,
+                         writer=DOC_WRITER, columns=COLUMNS, key=DOC_KEY)
     _log(f"merged the table into {doc_tables.BENCHMARKS_DOC}'s {DOC_TABLE} table")
 
 

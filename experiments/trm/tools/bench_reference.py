@@ -80,10 +80,13 @@ from experiments.common import distributed  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
 from experiments.common import parallel  # noqa: E402
 from experiments.tools import doc_tables  # noqa: E402
+from experiments.tools import step_timing  # noqa: E402
 from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm import reference_checkpoint  # noqa: E402
 from experiments.trm import train  # noqa: E402
-from experiments.trm.tools import bench  # noqa: E402
+from experiments.trm.tools import bench_cli  # noqa: E402
+from experiments.trm.tools import measure  # noqa: E402
+from experiments.trm.tools import step_setup  # noqa: E402
 
 GB = 1e9
 COLUMNS = ("model", "dtype", "batch", "podlab_ms", "podlab_p10", "podlab_p90", "podlab_ex_s",
@@ -164,7 +167,7 @@ class HeapSampler:
 # --------------------------------------------------------------------------------------------------
 # The reference's step for a podlab setup.
 
-def reference_step(setup: bench.StepSetup, config, seed: int = 0):
+def reference_step(setup: step_setup.StepSetup, config, seed: int = 0):
   """(TrainStep, batch, carry) of the reference with podlab's starting weights and batch."""
   torch, ref = _torch()
   cfg = setup.cfg
@@ -192,7 +195,7 @@ def reference_step(setup: bench.StepSetup, config, seed: int = 0):
                          lr_min_ratio=config.lr_min_ratio,
                          halt_exploration_prob=cfg.halt_exploration_prob,
                          ema_rate=config.ema_rate if config.ema else None)
-  host = bench.random_batch(1, setup.global_batch, config.seed)
+  host = step_setup.random_batch(1, setup.global_batch, config.seed)
   batch = {k: torch.from_numpy(v[0]) for k, v in host.items()}
   step = ref.TrainStep(model, tcfg, seed=seed)
   return step, batch, model.model.initial_carry(batch)
@@ -209,13 +212,14 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
   `steps` alternating blocks; one row.
   `fast_grad=False`: podlab without the CPU forms (config.cpu_tuning off); `forms`: some of
   them (cpu_tuning.FORMS); `reference=False`: podlab alone (the reference's columns NaN)."""
-  reset_ok = bench.reset_peak_rss()
+  reset_ok = measure.reset_peak_rss()
   label = f"{model} {dtype} batch {batch}"
   tuning = None if fast_grad else False
-  config = bench.recipe_config(model, dtype, hidden=hidden, per_device_batch=batch,
-                               cpu_tuning=tuning)
+  config = step_setup.recipe_config(model, dtype, hidden=hidden, per_device_batch=batch,
+                                    cpu_tuning=tuning)
   _log(f"{label}: compiling podlab's pmapped step ...")
-  setup = bench.compile_step(model, dtype, batch, hidden=hidden, cpu_tuning=tuning, forms=forms)
+  setup = step_setup.compile_step(model, dtype, batch, hidden=hidden, cpu_tuning=tuning,
+                                  forms=forms)
   _log(f"{label}: compiled in {setup.compile_s:.1f} s ({setup.forms_text()})"
        + ("; building the reference's step" if reference else ""))
   if reference:
@@ -239,20 +243,20 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
     del runs["ref"]
   for i in range(warmup):                                  # untimed steps, alternating
     for name, fn in runs.items():
-      f0, t0 = bench.minor_page_faults(), time.perf_counter()
+      f0, t0 = measure.minor_page_faults(), time.perf_counter()
       fn()
       _log(f"{label}: {name} warm-up step {i + 1}/{warmup} {time.perf_counter() - t0:.3f} s "
-           f"({bench.minor_page_faults() - f0:,} minor page faults)")
+           f"({measure.minor_page_faults() - f0:,} minor page faults)")
   for r in range(steps):
     for name, fn in runs.items():
-      f0 = bench.minor_page_faults()
+      f0 = measure.minor_page_faults()
       for _ in range(block):
         t0 = time.perf_counter()
         fn()
         times[name].append(time.perf_counter() - t0)
       _log(f"{label}: round {r + 1}/{steps} {name}: "
            + ", ".join(f"{t:.3f}" for t in times[name][-block:])
-           + f" s ({bench.minor_page_faults() - f0:,} minor page faults)")
+           + f" s ({measure.minor_page_faults() - f0:,} minor page faults)")
   for name, fn in runs.items():          # the heap round: sampled, untimed (sampling costs 3-5%)
     heap[name].start()
     fn()
@@ -266,12 +270,12 @@ def run_cell(model: str, dtype: str, batch: int, *, steps: int = 3, block: int =
   nan = float("nan")
   row.update({f"ref_{k}": nan for k in ("ms", "p10", "p90", "ex_s", "heap_GB")})
   for name in runs:
-    p = bench.percentiles_ms(times[name])
+    p = step_timing.percentiles_ms(times[name])
     row.update({f"{name}_ms": p["ms"], f"{name}_p10": p["p10"], f"{name}_p90": p["p90"],
                 f"{name}_ex_s": setup.global_batch / (p["ms"] / 1e3),
                 f"{name}_heap_GB": heap[name].peak_gb})
   row["speed_ratio"] = row["podlab_ex_s"] / row["ref_ex_s"]
-  row["rss_peak_GB"] = bench.peak_rss_gb(reset_ok)
+  row["rss_peak_GB"] = measure.peak_rss_gb(reset_ok)
   _log(f"{label}: podlab {row['podlab_ms']:.1f} ms, reference {row['ref_ms']:.1f} ms: "
        f"podlab at {row['speed_ratio']:.2f}x the reference's speed")
   return row
@@ -285,7 +289,7 @@ MATMUL_SHAPE = (4096, 512, 2048)
 def matmul_rates(dtypes: Sequence[str], shape: Sequence[int] = MATMUL_SHAPE,
                  reps: int = 7) -> Dict[str, Dict[str, float]]:
   """{framework: {dtype: GFLOP/s}}: the median rate of one [M, K] @ [K, N] product of operands in
-  the dtype under XLA (`bench.matmul_peak_flops` at this shape: float32 result, as podlab's
+  the dtype under XLA (`measure.matmul_peak_flops` at this shape: float32 result, as podlab's
   projections ask for) and PyTorch (eager, its thread count as set; result in the dtype, as the
   reference's nn.Linear), on this machine. Says how fast each framework's matmul library is here,
   e.g. whether it uses the CPU's bfloat16 units, which bounds the steps' ratio."""
@@ -305,7 +309,7 @@ def matmul_rates(dtypes: Sequence[str], shape: Sequence[int] = MATMUL_SHAPE,
 
   out: Dict[str, Dict[str, float]] = {"XLA": {}, "PyTorch": {}}
   for dtype in dtypes:
-    out["XLA"][dtype] = bench.matmul_peak_flops(dtype, reps=reps, shape=shape) / 1e9
+    out["XLA"][dtype] = measure.matmul_peak_flops(dtype, reps=reps, shape=shape) / 1e9
     tdt = getattr(torch, dtype)
     out["PyTorch"][dtype] = torch_rate(torch.from_numpy(a32).to(tdt), torch.from_numpy(b32).to(tdt))
   return out
@@ -384,10 +388,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   if args.write_docs and (args.quick or args.hidden or args.rates_only):
     ap.error("--write_docs records the recipes' table: drop --quick, --hidden and --rates_only")
   if args.quick:
-    bench.quick_defaults(args, argv, hidden=32, batches=["4"], steps=2, models=["mlp"],
-                         dtypes=["float32"], warmup=1)
+    doc_tables.quick_defaults(args, argv, hidden=32, batches=["4"], steps=2, models=["mlp"],
+                             dtypes=["float32"], warmup=1)
   for m in args.models:
-    if m not in bench.RECIPES:
+    if m not in step_setup.RECIPES:
       ap.error(f"--models: {m!r}; use mlp and/or att")
   for d in args.dtypes:
     if d not in ("float32", "bfloat16"):
@@ -440,11 +444,12 @@ def main(argv: Sequence[str]) -> int:
         f"of {args.block} step(s) each after {args.warmup} untimed step(s) of each")
   forms = ("podlab CPU forms (--forms): "
            f"{'off (cpu_tuning False)' if args.no_fast_grad else args.forms}")
-  bench.print_table(header + [forms], rows, COLUMNS, args.json_out)
+  doc_tables.print_table(header + [forms], rows, COLUMNS, args.json_out)
   if args.write_docs:
-    bench.write_docs(rows, doc_tables.command_line("experiments.trm.tools.bench_reference", argv),
-                     "; ".join(header + [forms]), jax.devices()[0], name=DOC_TABLE,
-                     writer=DOC_WRITER, columns=COLUMNS, key=("model", "dtype", "batch"))
+    bench_cli.write_docs(rows,
+                         doc_tables.command_line("experiments.trm.tools.bench_reference", argv),
+                         "; ".join(header + [forms]), jax.devices()[0], name=DOC_TABLE,
+                         writer=DOC_WRITER, columns=COLUMNS, key=("model", "dtype", "batch"))
     _log(f"merged the table into {doc_tables.BENCHMARKS_DOC}'s {DOC_TABLE} table")
   return 0
 

@@ -53,9 +53,12 @@ from experiments.common import cpu_features  # noqa: E402
 from experiments.common import distributed  # noqa: E402
 from experiments.common import host_malloc  # noqa: E402
 from experiments.common import layout as layout_lib  # noqa: E402
+from experiments.tools import doc_tables  # noqa: E402
+from experiments.tools import step_timing  # noqa: E402
 from experiments.trm import cpu_tuning  # noqa: E402
 from experiments.trm.configs import cpu_demo  # noqa: E402
-from experiments.trm.tools import bench  # noqa: E402
+from experiments.trm.tools import measure  # noqa: E402
+from experiments.trm.tools import step_setup  # noqa: E402
 
 
 def split_variant(variant: str) -> Tuple[str, int]:
@@ -70,17 +73,17 @@ def split_variant(variant: str) -> Tuple[str, int]:
   return forms, int(value)
 
 
-def _setup(args: argparse.Namespace, variant: str) -> bench.StepSetup:
+def _setup(args: argparse.Namespace, variant: str) -> step_setup.StepSetup:
   forms, slices = split_variant(variant)
   if args.model == "demo":
     config = cpu_demo.get_config()
     if args.batch:
       layout_lib.set_batch(config, args.batch)
   else:
-    config = bench.recipe_config(args.model, args.dtype, hidden=args.hidden or None,
-                                 per_device_batch=args.batch or 64)
+    config = step_setup.recipe_config(args.model, args.dtype, hidden=args.hidden or None,
+                                      per_device_batch=args.batch or 64)
   config.batch_slices = slices
-  return bench.compile_config_step(config, forms=forms)
+  return step_setup.compile_config_step(config, forms=forms)
 
 
 def compare(args: argparse.Namespace) -> List[Dict[str, Any]]:
@@ -108,22 +111,22 @@ def compare(args: argparse.Namespace) -> List[Dict[str, Any]]:
   for r in range(args.rounds):
     for forms in setups:
       step(forms)                                         # untimed
-      these, f0 = [], bench.minor_page_faults()
+      these, f0 = [], measure.minor_page_faults()
       for _ in range(args.per_round):
         t0 = time.perf_counter()
         sums = step(forms)
         these.append(time.perf_counter() - t0)
-      faults[forms] = bench.minor_page_faults() - f0
+      faults[forms] = measure.minor_page_faults() - f0
       times[forms] += these
       rounds[forms].append(float(np.median(these)))
       loss[forms] = float(np.asarray(sums["lm_loss"]).ravel()[0])
     print(f"round {r + 1}/{args.rounds}: " + ", ".join(
         f"{f} {1e3 * rounds[f][-1]:,.0f} ms [{faults[f]:,}]" for f in args.forms), flush=True)
   first = args.forms[0]
-  base_ms = bench.percentiles_ms(times[first])["ms"]
+  base_ms = step_timing.percentiles_ms(times[first])["ms"]
   rows = []
   for forms in args.forms:
-    p = bench.percentiles_ms(times[forms])
+    p = step_timing.percentiles_ms(times[forms])
     won = sum(a < b for a, b in zip(rounds[forms], rounds[first]))
     rows.append({"forms": forms, **p, "vs_first": p["ms"] / base_ms - 1.0,
                  "won": None if forms == first else won, "rounds": args.rounds,
@@ -161,7 +164,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                   help="smoke run: hidden 32, batch 4, 2 rounds (flags given explicitly still win)")
   args = ap.parse_args(argv)
   if args.quick:
-    bench.quick_defaults(args, argv, hidden=32, batch=4, rounds=2, warmup=0)
+    doc_tables.quick_defaults(args, argv, hidden=32, batch=4, rounds=2, warmup=0)
   args.forms = args.forms or ["all", "none"]
   for variant in args.forms:
     try:

@@ -1,14 +1,16 @@
 r"""Time and memory of one host's training stream (and eval batches) of a prepared dataset.
 
 Answers "does host h of an n-host job fit this dataset, and how fast does it feed?" before pod time:
-it builds the same iterators the trainers build (`DataSource`), for any (process_index,
-process_count) on this machine, and prints a table: seconds to the first batch (the load), ms per
-batch after it (median), and the process's resident memory after the load and at its peak.
+it builds the same iterators the trainers build (`DataSource`, sized by the trainers' BatchLayout of
+experiments/common/layout.py: hence a tool of experiments/, not of input_pipeline/), for any
+(process_index, process_count) on this machine, and prints a table: seconds to the first batch (the
+load), ms per batch after it (median), and the process's resident memory after the load and at its
+peak.
 
-  python -m input_pipeline.tools.stream_bench --dataset=arc_agi --data_dir=/tmp/arcfull \
+  python -m experiments.tools.stream_bench --dataset=arc_agi --data_dir=/tmp/arcfull \
       --builder_kwargs='{"variant": "arc1", "num_aug": 1000, "seed": 0}' --global_batch=768 \
       --process_count=8 --process_index=0 --local_device_count=4
-  python -m input_pipeline.tools.stream_bench --dataset=sudoku_generated --data_dir=/tmp/tfds \
+  python -m experiments.tools.stream_bench --dataset=sudoku_generated --data_dir=/tmp/tfds \
       --builder_kwargs='{"config": "easy"}' --global_batch=32 --batches=20
 """
 
@@ -48,7 +50,7 @@ def measure() -> list[tuple[str, str]]:
   """Rows (name, value) of the report."""
   # Imported here so that "RSS before loading" is measured before TensorFlow and the dataset load.
   from experiments.common import layout as layout_lib  # pylint: disable=g-import-not-at-top
-  from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
+  from input_pipeline import data_source  # pylint: disable=g-import-not-at-top
   kwargs = json.loads(_KWARGS.value)
   rows = [("dataset", f"{_DATASET.value} {kwargs}"),
           ("host", f"{_PROCESS_INDEX.value} of {_PROCESS_COUNT.value}, "
@@ -56,8 +58,8 @@ def measure() -> list[tuple[str, str]]:
           ("RSS before loading", f"{_rss_gb():.2f} GB")]
   layout = layout_lib.of(_BATCH.value, devices_per_host=_DEVICES.value, hosts=_PROCESS_COUNT.value,
                          process_index=_PROCESS_INDEX.value)     # the trainers' batch figures
-  source = pipeline.DataSource(name=_DATASET.value, data_dir=_DATA_DIR.value,
-                               builder_kwargs=kwargs, seed=0, group_sampling=_GROUP.value)
+  source = data_source.DataSource(name=_DATASET.value, data_dir=_DATA_DIR.value,
+                                  builder_kwargs=kwargs, seed=0, group_sampling=_GROUP.value)
   group = _GROUP.value and "train_groups" in source.metadata()
   t0 = time.perf_counter()
   it = source.train_iterator(layout=layout)

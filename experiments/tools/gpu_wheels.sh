@@ -6,12 +6,12 @@
 # .whl/ (git-ignored) for that image's Python (default 3.12, manylinux x86-64) and prints the
 # commands to run there, from a copy of this repository with .whl/ in it:
 #
-#   experiments/trm/tools/gpu_wheels.sh              # or PYTHON_VERSION=3.11 ... for another image
+#   experiments/tools/gpu_wheels.sh              # or PYTHON_VERSION=3.11 ... for another image
 #   # on the GPU machine:
 #   python3 -m pip install --no-deps --target /tmp/podlab_site .whl/*.whl
 #   PYTHONPATH=/tmp/podlab_site:$PWD make bench-gpu
 set -euo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../.."
 PYTHON_VERSION="${PYTHON_VERSION:-3.12}"
 PLATFORM="${PLATFORM:-manylinux2014_x86_64}"
 pin() { grep -i "^$1==" constraints.txt | head -n1; }
