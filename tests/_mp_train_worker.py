@@ -51,11 +51,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from experiments.common import device_step  # noqa: E402
 from experiments.common import distributed  # noqa: E402
 from experiments.common import layout as layout_lib  # noqa: E402
 from experiments.common import metrics as metrics_lib  # noqa: E402
 from experiments.common import parallel  # noqa: E402
-from experiments.common import trainer
 from experiments.trm import evaluators  # noqa: E402
 from experiments.trm import optim  # noqa: E402
 from experiments.trm import train  # noqa: E402
@@ -166,7 +166,7 @@ def main() -> None:
   device_state = parallel.shard(train.init_device_state(model, per_device, n_local,
                                                         info.device_count, shard_table=True))
   device_index = parallel.shard(parallel.device_indices())
-  p_step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, c, per_device),
+  p_step = device_step.parallel_train_step(train.make_train_step(model, adam, sign, c, per_device),
                                       c.nonfinite, seed=c.seed,
                                       rng_step_offset=train.TRM.rng_step_offset)
 

@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from experiments.common import checkpointing
 from experiments.common import config_utils
+from experiments.common import device_step
 from experiments.common import errors
 from experiments.common import optim
 from experiments.common import parallel
@@ -79,7 +80,7 @@ def _toy_problem():
   def step(state, batch, device_index):
     p, opt = state
     b = {"x": batch["x"][None] * (1.0 + 0.01 * device_index), "y": batch["y"][None]}
-    u = trainer.accumulated_update(loss_fn, tx, p, opt, b, 1, jax.random.key(0))
+    u = device_step.accumulated_update(loss_fn, tx, p, opt, b, 1, jax.random.key(0))
     return (u.params, u.opt_state), u.loss
   return jax.device_get((params, tx.init(params))), batch, step   # host copies: donation-safe
 
@@ -290,8 +291,8 @@ def test_gpt_remat_under_fsdp_equals_the_plain_replicated_step(monkeypatch):
 
     def step(state, batch, device_index):
       p, opt = state
-      u = trainer.accumulated_update(loss_fn, tx, p, opt, batch, accum,
-                                     jax.random.fold_in(jax.random.key(2), device_index))
+      u = device_step.accumulated_update(loss_fn, tx, p, opt, batch, accum,
+                                         jax.random.fold_in(jax.random.key(2), device_index))
       return (u.params, u.opt_state), u.loss
     return step
 
@@ -337,7 +338,7 @@ def _gpt_fsdp_step_hlo(monkeypatch):
     return gpt.cross_entropy(model.apply(p, batch[:, :-1]), batch[:, 1:]), {}
 
   def step(state, batch):
-    u = trainer.accumulated_update(loss_fn, tx, state[0], state[1], batch, 2, jax.random.key(0))
+    u = device_step.accumulated_update(loss_fn, tx, state[0], state[1], batch, 2, jax.random.key(0))
     return (u.params, u.opt_state), u.loss
   p_step = parallel.compile_step(step, parallel.Rules("fsdp"), state_in=(0,), out_axes=(None, 0),
                                  blocks=True)
@@ -419,7 +420,7 @@ def test_a_model_axis_step_equals_data_parallelism_over_its_groups(monkeypatch, 
   def step(state, batch, device_index):
     p, opt = state
     b = {"x": batch["x"][None] * (1.0 + 0.01 * device_index), "y": batch["y"][None]}
-    u = trainer.accumulated_update(loss_fn, tx, p, opt, b, 1, jax.random.key(0))
+    u = device_step.accumulated_update(loss_fn, tx, p, opt, b, 1, jax.random.key(0))
     return (u.params, u.opt_state), u.loss
   state0 = jax.device_get((params, tx.init(params)))
 
@@ -587,7 +588,8 @@ def test_a_model_axis_step_compiles_for_a_tpu_slice_with_its_blocks_per_chip():
     return jnp.mean((jnp.tanh(x @ p["mlp/~/in"]["w"]) @ p["mlp/~/out"]["w"]) ** 2), {}
 
   def step(state, x):
-    u = trainer.accumulated_update(loss_fn, tx, state[0], state[1], x[None], 1, jax.random.key(0))
+    u = device_step.accumulated_update(loss_fn, tx, state[0], state[1], x[None], 1,
+                                       jax.random.key(0))
     return u.params, u.opt_state
   state = (params, jax.eval_shape(tx.init, params))
   target = tpu_target.parse_target("v4-8")

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments.common import device_step
 from experiments.common import parallel
-from experiments.common import trainer
 from experiments.nanogpt import nanogpt_checkpoint
 from experiments.nanogpt import train
 from experiments.nanogpt.configs import shakespeare_char_cpu
@@ -86,8 +86,8 @@ def test_gradient_accumulation_equals_the_big_batch():
   outs = []
   for accum, batch in ((4, x), (1, x.reshape(n, 1, 8, 9))):
     c.grad_accum = accum
-    step = trainer.parallel_train_step(train.make_train_step(model, tx, c, accum), c.nonfinite,
-                                       seed=c.seed, donate=False)
+    step = device_step.parallel_train_step(train.make_train_step(model, tx, c, accum), c.nonfinite,
+                                           seed=c.seed, donate=False)
     state = parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
     b = parallel.shard({"x": batch[..., :-1], "y": batch[..., 1:]})
     new, _, sums = step(state, None, b, parallel.shard(parallel.device_indices()))
@@ -123,8 +123,8 @@ def test_train_steps_match_a_torch_nanogpt_step():
                            {"params": no_decay, "weight_decay": 0.0}],
                           lr=c.lr, betas=(c.beta1, c.beta2), eps=1e-8)
   n = jax.local_device_count()
-  step = trainer.parallel_train_step(train.make_train_step(model, tx, c, c.grad_accum), c.nonfinite,
-                                     seed=c.seed, donate=False)
+  step = device_step.parallel_train_step(train.make_train_step(model, tx, c, c.grad_accum),
+                                         c.nonfinite, seed=c.seed, donate=False)
   state = parallel.replicate(train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
   rng = np.random.default_rng(0)
   for it in range(5):

@@ -24,8 +24,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from experiments.common import device_step  # noqa: E402
 from experiments.common import parallel  # noqa: E402
-from experiments.common import trainer  # noqa: E402
 from experiments.trm import optim  # noqa: E402
 from experiments.trm import reference_checkpoint as rc  # noqa: E402
 from experiments.trm import train  # noqa: E402
@@ -94,9 +94,9 @@ def test_one_training_step_equals_the_reference(mlp_t, tmp_path):
                            ema=optim.ema_init(params), puzzle_table=table,
                            sign_state=sign.init(table), model_state=model_state)
   one = jax.local_devices()[:1]
-  p_step = trainer.parallel_train_step(train.make_train_step(jmodel, adam, sign, c, B), "raise",
-                                       seed=c.seed, rng_step_offset=train.TRM.rng_step_offset,
-                                       devices=one, donate=False)
+  p_step = device_step.parallel_train_step(train.make_train_step(jmodel, adam, sign, c, B), "raise",
+                                           seed=c.seed, rng_step_offset=train.TRM.rng_step_offset,
+                                           devices=one, donate=False)
   batches = [_batch(s) for s in (1, 2)]
   j_carry = jax.tree.map(lambda x: np.asarray(x)[None],
                          train.DeviceState(carry=jmodel.initial_carry(

@@ -13,8 +13,9 @@ import tensorflow as tf
 
 from experiments.common import config_utils
 from experiments.common import cpu_features
-from experiments.common import parallel
+from experiments.common import device_step
 from experiments.common import layout
+from experiments.common import parallel
 from experiments.common import trainer
 from experiments.trm import cpu_tuning
 from experiments.trm import evaluators
@@ -116,9 +117,9 @@ def test_training_on_a_fixed_batch_lowers_the_loss():
            "puzzle_identifiers": np.zeros((n, per_device), np.int32)}
   state = parallel.replicate(train.init_state(model, adam, sign, jax.random.key(0)))
   carry = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count()))
-  step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, config, per_device),
-                                      config.nonfinite, seed=config.seed,
-                                      rng_step_offset=train.TRM.rng_step_offset)
+  step = device_step.parallel_train_step(
+      train.make_train_step(model, adam, sign, config, per_device), config.nonfinite,
+      seed=config.seed, rng_step_offset=train.TRM.rng_step_offset)
   batch, dev = parallel.shard(batch), parallel.shard(parallel.device_indices())
   losses = []
   for _ in range(30):
@@ -326,9 +327,9 @@ def test_sharded_puzzle_table_trains_and_evaluates_like_the_replicated_one(tmp_p
     state = parallel.replicate(train.init_state(model, adam, sign, jax.random.key(0), shard_table=shard))
     dstate = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count(),
                                                     shard_table=shard))
-    step = trainer.parallel_train_step(train.make_train_step(model, adam, sign, config, per_device),
-                                      config.nonfinite, seed=config.seed,
-                                      rng_step_offset=train.TRM.rng_step_offset)
+    step = device_step.parallel_train_step(
+        train.make_train_step(model, adam, sign, config, per_device), config.nonfinite,
+        seed=config.seed, rng_step_offset=train.TRM.rng_step_offset)
     rng = np.random.default_rng(0)
     for _ in range(4):         # ids 0..9 over 4 devices of R = 3 rows: every shard gets updates
       ids = rng.integers(0, num_ids, (n, per_device)).astype(np.int32)
@@ -385,7 +386,7 @@ def test_batch_slices_give_the_whole_batch_step(tmp_path, kernels):
   for slices in (1, 2):
     state = parallel.replicate(train.init_state(model, adam, sign, jax.random.key(0)))
     dstate = parallel.shard(train.init_device_state(model, per_device, n, jax.device_count()))
-    step = trainer.parallel_train_step(
+    step = device_step.parallel_train_step(
         train.make_train_step(model, adam, sign, config, per_device, slices), config.nonfinite,
         seed=config.seed, rng_step_offset=train.TRM.rng_step_offset)
     history = []

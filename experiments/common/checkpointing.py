@@ -12,6 +12,8 @@ A checkpoint holds two pytrees:
   sharded over all devices of all processes, so every host writes its own rows, and each host gets
   its own `[local_device_count, ...]` rows back on restore.
 
+How each kind of leaf is copied, checked and restored: experiments/common/checkpoint_leaves.py.
+
 The device counts (those leading axes, the topology a checkpoint records and checks on restore)
 come from the run's `BatchLayout` (experiments/common/layout.py; the trainer passes its own), or
 `layout.of_devices()` when none is given.
@@ -65,6 +67,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
+from experiments.common import checkpoint_leaves as leaves
 from experiments.common import errors
 from experiments.common import layout as layout_lib
 from experiments.common import lazy_import
@@ -94,78 +97,6 @@ MISMATCH_FIX = ("this workdir holds a run of another model or config. Fix: pass 
 
 def _is_url(directory: str) -> bool:
   return "://" in directory
-
-
-def _keystr(prefix: str, path: tuple[Any, ...]) -> str:
-  return prefix + jax.tree_util.keystr(path)
-
-
-def _is_pmap_stacked(x: jax.Array) -> bool:
-  """True for a `[n, ...]` array whose leading axis is split one row per device (pmap layout)."""
-  sharding = x.sharding
-  if x.ndim == 0 or not isinstance(sharding, NamedSharding):
-    return False
-  spec = sharding.spec
-  if len(spec) == 0 or spec[0] is None:
-    return False
-  axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
-  rows = int(np.prod([sharding.mesh.shape[a] for a in axes]))
-  return rows == x.shape[0] and all(s is None for s in spec[1:])
-
-
-def _replicated_to_numpy(name: str, x: Any, split: bool) -> Any:
-  """One host copy of a replicated leaf (pmap-stacked arrays lose their device axis); with `split`
-  (a state laid out by `parallel.Rules("fsdp")`) a leaf split over the devices stays the global
-  array it is (every process writes its blocks)."""
-  if not isinstance(x, jax.Array):
-    return np.asarray(x)
-  if split and not x.sharding.is_fully_replicated:
-    return x
-  # `x[0]` would run a computation (and fail on non-addressable arrays): read a local shard.
-  data = np.array(x.addressable_shards[0].data, copy=True)
-  if _is_pmap_stacked(x):
-    return data[0]
-  if x.sharding.is_fully_replicated:
-    return data
-  raise CheckpointError(
-      f"{name}: jax.Array of shape {x.shape} with sharding {x.sharding} is neither replicated nor "
-      "pmap-stacked, so no single shard holds its value. Fix: pass it in `per_device` "
-      "(leading axis = local_device_count) or replicate it first.")
-
-
-def _replicated_spec(name: str, x: Any) -> jax.ShapeDtypeStruct:
-  """Shape/dtype a replicated template leaf restores to (the value `_replicated_to_numpy` gives);
-  a ShapeDtypeStruct with a `sharding` keeps it (restored as a jax.Array split that way)."""
-  if isinstance(x, jax.ShapeDtypeStruct):
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-  if isinstance(x, jax.Array):
-    shape = x.shape[1:] if _is_pmap_stacked(x) else x.shape
-    return jax.ShapeDtypeStruct(shape, x.dtype)
-  if hasattr(x, "shape") and hasattr(x, "dtype"):
-    return jax.ShapeDtypeStruct(tuple(x.shape), np.dtype(x.dtype))
-  try:
-    value = np.asarray(x)
-  except Exception as e:  # pylint: disable=broad-except
-    raise CheckpointError(f"{name}: template leaf {x!r} is not an array. Fix: use an array or "
-                          "jax.ShapeDtypeStruct.") from e
-  return jax.ShapeDtypeStruct(value.shape, value.dtype)
-
-
-def _per_device_spec(name: str, x: Any, local_devices: int) -> jax.ShapeDtypeStruct:
-  if hasattr(x, "shape") and hasattr(x, "dtype"):
-    shape, dtype = tuple(x.shape), np.dtype(x.dtype)
-  else:
-    value = np.asarray(x)
-    shape, dtype = value.shape, value.dtype
-  if len(shape) == 0 or shape[0] != local_devices:
-    raise CheckpointError(
-        f"{name}: shape {shape} must have leading axis local_device_count={local_devices}. Fix: "
-        "stack one row per local device (pmap layout), or move replicated state to `replicated`.")
-  if jax.dtypes.canonicalize_dtype(dtype) != dtype:
-    raise CheckpointError(
-        f"{name}: dtype {dtype} does not survive a jax.Array with jax_enable_x64 off (it would "
-        f"become {jax.dtypes.canonicalize_dtype(dtype)}). Fix: cast it, e.g. to float32/int32.")
-  return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def _step_dir(directory: str, step: int) -> str:
@@ -297,17 +228,6 @@ class CheckpointManager:
     """The checkpoint directory (absolute path or URL)."""
     return self._directory
 
-  def _to_global(self, name: str, x: Any) -> jax.Array:
-    """A host-local `[local_device_count, ...]` leaf as a global array sharded over all devices."""
-    local = self._layout.devices_per_host
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      raise CheckpointError(f"{name}: already a global array spanning other processes. Fix: pass "
-                            "this host's `[local_device_count, ...]` rows.")
-    value = np.asarray(x)
-    _per_device_spec(name, value, local)
-    global_shape = (self._layout.hosts * local,) + value.shape[1:]
-    return jax.make_array_from_process_local_data(self._sharding, value, global_shape)
-
   def save(self, step: int, *, replicated: PyTree, per_device: PyTree, force: bool = False) -> bool:
     """Saves a checkpoint at `step` if the interval (or `force`) says so; returns whether it did.
 
@@ -323,10 +243,13 @@ class CheckpointManager:
                    self._directory)
       return False
     replicated_np = jax.tree_util.tree_map_with_path(
-        lambda p, x: _replicated_to_numpy(_keystr(_REPLICATED, p), x, self._layout.rules.split),
+        lambda p, x: leaves.replicated_to_numpy(leaves.keystr(_REPLICATED, p), x,
+                                                self._layout.rules.split),
         replicated)
     per_device_global = jax.tree_util.tree_map_with_path(
-        lambda p, x: self._to_global(_keystr(_PER_DEVICE, p), x), per_device)
+        lambda p, x: leaves.to_global(leaves.keystr(_PER_DEVICE, p), x,
+                                      self._layout.devices_per_host, self._layout.hosts,
+                                      self._sharding), per_device)
     # Orbax refuses empty pytrees ("Found empty item"): leafless trees are not written at all.
     items = {}
     if jax.tree.leaves(replicated_np):
@@ -404,7 +327,7 @@ class CheckpointManager:
 
     args = {}
     rep_specs = jax.tree_util.tree_map_with_path(
-        lambda p, x: _replicated_spec(_keystr(_REPLICATED, p), x), replicated_like)
+        lambda p, x: leaves.replicated_spec(leaves.keystr(_REPLICATED, p), x), replicated_like)
     if jax.tree.leaves(rep_specs):
       require(_REPLICATED)
       args[_REPLICATED] = ocp.args.PyTreeRestore(
@@ -419,7 +342,8 @@ class CheckpointManager:
     pd_specs = None
     if restore_per_device:
       pd_specs = jax.tree_util.tree_map_with_path(
-          lambda p, x: _per_device_spec(_keystr(_PER_DEVICE, p), x, local), per_device_like)
+          lambda p, x: leaves.per_device_spec(leaves.keystr(_PER_DEVICE, p), x, local),
+          per_device_like)
     if jax.tree.leaves(pd_specs):
       require(_PER_DEVICE)
       if meta["process_count"] * meta["local_device_count"] != hosts * local:
@@ -455,7 +379,7 @@ class CheckpointManager:
       self._check_shapes(path, _REPLICATED, replicated, rep_specs)
     per_device = per_device_like if restore_per_device else None
     if _PER_DEVICE in args:
-      per_device = jax.tree.map(self._to_local, restored[_PER_DEVICE])
+      per_device = jax.tree.map(leaves.to_local, restored[_PER_DEVICE])
       self._check_shapes(path, _PER_DEVICE, per_device, pd_specs)
     logging.info("checkpointing: restored step %d from %s", step, path)
     return step, replicated, per_device
@@ -530,21 +454,13 @@ class CheckpointManager:
     return dest
 
   @staticmethod
-  def _to_local(x: jax.Array) -> np.ndarray:
-    """This process' rows of a global array sharded over the run's mesh, in row order (one copy
-    of each: a data group's devices hold the same rows)."""
-    shards = sorted((s for s in x.addressable_shards if s.replica_id == 0),
-                    key=lambda s: s.index[0].start or 0)
-    return np.concatenate([np.asarray(s.data) for s in shards], axis=0)
-
-  @staticmethod
   def _check_shapes(path: str, item: str, restored: PyTree, specs: PyTree) -> None:
     def check(p, value, spec):
       dtype = np.dtype(value.dtype) if hasattr(value, "dtype") else np.asarray(value).dtype
       got, want = (tuple(np.shape(value)), dtype), (tuple(spec.shape), spec.dtype)
       if got != want:
         raise CheckpointMismatch(
-            f"checkpoint {path}: {_keystr(item, p)} has shape/dtype {got} but this run's is "
+            f"checkpoint {path}: {leaves.keystr(item, p)} has shape/dtype {got} but this run's is "
             f"{want}: {MISMATCH_FIX}")
     try:
       jax.tree_util.tree_map_with_path(check, restored, specs)

@@ -23,13 +23,13 @@ use, so a build reads no data and compiles no step. The train step runs on each 
 
   train_step(state, device_state, batch, rng) -> (state, device_state, metrics, finite)
 
-`rng` is the update's per-device key, derived by the trainer (trainer.step_rng: seed, step,
+`rng` is the update's per-device key, derived by the trainer (device_step.step_rng: seed, step,
 device index; jaxline passes it in too). `metrics` is a dict of scalars already reduced over all
 devices (psum/pmean), added up over the log window and saved with checkpoints; `finite` is a []
 bool, the same on every device, False when the step's loss or gradients are not finite. The
 trainer adds the state check and the skip policy (config.nonfinite), so the step does not. Where
 the run's rules split the state (config.sharding=fsdp) the step holds this device's blocks of it:
-`trainer.accumulated_update` reads and updates them as it should; a step that reads a state value
+`device_step.accumulated_update` reads and updates them as it should; a step that reads a state value
 itself takes it whole with `parallel.gather_state` (a new value returned whole is cut to the block).
 
 A complete example (an MLP classifier in ~60 lines, run as written by tests/test_trainer.py):
@@ -193,7 +193,7 @@ class Experiment:
   """Base class of an experiment; see the module doc. Override `base_config` and `build`."""
 
   name = "experiment"
-  # The step number the trainer folds into the first update's rng (trainer.step_rng): 0 counts
+  # The step number the trainer folds into the first update's rng (device_step.step_rng): 0 counts
   # updates from 0 (nanoGPT's iteration), 1 from 1 (TRM's reference).
   rng_step_offset = 0
 

@@ -19,7 +19,7 @@ import optax
 
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
   """`optax.clip_by_global_norm(max_norm)`, with the norm the caller passes as `global_norm=`
-  (trainer.accumulated_update passes the whole gradient's: under fsdp the update sees blocks of
+  (device_step.accumulated_update passes the whole gradient's: under fsdp the update sees blocks of
   it, whose own norm is not the gradient's); without one, the norm of the updates it gets."""
 
   def update_fn(updates, state, params=None, *, global_norm: Optional[jax.Array] = None,

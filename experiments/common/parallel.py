@@ -23,7 +23,7 @@ the state in one of two views:
 - blocks (`blocks=True`: the trainer's step): each device holds its blocks of the split leaves, so
   the state costs 1/n of its size. The step reads what it needs whole with `gather_state` (an
   all-gather), averages gradients onto the blocks with `mean_state` (a reduce-scatter) and their
-  norm with `global_norm`, and updates the blocks elementwise (`trainer.accumulated_update` does
+  norm with `global_norm`, and updates the blocks elementwise (`device_step.accumulated_update` does
   all of it). A new state value it returns whole is sliced to this device's block. Under
   REPLICATED these are `lax.pmean`, `optax.tree.norm` and the identity: the same program as pmap.
 
@@ -276,7 +276,7 @@ def _block(x: Any) -> Optional[int]:
 def holds_blocks() -> bool:
   """Whether the step being traced holds blocks of its state (`compile_step(blocks=True)` under
   rules that split): its gradients are then averaged onto the blocks (`mean_state`) per
-  micro-batch, not once (trainer.accumulated_update)."""
+  micro-batch, not once (device_step.accumulated_update)."""
   return bool(_TRACES)
 
 
@@ -346,7 +346,7 @@ _STEP_DEVICE_INDEX: list = []
 @contextlib.contextmanager
 def step_device_index(index: Any) -> Iterator[None]:
   """Holds this device's global index (the step's `device_indices()` argument) while the trainer
-  traces an experiment's train step (experiments/common/trainer.guarded_step)."""
+  traces an experiment's train step (experiments/common/device_step.guarded_step)."""
   _STEP_DEVICE_INDEX.append(index)
   try:
     yield
@@ -359,7 +359,7 @@ def device_index() -> Any:
   step's input (jaxline), for a step that needs more than its rng (TRM's sharded puzzle table)."""
   if not _STEP_DEVICE_INDEX:
     raise RuntimeError("parallel.device_index() is read inside a train step run by "
-                       "trainer.parallel_train_step (the trainer passes the index in)")
+                       "device_step.parallel_train_step (the trainer passes the index in)")
   return _STEP_DEVICE_INDEX[-1]
 
 

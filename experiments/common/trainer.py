@@ -10,16 +10,18 @@ What it owns, in the order of a run:
 
 1. Checks: the config's field names against the experiment's base config (a misspelled field is one
    line naming the closest valid one), the run section's values, the experiment's own checks, the
-   batch layout (experiments/common/layout.py), and the workdir (writable; a run that fails before
-   it starts leaves no empty workdir behind).
+   batch layout (experiments/common/layout.py), and the workdir (writable, locked, its config
+   fingerprint; a run that fails before it starts leaves no empty workdir behind:
+   experiments/common/workdir_claim.py).
 2. The start: the newest checkpoint in `<workdir>/checkpoints` (resume: state, per-device state and
    the open metric window, so a resumed run logs what an unbroken one would), else
    `config.init_from` (the weights of a podlab checkpoint or of a file of another format, read by
    `Experiment.load_init`; a fresh optimizer and step 0: fine-tuning), else `Build.init(rng)`
    (rng = key(config.seed)). Before the build, `Experiment.prepare` readies the data.
-3. The loop: one step per update on every device (`parallel_train_step`: `parallel.compile_step`
-   of the experiment's step with its rng (`step_rng`: seed, step, device index), the state laid
-   out by the run's rules (`layout.rules`: replicated, or split in blocks), donated; with the
+3. The loop: one step per update on every device (experiments/common/device_step.py
+   `parallel_train_step`: `parallel.compile_step` of the experiment's step with its rng (`step_rng`:
+   seed, step, device index) and the non-finite guard (`guarded_step`), the state laid out by the
+   run's rules (`layout.rules`: replicated, or split in blocks), donated; with the
    Build's XLA `compiler_options`, a CPU target's, the step is lowered once at start and compiled
    in a background thread while the checkpoint manager, the writers and the input pipeline
    start); metric sums stay on the devices and are read once per
@@ -33,7 +35,8 @@ What it owns, in the order of a run:
    resumes); profiling (`profile_steps`, CLU's periodic_actions.Profile, into `<workdir>/profile`).
 4. Output: TensorBoard scalars (CLU writers, process 0), hparams and the parameter table; one
    progress line per log interval (experiments/common/console.py); `evals.json` after every
-   evaluation; the final evaluation's table printed once (process 0) and `final_eval.json`.
+   evaluation (experiments/common/evaluations.py); the final evaluation's table printed once
+   (process 0) and `final_eval.json`.
 
 Checkpoint layout: replicated {"state": the experiment's state, "window": the open metric window}
 and per-device the experiment's device state (experiments/common/checkpointing.py).
@@ -43,25 +46,23 @@ Synopsis: see experiments/common/experiment.py (a complete experiment trained by
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import time
-from typing import Any, Callable, Dict, Iterator, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
 import jax
-from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from experiments.common import checkpointing
 from experiments.common import config_utils
 from experiments.common import console
 from experiments.common import cpu_features
+from experiments.common import device_step
 from experiments.common import errors
+from experiments.common import evaluations
 from experiments.common import experiment as experiment_lib
 from experiments.common import host_malloc
 from experiments.common import layout as layout_lib
@@ -71,7 +72,7 @@ from experiments.common import mfu
 from experiments.common import parallel
 from experiments.common import preemption
 from experiments.common import workdir as workdir_lib
-from experiments.common import workdir_lock
+from experiments.common import workdir_claim
 
 # CLU (and TensorFlow under it) load when a run starts, not with the step (lazy_import).
 periodic_actions = lazy_import.module("clu.periodic_actions")
@@ -132,134 +133,6 @@ def abstract_state(b: Build, config: ml_collections.ConfigDict) -> Tuple[Any, An
   return jax.eval_shape(b.init, init_rng(config))
 
 
-def _floating_leaves_finite(tree: Any) -> jax.Array:
-  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-  return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
-
-
-def step_rng(seed: int, step: jax.Array, device_index: jax.Array) -> jax.Array:
-  """The rng of one device's update: fold_in(fold_in(key(seed), step), device_index). The one place
-  a step's rng is derived (jaxline: the trainer passes it in); `step` is the update's number as the
-  experiment counts it (`Experiment.rng_step_offset`)."""
-  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step), device_index)
-
-
-def guarded_step(train_step: Callable[..., Any], nonfinite: str, *, seed: int,
-                 rng_step_offset: int = 0) -> Callable[..., Any]:
-  """The experiment's per-device step with its rng and the non-finite guard: (state, device_state,
-  batch, device_index) -> (state, device_state, metrics + {"nonfinite_steps", "nonfinite_state"}).
-
-  The experiment's `train_step(state, device_state, batch, rng)` gets `step_rng(seed, state.step +
-  rng_step_offset, device_index)`; the device index itself is `parallel.device_index()` inside it.
-
-  A step is finite when the experiment says so (loss and gradients) and every floating leaf of the
-  new state is finite (an update can overflow with finite gradients); the per-device state is checked
-  on every device (pmin), so all devices decide alike. With nonfinite == "skip" a non-finite update is
-  dropped: everything but the state's step counter keeps its old value (data and RNG are indexed by
-  the step, so the next update sees new data).
-  """
-  def step(state, device_state, batch, device_index):
-    count = state.step + rng_step_offset if rng_step_offset else state.step
-    with parallel.step_device_index(device_index):
-      new_state, new_device_state, metrics, finite = train_step(
-          state, device_state, batch, step_rng(seed, count, device_index))
-    state_finite = parallel.all_devices(_floating_leaves_finite(new_state))
-    if jax.tree.leaves(new_device_state):
-      local = _floating_leaves_finite(new_device_state).astype(jnp.int32)
-      state_finite &= jax.lax.pmin(local, parallel.AXIS) > 0
-    ok = jnp.asarray(finite) & state_finite
-    metrics = dict(metrics)
-    metrics["nonfinite_steps"] = 1.0 - ok.astype(jnp.float32)
-    metrics["nonfinite_state"] = 1.0 - state_finite.astype(jnp.float32)
-    if nonfinite == "skip":
-      keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
-      new_state = jax.tree.map(keep, new_state, state)._replace(step=new_state.step)
-      new_device_state = jax.tree.map(keep, new_device_state, device_state)
-    return new_state, new_device_state, metrics
-  return step
-
-
-class Update(NamedTuple):
-  """What `accumulated_update` returns: the new params and optimizer state, the loss and gradient
-  norm (means over every device), the experiment's sums (over every device) and whether the loss
-  and the gradient are finite (the guard of `guarded_step` adds the state's own check)."""
-  params: Any
-  opt_state: Any
-  loss: jax.Array
-  grad_norm: jax.Array
-  sums: Any
-  finite: jax.Array
-
-
-def accumulated_update(loss_fn: Callable[..., Any], tx: optax.GradientTransformation, params: Any,
-                       opt_state: Any, micro_batches: Any, accum: int, key: jax.Array) -> Update:
-  """One data-parallel optimizer update from `accum` micro-batches (inside the trainer's step).
-
-  loss_fn(params, micro_batch, key) -> (loss, sums): the micro-batch's mean loss and a pytree of
-  per-device sums ({} for none). `micro_batches`: a pytree whose leaves are [A, ...] (A = accum);
-  micro-batch i gets fold_in(key, i). Gradients and loss are averaged over the micro-batches (each
-  added as g / A, in order) and then over every device; sums are added, then psum'd. With A == 1
-  no loop is built. `tx.update` gets `global_norm=` (the whole gradient's norm, also returned), so
-  a clipping transform that takes it (`optim.clip_by_global_norm`) clips alike in every layout.
-
-  With the state in blocks (fsdp, `parallel.holds_blocks`) each micro-batch's forward pass reads
-  the parameters whole (`parallel.gather_state`: an all-gather per micro-batch) and its gradient is
-  averaged over the devices onto this device's blocks at once (`parallel.mean_state`: a
-  reduce-scatter), so the accumulator, the optimizer state and the update are blocks; the numbers
-  are those of the whole state to float32 rounding. Otherwise the mean is taken once, after the
-  loop.
-  """
-  blocks = parallel.holds_blocks()
-
-  def micro(carry, inputs):
-    grads, loss, sums = carry
-    batch, i = inputs
-    p = parallel.gather_state(params)
-    (l, s), g = jax.value_and_grad(loss_fn, has_aux=True)(p, batch, jax.random.fold_in(key, i))
-    if blocks:
-      g = parallel.mean_state(g, like=params)
-      l = jax.lax.pmean(l, parallel.AXIS)
-    return (jax.tree.map(lambda a, b: a + b / accum, grads, g), loss + l / accum,
-            jax.tree.map(jnp.add, sums, s)), None
-
-  first = jax.tree.map(lambda x: x[0], micro_batches)
-  sums_shape = jax.eval_shape(lambda p: loss_fn(p, first, key)[1], parallel.whole_shapes(params))
-  zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
-           jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), sums_shape))
-  if accum == 1:
-    (grads, loss, sums), _ = micro(zeros, (first, 0))
-  else:
-    (grads, loss, sums), _ = jax.lax.scan(micro, zeros, (micro_batches, jnp.arange(accum)))
-  if not blocks:
-    grads = jax.lax.pmean(grads, parallel.AXIS)
-    loss = jax.lax.pmean(loss, parallel.AXIS)
-  sums = jax.lax.psum(sums, parallel.AXIS)
-  grad_norm = parallel.global_norm(grads, like=params)
-  updates, opt_state = optax.with_extra_args_support(tx).update(grads, opt_state, params,
-                                                                global_norm=grad_norm)
-  return Update(optax.apply_updates(params, updates), opt_state, loss, grad_norm, sums,
-                jnp.isfinite(loss) & jnp.isfinite(grad_norm))
-
-
-def parallel_train_step(train_step: Callable[..., Any], nonfinite: str, *, seed: int,
-                        rules: parallel.Rules = parallel.REPLICATED,
-                        rng_step_offset: int = 0,
-                        devices: Optional[Sequence[Any]] = None,
-                        donate: bool = True,
-                        compiler_options: Optional[Mapping[str, str]] = None
-                        ) -> parallel.Step:
-  """`guarded_step` on every device (`parallel.compile_step`, the state in blocks where `rules`
-  split it): (state, device_state, batch, parallel.device_indices(rules) sharded) -> (state,
-  device_state, metrics); per-device state and batch as rows, state and per-device state donated
-  (`donate=False` keeps the inputs, e.g. for tests that reuse them); `seed`, `rng_step_offset`: the
-  step rng (`guarded_step`); `compiler_options`: the Build's XLA options."""
-  return parallel.compile_step(
-      guarded_step(train_step, nonfinite, seed=seed, rng_step_offset=rng_step_offset), rules,
-      state_in=(0,), out_axes=(None, 0, 0), donate_argnums=(0, 1) if donate else (),
-      devices=devices, compiler_options=dict(compiler_options or {}), blocks=True)
-
-
 def _per_device_specs(tree: Any) -> Any:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
                       if not isinstance(x, jax.ShapeDtypeStruct) else x, tree)
@@ -311,47 +184,6 @@ def load_init(experiment: Experiment, b: Build, config: ml_collections.ConfigDic
 
 
 # --------------------------------------------------------------------------------------------------
-# Evaluation.
-
-def _default_table(final: Mapping[str, Mapping[str, float]]) -> str:
-  columns = []
-  for metrics in final.values():
-    columns += [k for k in metrics if k not in columns]
-  return metrics_lib.format_table(final, columns)
-
-
-class _Evaluations:
-  """Runs the evaluators, writes their scalars and keeps/persists the history."""
-
-  def __init__(self, b: Build, wd: workdir_lib.Workdir, writer, progress: console.Progress,
-               history: Dict[int, Dict[str, Dict[str, float]]]):
-    self.b, self.wd, self.writer, self.progress, self.history = b, wd, writer, progress, history
-
-  def run(self, ev: experiment_lib.Evaluator, state, device_state, step: int, final: bool
-          ) -> Dict[str, float]:
-    size = ev.size_final if final and ev.size_final is not None else ev.size
-    size = size() if callable(size) else size
-    what = f"{size:,} examples" if size else ev.name
-    t0 = time.perf_counter()
-    results = ev.run(experiment_lib.EvalContext(state, device_state, step, final, self.wd))
-    took = time.perf_counter() - t0
-    tag = "eval" if ev.name in ("test", "eval") else ev.name
-    self.writer.write_scalars(step, {f"{tag}/{k}": v for k, v in results.items()})
-    self.history.setdefault(step, {})[ev.name] = {k: float(v) for k, v in results.items()}
-    workdir_lib.write_json(self.wd.evals, {str(s): v for s, v in sorted(self.history.items())})
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in list(results.items())[:8])
-    self.progress.message(f"evaluated {what} ({ev.name}) at step {step} in {took:.1f} s: {shown}")
-    return results
-
-
-def _load_history(wd: workdir_lib.Workdir, start_step: int) -> Dict[int, Dict[str, Any]]:
-  if start_step == 0:
-    return {}
-  saved = workdir_lib.read_json_if_exists(wd.evals) or {}
-  return {int(s): v for s, v in saved.items() if int(s) <= start_step}
-
-
-# --------------------------------------------------------------------------------------------------
 # The run.
 
 def _nonfinite_error(step: int, host: Dict[str, float], b: Build,
@@ -378,62 +210,6 @@ def _host_first(x: Any) -> float:
   return float(np.asarray(parallel.first_local(x)).reshape(-1)[0])
 
 
-RESUME_FREE_FIELDS = ("dataset.data_dir", "dataset.manual_dir", "dataset.prepare_if_missing",
-                      "log_every_steps", "profile_steps", "async_checkpoints", "keep_checkpoints",
-                      "restore_fallback", "peak_flops", "target", "final_eval", "init_from",
-                      "sharding", "model.attention", "model.loss", "model.mlp")
-"""Config fields a resume may change without --config.allow_config_change: where the data lives,
-what is logged or kept, how checkpoints are written, init_from (a resume starts from the
-workdir's own checkpoint) and the state layout (the same numbers to float32 rounding). Everything else (learning rate, steps, model, batch...) changes the run."""
-
-
-def _agree(ok: bool, error: Optional[BaseException], what: str) -> None:
-  """Process 0 decided (`ok`, its `error`); every process raises alike (multi-process runs)."""
-  if jax.process_count() > 1:
-    ok = bool(multihost_utils.broadcast_one_to_all(np.int32(ok)))
-  if not ok:
-    raise error if error is not None else errors.WorkdirError(
-        f"{what} (process 0 reports why, see its log)")
-
-
-@contextlib.contextmanager
-def _owned_workdir(wd: workdir_lib.Workdir, config: ml_collections.ConfigDict):
-  """The workdir's lock (process 0 holds it, with a heartbeat) and the config fingerprint check,
-  before any compute; released when the run ends, whatever way."""
-  lock, error = None, None
-  if jax.process_index() == 0:
-    try:
-      lock = workdir_lock.WorkdirLock(wd.root, run_id=os.environ.get("PODLAB_RUN_ID") or None)
-      lock.acquire()
-      changes = workdir_lock.check_config(wd.root, workdir_lock.flatten(config.to_dict()),
-                                          allow_change=bool(config.allow_config_change),
-                                          ignore=RESUME_FREE_FIELDS)
-      for change in changes:
-        console.say(f"config change on resume (allow_config_change): {change}")
-    except errors.USER_ERRORS as e:
-      error = e
-      if lock is not None:
-        lock.release()
-        lock = None
-  _agree(error is None, error, f"the workdir {wd.root} cannot be used")
-  try:
-    yield lock
-  finally:
-    if lock is not None:
-      lock.release()
-
-
-@contextlib.contextmanager
-def _cleanup_on_bad_input(root: str, existed: bool):
-  """A run that fails on bad input before it starts leaves no empty workdir behind."""
-  try:
-    yield
-  except errors.USER_ERRORS:
-    if not existed:
-      workdir_lib.remove_if_empty(root)
-    raise
-
-
 def train_and_evaluate(experiment: Experiment, config: ml_collections.ConfigDict,
                        workdir: str) -> Dict[str, Any]:
   """Trains `experiment` as configured and returns its final results (see the module doc).
@@ -446,9 +222,9 @@ def train_and_evaluate(experiment: Experiment, config: ml_collections.ConfigDict
   layout = run_layout(experiment, config)
   existed = workdir_lib.exists(workdir)
   wd = workdir_lib.Workdir(workdir)
-  with _cleanup_on_bad_input(workdir, existed):
+  with workdir_claim.cleanup_on_bad_input(workdir, existed):
     workdir_lib.check_writable(workdir)
-    with _owned_workdir(wd, config) as lock, preemption.PreemptionGuard() as guard:
+    with workdir_claim.claim(wd, config) as lock, preemption.PreemptionGuard() as guard:
       return _Run(experiment, config, layout, wd, guard, lock=lock).train()
 
 
@@ -459,7 +235,7 @@ def evaluate(experiment: Experiment, config: ml_collections.ConfigDict,
   check_config(experiment, config)
   layout = run_layout(experiment, config)
   existed = workdir_lib.exists(workdir)
-  with _cleanup_on_bad_input(workdir, existed):
+  with workdir_claim.cleanup_on_bad_input(workdir, existed):
     workdir_lib.check_writable(workdir)
     with preemption.PreemptionGuard() as guard:
       return _Run(experiment, config, layout, workdir_lib.Workdir(workdir), guard).evaluate()
@@ -532,9 +308,9 @@ class _Run:
       if notice:
         logging.warning("%s", notice)
     self.rules = layout.rules
-    self.p_step = parallel_train_step(self.b.train_step, config.nonfinite, seed=config.seed,
-                                      rules=self.rules, rng_step_offset=experiment.rng_step_offset,
-                                      compiler_options=self.b.compiler_options)
+    self.p_step = device_step.parallel_train_step(
+        self.b.train_step, config.nonfinite, seed=config.seed, rules=self.rules,
+        rng_step_offset=experiment.rng_step_offset, compiler_options=self.b.compiler_options)
     self.device_index = parallel.shard(parallel.device_indices(self.rules), self.rules)
     self.ckpt = checkpointing.CheckpointManager(
         wd.checkpoints, layout=layout, max_to_keep=config.keep_checkpoints,
@@ -596,7 +372,7 @@ class _Run:
       return
     table = (self.b.display.final_table(final, self.history)
              if self.b.display.final_table is not None
-             else _default_table(final))
+             else evaluations.default_table(final))
     if jax.process_index() == 0:
       self.progress.close()
       print(f"\n{title}\n{table}\n", flush=True)
@@ -606,13 +382,13 @@ class _Run:
     b, config, layout = self.b, self.config, self.layout
     start_step, state, device_state, source = self._start()
     total = int(b.total_steps)
-    self.history = _load_history(self.wd, start_step)
+    self.history = evaluations.load_history(self.wd, start_step)
     writer = self._writer()
     self._log_parameters(writer, start_step, state)
     self.progress = console.Progress(
         total_steps=total, start_step=start_step, items_per_step=b.display.items_per_step,
         item_name=b.display.item_name, keys=b.display.progress, enabled=jax.process_index() == 0)
-    evals = _Evaluations(b, self.wd, writer, self.progress, self.history)
+    evals = evaluations.Evaluations(b, self.wd, writer, self.progress, self.history)
     if b.on_start is not None:
       b.on_start(self.wd, start_step)
     state = parallel.put_state(state, self.rules)
@@ -732,7 +508,7 @@ class _Run:
     writer = self._writer()
     self.progress = console.Progress(total_steps=start_step, start_step=start_step,
                                      enabled=jax.process_index() == 0)
-    evals = _Evaluations(b, self.wd, writer, self.progress, {})
+    evals = evaluations.Evaluations(b, self.wd, writer, self.progress, {})
     state = parallel.put_state(state, self.rules)
     device_state = (parallel.shard(device_state, self.rules) if device_state is not None
                     else None)

@@ -43,6 +43,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from experiments.common import device_step
 from experiments.common import errors
 from experiments.common import experiment
 from experiments.common import layout as layout_lib
@@ -227,8 +228,8 @@ def make_train_step(model: dream.DreamConfig, tx: optax.GradientTransformation,
     return masked_diffusion_loss(logits_fn(params, noisy), tokens, masked, t)
 
   def train_step(state: TrainState, device_state, batch, rng):
-    u = trainer.accumulated_update(loss_fn, tx, state.params, state.opt_state, batch["tokens"],
-                                   accum, rng)
+    u = device_step.accumulated_update(loss_fn, tx, state.params, state.opt_state,
+                                       batch["tokens"], accum, rng)
     metrics = {"loss": u.loss, "grad_norm": u.grad_norm,
                "masked_ce": u.sums["masked_nll"] / jnp.maximum(u.sums["masked"], 1.0)}
     return TrainState(state.step + 1, u.params, u.opt_state), device_state, metrics, u.finite

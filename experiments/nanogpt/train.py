@@ -41,6 +41,7 @@ import numpy as np
 import optax
 
 from experiments.common import checkpointing
+from experiments.common import device_step
 from experiments.common import errors
 from experiments.common import experiment
 from experiments.common import layout as layout_lib
@@ -349,8 +350,8 @@ def make_train_step(model: gpt.GPTModel, tx: optax.GradientTransformation,
                       is_training=True), {}
 
   def train_step(state: TrainState, device_state, batch, rng):
-    u = trainer.accumulated_update(loss_fn, tx, state.params, state.opt_state,
-                                   {"x": batch["x"], "y": batch["y"]}, accum, rng)
+    u = device_step.accumulated_update(loss_fn, tx, state.params, state.opt_state,
+                                       {"x": batch["x"], "y": batch["y"]}, accum, rng)
     new = TrainState(step=state.step + 1, params=u.params, opt_state=u.opt_state)
     sums = {"loss": u.loss, "grad_norm": u.grad_norm, "steps": jnp.ones(())}
     return new, device_state, sums, u.finite   # the trainer adds the skip policy

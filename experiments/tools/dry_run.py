@@ -6,8 +6,8 @@ r"""`--dry_run`: compile a config's programs for its pod before spending pod tim
 The experiment is built without its data (`Experiment.build` reads none; the state's shapes are
 `jax.eval_shape` of its init: trainer.abstract_state; no data read,
 no memory) with the batch layout of the target, and the REAL programs are compiled: the training step
-exactly as the trainer pmaps it (experiments/common/trainer.py `parallel_train_step`: the non-finite
-guard, donation, replicated state) and the experiment's evaluation steps.
+exactly as the trainer pmaps it (experiments/common/device_step.py `parallel_train_step`: the
+non-finite guard, donation, replicated state) and the experiment's evaluation steps.
 
 Targets:
   cpu      this machine with the pod host's device count (config.devices_per_host) as fake CPU
@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from experiments.common import device_step
 from experiments.common import errors
 from experiments.common import experiment as experiment_lib
 from experiments.common import layout as layout_lib
@@ -92,8 +93,8 @@ def programs(experiment: experiment_lib.Experiment, b: experiment_lib.Build,
   """The run's programs: the trainer's training step and the experiment's evaluation steps."""
   state, device_state = trainer.abstract_state(b, config)
   out = {"train_step": experiment_lib.Program(
-      trainer.guarded_step(b.train_step, config.nonfinite, seed=config.seed,
-                           rng_step_offset=experiment.rng_step_offset),
+      device_step.guarded_step(b.train_step, config.nonfinite, seed=config.seed,
+                               rng_step_offset=experiment.rng_step_offset),
       (state, device_state, b.example_batch,
        jax.ShapeDtypeStruct((layout.devices_per_host,), jnp.int32)),
       state_in=(0,), out_axes=(None, 0, 0), donate_argnums=(0, 1),

@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
+from experiments.common import device_step
 from experiments.common import errors
 from experiments.common import experiment
 from experiments.common import layout as layout_lib
@@ -186,12 +186,14 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
   (state, device_state, batch, rng) -> (state, device_state, metric sums psummed over all devices,
   finite) as experiments/common/experiment.py describes; `rng` folds in the 1-based step
   (`TRM.rng_step_offset`), as the reference's; the sharded table reads this device's global index
-  (parallel.device_index()). `slices` > 1 (config.batch_slices): the forward and
-  backward passes run on that many equal slices of the device's batch, one slice after another, and
-  the parameter gradients are summed over them. Every example's recursion is independent of the
-  others', so the recursion's values, the halting, the loss and the metrics are the whole batch's;
-  the weight gradients are the same sums over the examples added up slice by slice (float32
-  rounding). The step's activation memory shrinks to about one slice's.
+  (parallel.device_index()). The gradients and the Adam update are the trainer's
+  (`device_step.accumulated_update`, `summed`): with `slices` > 1 (config.batch_slices) its
+  micro-batches are that many equal slices of the device's batch, forward and backward one slice
+  after another, each slice's loss over the whole batch's divisor and its gradients added in order.
+  Every example's recursion is independent of the others', so the recursion's values, the halting
+  (`trm.act_halt` on the whole batch after the update: the loss never reads it), the loss and the
+  metrics are the whole batch's; the weight gradients are the same sums over the examples added up
+  slice by slice (float32 rounding). The step's activation memory shrinks to about one slice's.
   """
   cfg = model.config
   if slices < 1 or per_device_batch % slices:
@@ -199,22 +201,13 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
                              f"must divide the per-device batch ({per_device_batch})",
                              "use 1 (the whole batch at once) or a divisor of the per-device batch")
 
-  def slice_loss(params, model_state, rows, z_H, z_L, inputs, labels):
-    """One slice's loss (the whole batch's divisor) and its outputs; the loss never reads halting."""
-    z_H, z_L, logits, q_halt, q_cont = model.inner(params, model_state, z_H, z_L, inputs, rows)
-    no_halt = jnp.zeros(q_halt.shape, jnp.bool_)
-    loss, _ = losses.act_loss_and_metrics(logits, labels, q_halt, q_cont, no_halt,
-                                          jnp.zeros(q_halt.shape, jnp.int32),
-                                          loss_divisor=per_device_batch)
-    return loss, (z_H, z_L, logits, q_halt, q_cont)
-
   def train_step(state: TrainState, device_state: DeviceState, batch, rng):
     carry, shard = device_state
     step = state.step + 1                                        # 1-based optimizer step
     device_index = parallel.device_index() if shard is not None else None
-    # The state whole (its blocks gathered under fsdp; the optimizers update the blocks).
-    params, model_state, puzzle_table = parallel.gather_state(
-        (state.params, state.model_state, state.puzzle_table))
+    # The model state and table whole (their blocks gathered under fsdp; the trainer's update
+    # gathers the parameters).
+    model_state, puzzle_table = parallel.gather_state((state.model_state, state.puzzle_table))
     carry = trm.act_reset(carry, batch, *model.latents(model_state))
     data = carry.current_data
     if shard is not None and cfg.prefix_len:                     # [B, E] from the sharded table
@@ -222,42 +215,33 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
     else:
       rows = model.puzzle_rows(puzzle_table, data)               # [B, E] or None
 
-    def loss_fn(params, rows):
-      z_H, z_L, logits, q_halt, q_cont = model.inner(params, model_state, carry.z_H, carry.z_L,
-                                                     data["inputs"], rows)
-      new_carry = trm.act_halt(cfg, carry._replace(z_H=z_H, z_L=z_L), q_halt, training=True, rng=rng)
-      loss, sums = losses.act_loss_and_metrics(logits, data["labels"], q_halt, q_cont,
-                                               new_carry.halted, new_carry.steps,
-                                               loss_divisor=per_device_batch)
-      return loss, (new_carry, sums)
+    def slice_loss(params, micro_batch, key):
+      """One slice's part of the batch's loss, and its outputs; the loss never reads halting."""
+      del key                                                    # the halting's rng is rng, after
+      (z_H, z_L, inputs, labels), slice_rows = micro_batch
+      z_H, z_L, logits, q_halt, q_cont = model.inner(params, model_state, z_H, z_L, inputs,
+                                                     slice_rows)
+      no_halt = jnp.zeros(q_halt.shape, jnp.bool_)
+      loss, _ = losses.act_loss_and_metrics(logits, labels, q_halt, q_cont, no_halt,
+                                            jnp.zeros(q_halt.shape, jnp.int32),
+                                            loss_divisor=per_device_batch)
+      return loss, ({}, (z_H, z_L, logits, q_halt, q_cont))
 
-    if slices == 1:
-      (_, (carry, sums)), (g_params, g_rows) = jax.value_and_grad(
-          loss_fn, argnums=(0, 1), has_aux=True)(params, rows)
-    else:                       # batch_slices: slice by slice, forward and backward, gradients summed
-      split = lambda x: x.reshape((slices, per_device_batch // slices) + x.shape[1:])  # noqa: E731
-      grad_fn = jax.value_and_grad(slice_loss, argnums=(0, 2), has_aux=True)
-
-      def one_slice(g_sum, xs):
-        (_, outs), (g_p, g_r) = grad_fn(params, model_state, *xs)
-        return jax.tree.map(jnp.add, g_sum, g_p), (outs, g_r)
-
-      xs = (None if rows is None else split(rows), split(carry.z_H), split(carry.z_L),
-            split(data["inputs"]), split(data["labels"]))
-      zeros = jax.tree.map(jnp.zeros_like, params)
-      g_params, (outs, g_rows) = jax.lax.scan(one_slice, zeros, xs)
-      z_H, z_L, logits, q_halt, q_cont = jax.tree.map(
-          lambda x: x.reshape((per_device_batch,) + x.shape[2:]), outs)
-      g_rows = None if rows is None else g_rows.reshape(rows.shape)
-      carry = trm.act_halt(cfg, carry._replace(z_H=z_H, z_L=z_L), q_halt, training=True, rng=rng)
-      _, sums = losses.act_loss_and_metrics(logits, data["labels"], q_halt, q_cont, carry.halted,
-                                            carry.steps, loss_divisor=per_device_batch)
-    g_params = parallel.mean_state(g_params, like=state.params)
-    updates, opt_state = adam.update(g_params, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    split = lambda x: x.reshape((slices, per_device_batch // slices) + x.shape[1:])  # noqa: E731
+    micro_batches = jax.tree.map(split, ((carry.z_H, carry.z_L, data["inputs"], data["labels"]),
+                                         rows))
+    u = device_step.accumulated_update(slice_loss, adam, state.params, state.opt_state,
+                                       micro_batches, slices, rng, outputs=True, input_grads=True,
+                                       summed=True)
+    whole = lambda x: x.reshape((per_device_batch,) + x.shape[2:])  # noqa: E731
+    z_H, z_L, logits, q_halt, q_cont = jax.tree.map(whole, u.outputs)
+    carry = trm.act_halt(cfg, carry._replace(z_H=z_H, z_L=z_L), q_halt, training=True, rng=rng)
+    _, sums = losses.act_loss_and_metrics(logits, data["labels"], q_halt, q_cont, carry.halted,
+                                          carry.steps, loss_divisor=per_device_batch)
     table, sign_state = puzzle_table, state.sign_state
     rows_finite = jnp.array(True)
     if rows is not None:
+      g_rows = whole(u.input_grads)
       ids, grads = optim.all_gather_rows(data["puzzle_identifiers"], g_rows, parallel.AXIS)
       if shard is not None:     # each device updates the rows it owns; the others are dropped
         shard, sign_state = sign.update(
@@ -265,14 +249,14 @@ def make_train_step(model: trm.TRMModel, adam, sign, config: ml_collections.Conf
       else:
         table, sign_state = sign.update(table, ids, grads, sign_state)
       rows_finite = jnp.all(jnp.isfinite(grads))                 # gathered: same on every device
-    ema = optim.ema_update(state.ema, params, config.ema_rate) if config.ema else params
+    ema = optim.ema_update(state.ema, u.params, config.ema_rate) if config.ema else u.params
     sums = jax.lax.psum(sums, parallel.AXIS)
-    sums["grad_norm"] = parallel.global_norm(g_params, like=state.params)
+    sums["grad_norm"] = u.grad_norm
     # Identical on every device (psummed / pmeaned / gathered values), so every device decides alike;
-    # the trainer adds the new state's check and the skip policy (trainer.guarded_step).
+    # the trainer adds the new state's check and the skip policy (device_step.guarded_step).
     finite = (jnp.isfinite(sums["lm_loss"]) & jnp.isfinite(sums["q_halt_loss"])
               & jnp.isfinite(sums["grad_norm"]) & rows_finite)
-    new_state = TrainState(step=step, params=params, opt_state=opt_state, ema=ema,
+    new_state = TrainState(step=step, params=u.params, opt_state=u.opt_state, ema=ema,
                            puzzle_table=table, sign_state=sign_state, model_state=state.model_state)
     return new_state, DeviceState(carry=carry, puzzle_shard=shard), sums, finite
 

@@ -54,6 +54,7 @@ import time
 import jax
 import numpy as np
 
+from experiments.common import device_step
 from experiments.common import distributed
 from experiments.common import host_malloc
 from experiments.common import layout as layout_lib
@@ -218,7 +219,7 @@ def _jax_run(c, spec: str, warmup: int) -> dict:
   state, _ = trainer.init_state(built, c)
   n_params = gpt.num_params(state.params)
   n = layout.devices_per_host
-  step = trainer.parallel_train_step(built.train_step, c.nonfinite, seed=c.seed)
+  step = device_step.parallel_train_step(built.train_step, c.nonfinite, seed=c.seed)
   box = {"state": parallel.replicate(state)}
   rng = np.random.default_rng(0)
   T, b = cfg.block_size, layout.per_device_batch

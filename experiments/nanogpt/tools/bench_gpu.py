@@ -18,6 +18,7 @@ from typing import Any, Dict
 import jax
 import numpy as np
 
+from experiments.common import device_step
 from experiments.common import layout as layout_lib
 from experiments.common import parallel
 from experiments.common import trainer
@@ -64,7 +65,7 @@ def gpt_side(side: str, batch: int, *, steps: int, warmup: int,
     w = window.reshape(n, 1, layout.per_device_batch, T + 1)
     data = parallel.shard({"x": w[..., :-1], "y": w[..., 1:]})
     di = parallel.shard(parallel.device_indices())
-    step = trainer.parallel_train_step(built.train_step, c.nonfinite, seed=c.seed)
+    step = device_step.parallel_train_step(built.train_step, c.nonfinite, seed=c.seed)
     box = {"state": parallel.replicate(state)}
 
     def one() -> float:

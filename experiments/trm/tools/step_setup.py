@@ -26,6 +26,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from experiments.common import device_step
 from experiments.common import layout as layout_lib
 from experiments.common import parallel
 from experiments.common import trainer
@@ -149,8 +150,8 @@ def _compile_config_step(config: ml_collections.ConfigDict, compile: bool) -> St
                      global_batch=per_device_batch * n_local, compiled=None, compile_s=0.0,
                      memory={}, args=(state, carry, batch, device_index), slices=slices,
                      forms=forms)
-  p_step = trainer.parallel_train_step(b.train_step, config.nonfinite, seed=config.seed,
-                                       rng_step_offset=train.TRM.rng_step_offset)
+  p_step = device_step.parallel_train_step(b.train_step, config.nonfinite, seed=config.seed,
+                                           rng_step_offset=train.TRM.rng_step_offset)
   t0 = time.perf_counter()
   compiled = p_step.lower(state, carry, batch, device_index).compile(
       compiler_options=dict(b.compiler_options) or None)         # the trainer's XLA options
