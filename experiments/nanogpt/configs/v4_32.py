@@ -45,6 +45,10 @@ def get_config(arg=None):
   # FLOPs): on the TPU a recomputation reads less than storing and reading the activations. GPT-2
   # 124M's step by the TPU compiler: 63.1 -> 45.7 GB accessed, peak 4.54 -> 2.14 GiB (docs/tpu.md).
   c.model.remat = True
+  # The state split over the 16 chips (sharding=fsdp: the same numbers, within float32 rounding of
+  # the replicated step, tests/test_fsdp.py): per-device optimizer work and state are 1/16, the
+  # parameters gathered in bfloat16 for each micro-batch (docs/sharding.md).
+  c.sharding = "fsdp"
   c.target = "v4-32"                             # `--dry_run` compiles for it (libtpu)
   c.dataset.prepare_if_missing = True
   return c
