@@ -2,11 +2,11 @@
 
 Argument recipe=NAME picks the recipe (gpt2_124m, shakespeare_char, shakespeare_char_cpu); the global
 micro-batch is rounded up to a multiple of the 16 devices when needed (a deviation, printed by
---dry_run). Each block is recomputed in the backward pass (model.remat; the same numbers). size=gpt2-medium | gpt2-large | gpt2-xl trains that GPT-2 size on the recipe at its
-tokens per update (GPT-2 XL pretraining at GPT-2 124M's 480 sequences, 491,520 tokens), with the
-state split over the chips and each block recomputed in the backward pass (`sharding=fsdp`,
-`model.remat`: docs/sharding.md), one sequence per chip per micro-step (16 x 30 accumulation
-steps): GPT-2 XL's state is 25 GB in float32 with AdamW, and at the recipe's 6 sequences per chip
+--dry_run). Each block is recomputed in the backward pass (model.remat) and the state is split over
+the chips (sharding=fsdp; docs/sharding.md): the same numbers, fewer bytes moved per step.
+size=gpt2-medium | gpt2-large | gpt2-xl trains that GPT-2 size on the recipe at its tokens per update
+(GPT-2 XL pretraining at GPT-2 124M's 480 sequences, 491,520 tokens), one sequence per chip per
+micro-step (16 x 30 accumulation steps): GPT-2 XL's state is 25 GB in float32 with AdamW, and at the recipe's 6 sequences per chip
 the step needs 65.85 GiB per chip even so (docs/sharding.md).
 
   python -m experiments.nanogpt.main --config=configs/v4_32.py --dry_run
