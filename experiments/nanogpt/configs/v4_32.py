@@ -2,11 +2,11 @@
 
 Argument recipe=NAME picks the recipe (gpt2_124m, shakespeare_char, shakespeare_char_cpu); the global
 micro-batch is rounded up to a multiple of the 16 devices when needed (a deviation, printed by
---dry_run). Each block is recomputed in the backward pass (model.remat; the same numbers). size=gpt2-medium | gpt2-large | gpt2-xl trains that GPT-2 size on the recipe at its
-tokens per update (GPT-2 XL pretraining at GPT-2 124M's 480 sequences, 491,520 tokens), with the
-state split over the chips and each block recomputed in the backward pass (`sharding=fsdp`,
-`model.remat`: docs/sharding.md), one sequence per chip per micro-step (16 x 30 accumulation
-steps): GPT-2 XL's state is 25 GB in float32 with AdamW, and at the recipe's 6 sequences per chip
+--dry_run). Each block is recomputed in the backward pass (model.remat) and the state is split over
+the chips (sharding=fsdp; docs/sharding.md): the same numbers, fewer bytes moved per step.
+size=gpt2-medium | gpt2-large | gpt2-xl trains that GPT-2 size on the recipe at its tokens per update
+(GPT-2 XL pretraining at GPT-2 124M's 480 sequences, 491,520 tokens), one sequence per chip per
+micro-step (16 x 30 accumulation steps): GPT-2 XL's state is 25 GB in float32 with AdamW, and at the recipe's 6 sequences per chip
 the step needs 65.85 GiB per chip even so (docs/sharding.md).
 
   python -m experiments.nanogpt.main --config=configs/v4_32.py --dry_run
@@ -45,6 +45,10 @@ def get_config(arg=None):
   # FLOPs): on the TPU a recomputation reads less than storing and reading the activations. GPT-2
   # 124M's step by the TPU compiler: 63.1 -> 45.7 GB accessed, peak 4.54 -> 2.14 GiB (docs/tpu.md).
   c.model.remat = True
+  # The state split over the 16 chips (sharding=fsdp: the same numbers, within float32 rounding of
+  # the replicated step, tests/test_fsdp.py): per-device optimizer work and state are 1/16, the
+  # parameters gathered in bfloat16 for each micro-batch (docs/sharding.md).
+  c.sharding = "fsdp"
   c.target = "v4-32"                             # `--dry_run` compiles for it (libtpu)
   c.dataset.prepare_if_missing = True
   return c
