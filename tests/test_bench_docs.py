@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from experiments.diffucoder import sampling as dream_sampling
+from experiments.diffucoder import sampler_options
 from experiments.diffucoder.tools import bench_table
 from experiments.diffucoder.tools import step_speed
 from experiments.nanogpt.tools import bench as gpt_bench
@@ -73,7 +73,7 @@ def test_diffucoder_benchmark_merges_samplers(tmp_path):
   params = step_speed.random_params(config)
   rows = []
   for temperature, top_p in ((0.0, 1.0), (0.2, 0.95)):
-    opts = dream_sampling.SamplerOptions(steps=12, temperature=temperature, top_p=top_p)
+    opts = sampler_options.SamplerOptions(steps=12, temperature=temperature, top_p=top_p)
     rows.append({**bench_table.setup_cells(config, opts),
                  **step_speed.bench_cell(config, params, 1, 16, opts, timed_steps=1)})
   assert [r["sampler"] for r in rows] == ["entropy, greedy", "entropy, T 0.2, top_p 0.95"]

@@ -27,6 +27,7 @@ from experiments.diffucoder import convert
 from experiments.diffucoder import generate
 from experiments.diffucoder import hf_layout
 from experiments.diffucoder import random_checkpoint
+from experiments.diffucoder import sampler_options
 from experiments.diffucoder import sampling
 from modules import dream
 
@@ -126,8 +127,9 @@ _RUNNERS = {}
 
 def _podlab(params, prompt, gen_length, block_length, steps, threshold, cache,
             block_algorithm="fast_dllm"):
-  opts = sampling.SamplerOptions(steps=steps, alg="entropy", block_length=block_length, cache=cache,
-                                 threshold=threshold, block_algorithm=block_algorithm)
+  opts = sampler_options.SamplerOptions(steps=steps, alg="entropy", block_length=block_length,
+                                        cache=cache, threshold=threshold,
+                                        block_algorithm=block_algorithm)
   if opts not in _RUNNERS:                                 # compiled once per options and shape
     _RUNNERS[opts] = sampling.Runner(generate.model_forward(CFG), opts, mask_id=MASK)
   out = _RUNNERS[opts].generate(params, prompt, np.ones(prompt.shape, bool), jax.random.key(0),
@@ -178,9 +180,9 @@ def test_fast_dllm_is_not_podlabs_variant(model):
 
 
 def test_fast_dllm_options_give_clear_errors():
-  opts = lambda **kw: sampling.SamplerOptions(**{"steps": 16, "alg": "entropy", "block_length": 8,
-                                                 "cache": "prefix", "block_algorithm": "fast_dllm",
-                                                 **kw})
+  opts = lambda **kw: sampler_options.SamplerOptions(**{
+      "steps": 16, "alg": "entropy", "block_length": 8, "cache": "prefix",
+      "block_algorithm": "fast_dllm", **kw})
   opts().validate(16)
   with pytest.raises(config_utils.ConfigError, match="block_algorithm='fast_dllm'.*block_length"):
     opts(block_length=0, cache="none").validate(16)

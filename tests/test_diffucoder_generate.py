@@ -17,6 +17,7 @@ from experiments.common import errors
 from experiments.diffucoder import convert
 from experiments.diffucoder import generate
 from experiments.diffucoder import random_checkpoint
+from experiments.diffucoder import sampler_options
 from experiments.diffucoder import sampling
 from experiments.diffucoder import tokenizer as tokenizer_lib
 from experiments.diffucoder.configs import tiny
@@ -45,7 +46,7 @@ def _model(dtype="float32", seed=0):
 def test_left_padded_row_decodes_like_the_row_alone(dtype):
   forward, params = _model(dtype)
   short, long = [10, 20, 30], [1, 2, 3, 4, 5, 6, 7]
-  opts = sampling.SamplerOptions(steps=8, alg="entropy")            # temperature 0
+  opts = sampler_options.SamplerOptions(steps=8, alg="entropy")            # temperature 0
   runner = sampling.Runner(forward, opts, mask_id=MASK)
   alone = runner.generate(params, *sampling.left_pad([short], PAD), jax.random.key(0),
                           max_new_tokens=8).tokens
@@ -71,21 +72,22 @@ def _check_data_parallel(opts):
 
 
 def test_data_parallel_equals_single_device():
-  _check_data_parallel(sampling.SamplerOptions(steps=4, alg="topk_margin"))
+  _check_data_parallel(sampler_options.SamplerOptions(steps=4, alg="topk_margin"))
 
 
 @pytest.mark.slow
 def test_data_parallel_dual_cache_threshold_equals_single_device():
-  _check_data_parallel(sampling.SamplerOptions(steps=4, alg="entropy", block_length=4, cache="dual",
-                                               threshold=0.5))
+  _check_data_parallel(sampler_options.SamplerOptions(steps=4, alg="entropy", block_length=4,
+                                                      cache="dual", threshold=0.5))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("threshold", [0.0, 0.5])
 def test_data_parallel_fast_dllm_equals_single_device(threshold):
   """M (the batch-average masked count) and the end of a block are taken over all devices."""
-  _check_data_parallel(sampling.SamplerOptions(steps=4, alg="entropy", block_length=4, cache="dual",
-                                               threshold=threshold, block_algorithm="fast_dllm"))
+  _check_data_parallel(sampler_options.SamplerOptions(steps=4, alg="entropy", block_length=4,
+                                                      cache="dual", threshold=threshold,
+                                                      block_algorithm="fast_dllm"))
 
 
 def _tiny_setup(tmp_path, **generate_overrides):
@@ -208,7 +210,7 @@ def test_benchmark_cell_reports_consistent_numbers():
   config = step_speed.small_config(hidden=32, layers=1, heads=2, kv_heads=1, vocab=64,
                                    dtype="float32")
   params = step_speed.random_params(config)
-  opts = sampling.SamplerOptions(steps=24, alg="entropy")
+  opts = sampler_options.SamplerOptions(steps=24, alg="entropy")
   row = step_speed.bench_cell(config, params, 2, 32, opts, timed_steps=2)
   assert row["new_tokens"] == 24 and row["batch"] == 2
   np.testing.assert_allclose(row["tokens_per_s"], 2 / (row["ms_step"] / 1e3), rtol=1e-9)
@@ -284,7 +286,7 @@ def test_benchmark_compare_decodings_on_given_params():
   assert [r["decoding"] for r in rows] == ["plain (reference)", "fast_dllm, no cache",
                                           "fast_dllm dual cache"]
   for (name, kw, base), r in zip(variants, rows):
-    opts = sampling.SamplerOptions(**{"steps": 8, "alg": "entropy", **kw})
+    opts = sampler_options.SamplerOptions(**{"steps": 8, "alg": "entropy", **kw})
     out = sampling.Runner(forward, opts, mask_id=MASK).generate(
         params, prompt, valid, jax.random.key(0), max_new_tokens=8)
     np.testing.assert_array_equal(r["tokens"], out.tokens[:, 4:])
@@ -349,7 +351,7 @@ def test_benchmark_tpu_dry_run_is_generate_dry_runs_program():
     tpu_target.load_libtpu()
   except tpu_target.LibtpuMissingError as e:
     pytest.skip(f"needs libtpu: {e}")
-  opts = sampling.SamplerOptions(alg="entropy", temperature=0.4, top_p=0.95)
+  opts = sampler_options.SamplerOptions(alg="entropy", temperature=0.4, top_p=0.95)
   text = benchmark.run_dry_tpu("v5e-8", dream.tiny_config(), global_batch=8, canvas=32,
                                opts=opts, model_parallel=2)
   assert "dream sampling step b8 mp2" in text and "v5litepod-8" in text

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 from experiments.common import config_utils
+from experiments.diffucoder import sampler_options
+from experiments.diffucoder import sampler_steps
 from experiments.diffucoder import sampling
+from experiments.diffucoder import unmasking
 
 MASK = 15
 
@@ -33,15 +36,16 @@ def _np_schedule(num_masked, steps, ts):
 
 
 def test_schedule_known_examples():
-  assert sampling.transfer_schedule(256, 256) == [0] + [1] * 254 + [2]
-  assert sampling.transfer_schedule(256, 128) == [1] + [2] * 126 + [3]
-  assert sampling.transfer_schedule(512, 512)[0] == 0 and sum(sampling.transfer_schedule(512, 512)) == 512
-  assert sampling.transfer_schedule(5, 1) == [5]
+  assert unmasking.transfer_schedule(256, 256) == [0] + [1] * 254 + [2]
+  assert unmasking.transfer_schedule(256, 128) == [1] + [2] * 126 + [3]
+  assert unmasking.transfer_schedule(512, 512)[0] == 0
+  assert sum(unmasking.transfer_schedule(512, 512)) == 512
+  assert unmasking.transfer_schedule(5, 1) == [5]
 
 
 def test_timesteps_match_the_torch_linspace_formula():
   for steps in (1, 2, 3, 7, 64, 255, 256, 512):
-    ts = sampling.timesteps(steps)
+    ts = unmasking.timesteps(steps)
     assert ts.dtype == np.float32 and ts.shape == (steps + 1,)
     assert ts[0] == np.float32(1) and ts[-1] == np.float32(1e-3)
     exact = np.linspace(1.0, 1e-3, steps + 1)            # float64
@@ -51,9 +55,9 @@ def test_timesteps_match_the_torch_linspace_formula():
 
 @pytest.mark.parametrize("steps", [1, 2, 5, 16, 37, 50, 100, 128, 200, 256, 512])
 def test_schedule_equals_the_formula_for_many_lengths(steps):
-  ts = sampling.timesteps(steps)
+  ts = unmasking.timesteps(steps)
   for length in (1, 7, 16, 100, 128, 256, 333, 512, 1000):
-    ks = sampling.transfer_schedule(length, steps)
+    ks = unmasking.transfer_schedule(length, steps)
     assert ks == _np_schedule(length, steps, ts), (length, steps)
     assert sum(ks) == length and min(ks) >= 0
 
@@ -63,11 +67,11 @@ def test_schedule_equals_torch_linspace_where_torch_is_installed():
   for steps in list(range(1, 70)) + [128, 256, 512, 1024]:
     ts = torch.linspace(1, 1e-3, steps + 1).numpy()
     for length in (steps, 2 * steps, 64, 100, 256, 1000):
-      assert sampling.transfer_schedule(length, steps) == _np_schedule(length, steps, ts)
+      assert unmasking.transfer_schedule(length, steps) == _np_schedule(length, steps, ts)
 
 
 def test_in_graph_num_transfer_matches_the_host_schedule():
-  ratios = sampling.transfer_ratios(32)
+  ratios = unmasking.transfer_ratios(32)
   for rows, counts in (((1,), [64]), ((3,), [40, 40, 40]), ((2,), [10, 31])):
     del rows
     m = sum(counts) / len(counts)
@@ -75,7 +79,7 @@ def test_in_graph_num_transfer_matches_the_host_schedule():
     for r, c in enumerate(counts):
       mask[r, :c] = True
     for i in (0, 5, 31):
-      k = int(sampling.num_transfer(jnp.asarray(mask), jnp.float32(ratios[i])))
+      k = int(unmasking.num_transfer(jnp.asarray(mask), jnp.float32(ratios[i])))
       want = int(np.float32(np.float32(sum(counts)) / np.float32(len(counts))) * ratios[i])
       assert k == want and k == int(np.floor(np.float32(m) * ratios[i]))
 
@@ -114,7 +118,7 @@ def test_top_p_and_top_k_filters_match_numpy():
   logits = rng.normal(size=(3, 5, 50)).astype(np.float32) * 3
   cum = np.cumsum(np.sort(_np_softmax(logits), -1)[..., ::-1], -1)        # float64
   for p in (0.1, 0.5, 0.9, 0.95, 0.999):
-    got = np.asarray(sampling.top_p_filter(jnp.asarray(logits), p))
+    got = np.asarray(unmasking.top_p_filter(jnp.asarray(logits), p))
     # rows whose float64 cumulative mass comes within float32 rounding of p may keep one token more
     # or less; every other row must match exactly (most rows)
     clear = np.all(np.abs(cum - p) > 1e-5, -1)
@@ -126,18 +130,18 @@ def test_top_p_and_top_k_filters_match_numpy():
     # the kept mass is the smallest prefix reaching p
     mass = np.where(kept, probs, 0).sum(-1)
     assert np.all(mass >= p - 1e-6)
-  assert np.array_equal(np.asarray(sampling.top_p_filter(jnp.asarray(logits), 1.0)), logits)
+  assert np.array_equal(np.asarray(unmasking.top_p_filter(jnp.asarray(logits), 1.0)), logits)
   for k in (1, 2, 7, 50):
-    got = np.asarray(sampling.top_k_filter(jnp.asarray(logits), k))
+    got = np.asarray(unmasking.top_k_filter(jnp.asarray(logits), k))
     np.testing.assert_array_equal(got, _np_top_k(logits, k))
     assert np.all((got > np.finfo(np.float32).min).sum(-1) == k)
   # The fill is the dtype's minimum, not -inf.
-  assert np.isfinite(np.asarray(sampling.top_k_filter(jnp.asarray(logits), 1))).all()
+  assert np.isfinite(np.asarray(unmasking.top_k_filter(jnp.asarray(logits), 1))).all()
 
 
 def test_top_k_keeps_ties():
   logits = jnp.array([[1.0, 3.0, 3.0, 2.0]])
-  got = np.asarray(sampling.top_k_filter(logits, 1))
+  got = np.asarray(unmasking.top_k_filter(logits, 1))
   assert (got > -1e30).tolist() == [[False, True, True, False]]
 
 
@@ -154,8 +158,8 @@ def test_confidences_match_numpy(temperature, top_p, top_k):
   probs = _np_softmax(ref)
   key = jax.random.key(3)
   for alg in ("maskgit_plus", "topk_margin", "entropy", "origin"):
-    conf, tok, p_chosen = sampling.sample_tokens(key, jnp.asarray(logits), temperature=temperature,
-                                                 top_p=top_p, top_k=top_k, alg=alg)
+    conf, tok, p_chosen = unmasking.sample_tokens(key, jnp.asarray(logits), temperature=temperature,
+                                                  top_p=top_p, top_k=top_k, alg=alg)
     tok = np.asarray(tok)
     if temperature == 0:
       np.testing.assert_array_equal(tok, probs.argmax(-1))
@@ -176,8 +180,8 @@ def test_temperature_sampling_follows_the_filtered_distribution():
   logits = jnp.array([2.0, 1.0, 0.5, -1.0, -3.0])
   n = 40000
   keys = jax.random.split(jax.random.key(0), n)
-  draw = jax.vmap(lambda k: sampling.sample_tokens(k, logits[None], temperature=0.8, top_k=3,
-                                                   alg="maskgit_plus")[1][0])
+  draw = jax.vmap(lambda k: unmasking.sample_tokens(k, logits[None], temperature=0.8, top_k=3,
+                                                    alg="maskgit_plus")[1][0])
   freq = np.bincount(np.asarray(draw(keys)), minlength=5) / n
   want = _np_softmax(_np_top_k(np.asarray(logits)[None] / 0.8, 3))[0]
   np.testing.assert_allclose(freq, want, atol=0.01)
@@ -186,7 +190,7 @@ def test_temperature_sampling_follows_the_filtered_distribution():
 
 def test_shift_logits():
   logits = jnp.arange(2 * 4 * 3, dtype=jnp.float32).reshape(2, 4, 3)
-  got = np.asarray(sampling.shift_logits(logits))
+  got = np.asarray(unmasking.shift_logits(logits))
   np.testing.assert_array_equal(got[:, 1:], np.asarray(logits)[:, :-1])
   np.testing.assert_array_equal(got[:, 0], np.asarray(logits)[:, 0])
 
@@ -198,10 +202,10 @@ def test_shift_logits():
 def test_select_transfer_picks_the_k_most_confident_masked():
   conf = jnp.array([[0.9, 0.1, 0.5, 0.7, 0.3], [0.2, 0.8, 0.8, 0.1, 0.6]])
   mask = jnp.array([[False, True, True, True, True], [True, True, False, True, True]])
-  got = np.asarray(sampling.select_transfer(jax.random.key(0), conf, mask, jnp.int32(2)))
+  got = np.asarray(unmasking.select_transfer(jax.random.key(0), conf, mask, jnp.int32(2)))
   assert got.tolist() == [[False, False, True, True, False], [False, True, False, False, True]]
   # k larger than a row's masked count never selects an unmasked position (never re-masks)
-  got = np.asarray(sampling.select_transfer(jax.random.key(0), conf, mask, jnp.int32(5)))
+  got = np.asarray(unmasking.select_transfer(jax.random.key(0), conf, mask, jnp.int32(5)))
   np.testing.assert_array_equal(got, np.asarray(mask))
 
 
@@ -211,7 +215,7 @@ def test_alg_temp_samples_without_replacement_from_softmax():
   alg_temp = 0.5
   n = 30000
   keys = jax.random.split(jax.random.key(1), n)
-  pick = jax.vmap(lambda k: sampling.select_transfer(k, conf, mask, jnp.int32(2), alg_temp)[0])
+  pick = jax.vmap(lambda k: unmasking.select_transfer(k, conf, mask, jnp.int32(2), alg_temp)[0])
   sel = np.asarray(pick(keys))
   assert np.all(sel.sum(-1) == 2) and not sel[:, 3].any()
   w = _np_softmax(np.array([-0.5, -1.0, -2.0]) / alg_temp)
@@ -222,10 +226,11 @@ def test_alg_temp_samples_without_replacement_from_softmax():
 
 
 def _step(alg, tokens, logits, ratio, key=0, **kw):
-  opts = sampling.SamplerOptions(steps=4, alg=alg, **kw)
+  opts = sampler_options.SamplerOptions(steps=4, alg=alg, **kw)
   region = jnp.ones(tokens.shape, bool)
-  return np.asarray(sampling.unmask_step(jax.random.key(key), jnp.asarray(tokens),
-                                         jnp.asarray(logits), region, jnp.float32(ratio), opts, MASK))
+  return np.asarray(unmasking.unmask_step(jax.random.key(key), jnp.asarray(tokens),
+                                          jnp.asarray(logits), region, jnp.float32(ratio), opts,
+                                          MASK))
 
 
 def test_origin_unmasks_each_position_with_probability_ratio():
@@ -259,7 +264,7 @@ def test_confidence_step_unmasks_k_per_row_and_never_remasks(alg):
   np.testing.assert_array_equal(out[tokens != MASK], tokens[tokens != MASK])
   # the decoded positions are the k most confident (numpy) among the masked ones
   # (unmask_step takes logits already shifted: here the random logits play that part)
-  conf = np.asarray(sampling.sample_tokens(jax.random.key(0), jnp.asarray(logits), alg=alg)[0])
+  conf = np.asarray(unmasking.sample_tokens(jax.random.key(0), jnp.asarray(logits), alg=alg)[0])
   for r in range(3):
     masked = np.flatnonzero(tokens[r] == MASK)
     best = masked[np.argsort(-conf[r, masked], kind="stable")[:k]]
@@ -273,15 +278,16 @@ def test_threshold_step_unmasks_the_best_plus_confident_ones():
   logits[0, 1, 7] = 9.0
   logits[0, 3, 8] = 9.0
   logits[0, 4, 9] = -3.0
-  shifted = sampling.shift_logits(jnp.asarray(logits))
-  opts = sampling.SamplerOptions(steps=1, alg="maskgit_plus", block_length=6, threshold=0.9)
+  shifted = unmasking.shift_logits(jnp.asarray(logits))
+  opts = sampler_options.SamplerOptions(steps=1, alg="maskgit_plus", block_length=6, threshold=0.9)
   region = jnp.array([[False, True, True, True, True, True]])
-  out = np.asarray(sampling.threshold_step(jax.random.key(0), jnp.asarray(tokens), shifted, region,
-                                           opts, MASK))
+  out = np.asarray(unmasking.threshold_step(jax.random.key(0), jnp.asarray(tokens), shifted, region,
+                                            opts, MASK))
   assert out.tolist() == [[MASK, MASK, 7, MASK, 8, MASK]]
-  opts = sampling.SamplerOptions(steps=1, alg="maskgit_plus", block_length=6, threshold=0.99999)
-  out = np.asarray(sampling.threshold_step(jax.random.key(0), jnp.asarray(tokens), shifted, region,
-                                           opts, MASK))
+  opts = sampler_options.SamplerOptions(steps=1, alg="maskgit_plus", block_length=6,
+                                        threshold=0.99999)
+  out = np.asarray(unmasking.threshold_step(jax.random.key(0), jnp.asarray(tokens), shifted, region,
+                                            opts, MASK))
   assert (out != MASK).sum() == 1                                   # always at least the best one
 
 
@@ -314,7 +320,7 @@ def _toy(seed=0, v=16, length=64):
 def test_loop_fills_every_mask_and_keeps_the_prompt():
   forward = _toy()
   prompt, valid = sampling.left_pad([[1, 2, 3], [4]], pad_id=0)
-  opts = sampling.SamplerOptions(steps=8, alg="entropy")
+  opts = sampler_options.SamplerOptions(steps=8, alg="entropy")
   out = sampling.generate(forward, None, prompt, valid, jax.random.key(0), opts,
                           max_new_tokens=8, mask_id=MASK)
   assert out.tokens.shape == (2, 11) and out.forwards == 8
@@ -325,9 +331,10 @@ def test_loop_fills_every_mask_and_keeps_the_prompt():
 def test_determinism_for_a_seed():
   forward = _toy(1)
   prompt, valid = sampling.left_pad([[1, 2, 3]], pad_id=0)
-  for opts in (sampling.SamplerOptions(steps=8, alg="entropy", temperature=1.0, top_p=0.95),
-               sampling.SamplerOptions(steps=8, alg="origin", temperature=1.0),
-               sampling.SamplerOptions(steps=8, alg="maskgit_plus", temperature=1.0, alg_temp=0.5)):
+  for opts in (sampler_options.SamplerOptions(steps=8, alg="entropy", temperature=1.0, top_p=0.95),
+               sampler_options.SamplerOptions(steps=8, alg="origin", temperature=1.0),
+               sampler_options.SamplerOptions(steps=8, alg="maskgit_plus", temperature=1.0,
+                                              alg_temp=0.5)):
     runner = sampling.Runner(forward, opts, mask_id=MASK)          # compiles once
     run = lambda seed: runner.generate(None, prompt, valid, jax.random.key(seed),
                                        max_new_tokens=16).tokens
@@ -343,9 +350,9 @@ def test_block_caches_are_exact_for_a_model_without_mixing(cache, threshold):
   prompt, valid = sampling.left_pad([[1, 2, 3, 4], [5, 6]], pad_id=0)
   kw = dict(steps=8, alg="maskgit_plus", block_length=4, threshold=threshold)
   ref = sampling.generate(forward, None, prompt, valid, jax.random.key(0),
-                          sampling.SamplerOptions(**kw), max_new_tokens=8, mask_id=MASK)
+                          sampler_options.SamplerOptions(**kw), max_new_tokens=8, mask_id=MASK)
   out = sampling.generate(forward, None, prompt, valid, jax.random.key(0),
-                          sampling.SamplerOptions(cache=cache, **kw), max_new_tokens=8,
+                          sampler_options.SamplerOptions(cache=cache, **kw), max_new_tokens=8,
                           mask_id=MASK)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   assert not np.any(out.tokens == MASK)
@@ -356,13 +363,13 @@ def test_block_caches_are_exact_for_a_model_without_mixing(cache, threshold):
 def test_block_decoding_fills_blocks_left_to_right():
   forward = _toy(3)
   prompt, valid = sampling.left_pad([[1, 2]], pad_id=0)
-  opts = sampling.SamplerOptions(steps=2, alg="entropy", block_length=4)
-  step = sampling.block_fn(forward, opts, mask_id=MASK, start=2)
+  opts = sampler_options.SamplerOptions(steps=2, alg="entropy", block_length=4)
+  step = sampler_steps.block_fn(forward, opts, mask_id=MASK, start=2)
   tokens = np.concatenate([prompt, np.full((1, 8), MASK, np.int32)], 1)
   v = np.ones_like(tokens, bool)
   pos = np.asarray(sampling.positions_from_valid(jnp.asarray(v)))
   out, n = step(None, jnp.asarray(tokens), v, pos, jax.random.key(0),
-                jnp.asarray(sampling.transfer_ratios(2)), jnp.int32(2))
+                jnp.asarray(unmasking.transfer_ratios(2)), jnp.int32(2))
   out = np.asarray(out)
   assert int(n) == 2
   assert not np.any(out[:, 2:6] == MASK) and np.all(out[:, 6:] == MASK)
@@ -370,13 +377,13 @@ def test_block_decoding_fills_blocks_left_to_right():
 
 def test_options_give_clear_errors():
   with pytest.raises(config_utils.ConfigError, match="generate.alg"):
-    sampling.SamplerOptions(alg="greedy").validate(16)
+    sampler_options.SamplerOptions(alg="greedy").validate(16)
   with pytest.raises(config_utils.ConfigError, match="block_length"):
-    sampling.SamplerOptions(cache="dual").validate(16)
+    sampler_options.SamplerOptions(cache="dual").validate(16)
   with pytest.raises(config_utils.ConfigError, match="does not divide"):
-    sampling.SamplerOptions(steps=16, block_length=5).validate(16)
+    sampler_options.SamplerOptions(steps=16, block_length=5).validate(16)
   with pytest.raises(config_utils.ConfigError, match="generate.steps"):
-    sampling.SamplerOptions(steps=3, block_length=4).validate(16)
+    sampler_options.SamplerOptions(steps=3, block_length=4).validate(16)
 
 
 def test_left_pad_and_cut():

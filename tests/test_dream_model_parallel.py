@@ -30,6 +30,7 @@ from experiments.diffucoder import hf_layout
 from experiments.diffucoder import model_sharding
 from experiments.diffucoder import orbax_params
 from experiments.diffucoder import random_checkpoint
+from experiments.diffucoder import sampler_options
 from experiments.diffucoder import sampling
 from experiments.diffucoder.configs import common
 from experiments.diffucoder.tools import tpu_plan
@@ -183,12 +184,12 @@ def generate(opts, mesh=None, name="tiny"):
 
 
 GREEDY = {
-    "entropy": sampling.SamplerOptions(steps=8, alg="entropy"),
-    "topk_margin": sampling.SamplerOptions(steps=8, alg="topk_margin"),
-    "dual_threshold": sampling.SamplerOptions(steps=8, alg="maskgit_plus", block_length=8,
-                                              cache="dual", threshold=0.3),
-    "prefix_fast_dllm": sampling.SamplerOptions(steps=8, alg="entropy", block_length=16,
-                                                cache="prefix", block_algorithm="fast_dllm"),
+    "entropy": sampler_options.SamplerOptions(steps=8, alg="entropy"),
+    "topk_margin": sampler_options.SamplerOptions(steps=8, alg="topk_margin"),
+    "dual_threshold": sampler_options.SamplerOptions(steps=8, alg="maskgit_plus", block_length=8,
+                                                     cache="dual", threshold=0.3),
+    "prefix_fast_dllm": sampler_options.SamplerOptions(steps=8, alg="entropy", block_length=16,
+                                                       cache="prefix", block_algorithm="fast_dllm"),
 }
 
 
@@ -219,7 +220,7 @@ def test_mid_7_to_1_greedy_tokens_equal_unsharded(name, data, model):
 def test_random_choices_do_not_depend_on_the_model_degree():
   """Keys are folded per data group, so a 2 x 2 mesh draws what a 2 x 1 mesh draws: origin's random
   unmasking and temperature + top-p sampling (the gathered-row path)."""
-  opts = sampling.SamplerOptions(steps=8, alg="origin", temperature=0.7, top_p=0.9)
+  opts = sampler_options.SamplerOptions(steps=8, alg="origin", temperature=0.7, top_p=0.9)
   a = generate(opts, model_sharding.mesh_2d(2, 1))
   b = generate(opts, model_sharding.mesh_2d(2, 2))
   np.testing.assert_array_equal(a.tokens, b.tokens)

@@ -66,6 +66,7 @@ from experiments.common import lazy_import
 from experiments.common import parallel
 from experiments.diffucoder import convert
 from experiments.diffucoder import model_sharding
+from experiments.diffucoder import sampler_options as options_lib
 from experiments.diffucoder import sampling
 from experiments.diffucoder import tokenizer as tokenizer_lib
 from experiments.diffucoder.configs import common
@@ -87,9 +88,9 @@ _WRITE_TINY_TOKENIZER = flags.DEFINE_bool(
 
 
 def sampler_options(config: ml_collections.ConfigDict):
-  """config.generate -> sampling.SamplerOptions (validated; errors name the field)."""
+  """config.generate -> options_lib.SamplerOptions (validated; errors name the field)."""
   g = config.generate
-  opts = sampling.SamplerOptions(
+  opts = options_lib.SamplerOptions(
       steps=int(g.steps), alg=str(g.alg), temperature=float(g.temperature),
       top_p=None if g.top_p is None else float(g.top_p),
       top_k=int(g.top_k) if g.get("top_k") else None, alg_temp=float(g.get("alg_temp", 0.0) or 0.0),

@@ -62,7 +62,8 @@ def base_config(*, model: dream.DreamConfig, tokens: dict, max_new_tokens: int, 
   c.generate = ml_collections.ConfigDict(dict(
       max_new_tokens=max_new_tokens, steps=steps, temperature=temperature, top_p=top_p,
       top_k=top_k, alg=alg, alg_temp=alg_temp,
-      # Beyond the reference (engineer B's sampler options, off by default; sampling.SamplerOptions):
+      # Beyond the reference (engineer B's sampler options, off by default;
+      # sampler_options.SamplerOptions):
       # block-wise decoding with an approximate KV cache ("none" | "prefix" | "dual") and
       # confidence-threshold parallel decoding (0 = off, e.g. 0.9; needs block_length > 0).
       block_length=0, cache="none", threshold=0.0,

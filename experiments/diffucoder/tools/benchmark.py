@@ -21,8 +21,8 @@ Mode 1, per (batch, canvas): the canvas is a prompt of canvas / 4 tokens plus 3 
 decoded with steps = new tokens (the reference's setting, one token per step on average) and the
 sampler of `--alg/--temperature/--top_p` (default: entropy, greedy, no top-p; DiffuCoder's recommended
 `--temperature=0.2 --top_p=0.95` adds a full-vocabulary sort per masked position and step, which on a
-CPU costs more than this small model's forward). compile_s is
-the jit compile of the REAL step (`sampling.plain_step_fn`: forward + shift + filtering + selection);
+CPU costs more than this small model's forward). compile_s is the jit compile of the REAL step
+(`sampler_steps.plain_step_fn`: forward + shift + filtering + selection);
 ms_step the median of `--timed_steps` steps after it; tokens_per_s = batch x new / (steps x step time)
 = batch / step time. The model (`--hidden/--layers/--heads/--kv_heads/--vocab`) is small so the table
 runs in a few minutes on a CPU; a TPU / GPU run of the 7.6B model uses the same code.
@@ -103,7 +103,8 @@ from experiments.common import workdir as workdir_lib  # noqa: E402
 from experiments.diffucoder import convert  # noqa: E402
 from experiments.diffucoder import hf_layout  # noqa: E402
 from experiments.diffucoder import orbax_params  # noqa: E402
-from experiments.diffucoder import sampling  # noqa: E402
+from experiments.diffucoder import sampler_options  # noqa: E402
+from experiments.diffucoder import sampler_steps  # noqa: E402
 from experiments.diffucoder import train  # noqa: E402
 from experiments.diffucoder.tools import bench_table  # noqa: E402
 from experiments.diffucoder.tools import decodings  # noqa: E402
@@ -174,8 +175,8 @@ def run_table() -> List[Dict[str, Any]]:
   rows = []
   for canvas in map(int, _CANVASES.value):
     new = canvas - max(int(canvas * _PROMPT_FRACTION.value), 1)
-    opts = sampling.SamplerOptions(steps=new, alg=_ALG.value, temperature=_TEMPERATURE.value,
-                                   top_p=_TOP_P.value)
+    opts = sampler_options.SamplerOptions(steps=new, alg=_ALG.value, temperature=_TEMPERATURE.value,
+                                          top_p=_TOP_P.value)
     for batch in map(int, _BATCHES.value):
       row = {**bench_table.setup_cells(config, opts),
              **step_speed.bench_cell(config, params, batch, canvas, opts, _TIMED.value,
@@ -308,11 +309,11 @@ def dry_run_child(n: int) -> Dict[str, Any]:
   canvas = _CANVAS.value
   start = max(int(canvas * _PROMPT_FRACTION.value), 1)
   params = dream.param_shapes(config)
-  opts = sampling.SamplerOptions(steps=canvas - start, alg=_ALG.value,
-                                 temperature=_TEMPERATURE.value, top_p=_TOP_P.value)
-  step = parallel.compile_step(sampling.plain_step_fn(step_speed.sampler_forward(config), opts,
-                                                   mask_id=151666, start=start,
-                                                   axis_name=parallel.AXIS),
+  opts = sampler_options.SamplerOptions(steps=canvas - start, alg=_ALG.value,
+                                        temperature=_TEMPERATURE.value, top_p=_TOP_P.value)
+  step = parallel.compile_step(sampler_steps.plain_step_fn(step_speed.sampler_forward(config), opts,
+                                                        mask_id=151666, start=start,
+                                                        axis_name=parallel.AXIS),
                             state_in=(0, 5))
   sd = jax.ShapeDtypeStruct
   key = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), n))
@@ -373,7 +374,8 @@ def run_dry(counts: Sequence[int]) -> List[Dict[str, Any]]:
 
 def run_dry_tpu(target_name: str, config: dream.DreamConfig = dream.DIFFUCODER_7B, *,
                 global_batch: int, canvas: int, prompt_fraction: float = 0.25,
-                opts: sampling.SamplerOptions = sampling.SamplerOptions(), model_parallel: int = 1
+                opts: sampler_options.SamplerOptions = sampler_options.SamplerOptions(),
+                model_parallel: int = 1
                 ) -> str:
   """Mode 3 with --target=TPU: the plain step of `config` (global_batch rows of `canvas` tokens,
   the first prompt_fraction of them the prompt, `opts`' sampler with steps = new tokens) compiled
@@ -409,8 +411,8 @@ def main() -> None:
     doc_tables.check_markers(doc_tables.BENCHMARKS_DOC, bench_table.DOC_TABLE,
                              bench_table.DOC_WRITER)
   if target and target != "cpu":
-    opts = sampling.SamplerOptions(alg=_ALG.value, temperature=_TEMPERATURE.value,
-                                   top_p=_TOP_P.value)
+    opts = sampler_options.SamplerOptions(alg=_ALG.value, temperature=_TEMPERATURE.value,
+                                          top_p=_TOP_P.value)
     print(run_dry_tpu(target, global_batch=_GLOBAL_BATCH.value, canvas=_CANVAS.value,
                       prompt_fraction=_PROMPT_FRACTION.value, opts=opts,
                       model_parallel=_MODEL_PARALLEL.value), flush=True)

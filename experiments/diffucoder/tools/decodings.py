@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.diffucoder import sampler_options
 from experiments.diffucoder import sampling
 from experiments.diffucoder.tools import step_speed
 from modules import dream
@@ -92,7 +93,7 @@ def compare_decodings(config, params, prompt, valid, *, mask_id: int, new_tokens
   key = jax.random.key(0)
   runners, firsts = [], []
   for name, kw, _ in variants:                        # compile each (and keep its greedy tokens)
-    opts = sampling.SamplerOptions(**{"steps": steps or new_tokens, "alg": alg, **kw})
+    opts = sampler_options.SamplerOptions(**{"steps": steps or new_tokens, "alg": alg, **kw})
     runner = sampling.Runner(forward, opts, mask_id=mask_id)
     firsts.append(runner.generate(params, prompt, valid, key, max_new_tokens=new_tokens))
     runners.append(runner)

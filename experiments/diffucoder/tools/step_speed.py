@@ -1,20 +1,20 @@
 """Mode 1 of the DiffuCoder benchmark: a small random Dream, the timing of one plain diffusion step.
 
 `small_config` is a small random Dream (`random_params` its weights); `bench_cell` compiles the REAL
-plain step (`sampling.plain_step_fn`: forward + shift + filtering + selection) for one (batch,
+plain step (`sampler_steps.plain_step_fn`: forward + shift + filtering + selection) for one (batch,
 canvas) and times `timed_steps` steps of it: compile_s, ms_step, tokens_per_s and the analytic
 GFLOP of a step. `sampler_forward` is the sampler's forward of any DreamConfig (also used by the
 decoding comparisons and the 7.6B dry run of experiments/diffucoder/tools/benchmark.py).
 
 Synopsis:
 
-  from experiments.diffucoder import sampling
+  from experiments.diffucoder import sampler_options
   from experiments.diffucoder.tools import step_speed
 
   config = step_speed.small_config(hidden=32, layers=1, heads=2, kv_heads=1, vocab=64,
                                    dtype="float32")
   params = step_speed.random_params(config)
-  opts = sampling.SamplerOptions(steps=12)
+  opts = sampler_options.SamplerOptions(steps=12)
   cell = step_speed.bench_cell(config, params, 1, 16, opts, timed_steps=1)
   assert cell["new_tokens"] == 12 and cell["ms_step"] > 0
 """
@@ -29,7 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.diffucoder import sampler_options
+from experiments.diffucoder import sampler_steps
 from experiments.diffucoder import sampling
+from experiments.diffucoder import unmasking
 from experiments.diffucoder.tools import tpu_plan
 from modules import dream
 
@@ -72,9 +75,9 @@ def bench_cell(config, params, batch: int, canvas: int, opts, timed_steps: int,
                            np.full((batch, new), mask_id)], axis=1).astype(np.int32)
   valid = np.ones_like(tokens, bool)
   positions = np.asarray(sampling.positions_from_valid(jnp.asarray(valid)))
-  step = jax.jit(sampling.plain_step_fn(sampler_forward(config), opts, mask_id=mask_id,
-                                        start=prompt_len))
-  ratios = sampling.transfer_ratios(new, opts.eps)
+  step = jax.jit(sampler_steps.plain_step_fn(sampler_forward(config), opts, mask_id=mask_id,
+                                             start=prompt_len))
+  ratios = unmasking.transfer_ratios(new, opts.eps)
   t0 = time.perf_counter()
   compiled = step.lower(params, tokens, valid, positions, jax.random.key(0),
                         jnp.float32(ratios[0])).compile()

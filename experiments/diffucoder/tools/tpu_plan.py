@@ -1,7 +1,7 @@
 r"""Dream 7.6B sampling compiled for TPU slices by the TPU compiler: which model-parallel degree fits.
 
-The program is one step of the reference sampler (`sampling.plain_step_fn`: a full forward over the
-canvas and one unmask step) at canvas 512 = 128 prompt + 384 new tokens, built exactly as
+The program is one step of the reference sampler (`sampler_steps.plain_step_fn`: a full forward over
+the canvas and one unmask step) at canvas 512 = 128 prompt + 384 new tokens, built exactly as
 `sampling.Runner` runs it: `parallel.compile_step` over every device when model_parallel is 1 (today's data-parallel
 program), else one `shard_map` over a (data, model) mesh of the slice's devices (`model_sharding.mesh_2d`)
 with the weights split Megatron style (modules/dream.py). Parameters are `jax.ShapeDtypeStruct`s: no
@@ -45,6 +45,8 @@ from experiments.common import distributed
 from experiments.common import errors
 from experiments.common import parallel
 from experiments.diffucoder import model_sharding
+from experiments.diffucoder import sampler_options as options_lib
+from experiments.diffucoder import sampler_steps
 from experiments.diffucoder import sampling
 from experiments.tools import tpu_compile
 from experiments.tools import tpu_report
@@ -58,10 +60,10 @@ MASK_ID = 151666                    # <|mask|> (the id only fixes the program's 
 TARGETS = ("v2-8", "v3-8", "v5litepod-8", "v4-8")
 BATCHES = (1, 8, 32)
 SAMPLERS = {
-    "greedy": sampling.SamplerOptions(steps=NEW, alg="entropy"),
+    "greedy": options_lib.SamplerOptions(steps=NEW, alg="entropy"),
     # the instruct configs' sampler (temperature 0.4, top_p 0.95): the top-p filter sorts each row's
     # full vocabulary, which a model-parallel step gathers first (docs/diffucoder.md section 9.1)
-    "top_p": sampling.SamplerOptions(steps=NEW, alg="entropy", temperature=0.4, top_p=0.95),
+    "top_p": options_lib.SamplerOptions(steps=NEW, alg="entropy", temperature=0.4, top_p=0.95),
 }
 """The samplers a plan row compiles: greedy decoding and the instruct configs' top_p 0.95."""
 
@@ -97,12 +99,12 @@ def data_groups(target: tpu_target.Target, batch: int, model_parallel: int) -> i
 
 def lower_step(target: tpu_target.Target, batch: int, model_parallel: int,
                config: dream.DreamConfig = dream.DREAM_7B,
-               opts: Optional[sampling.SamplerOptions] = None, *, prompt: int = PROMPT,
+               opts: Optional[options_lib.SamplerOptions] = None, *, prompt: int = PROMPT,
                new: int = NEW) -> jax.stages.Lowered:
   """The sampler's step for `target` with abstract parameters (model_parallel 1: the pmap program
   of `Runner(data_parallel=True)`; > 1: its shard_map program on a (data, model) mesh), on a canvas
   of `prompt` + `new` tokens."""
-  opts = opts or sampling.SamplerOptions(steps=new, alg="entropy")
+  opts = opts or options_lib.SamplerOptions(steps=new, alg="entropy")
   PROMPT, CANVAS = prompt, prompt + new  # pylint: disable=invalid-name,redefined-outer-name
   dream.check_model_degree(config, model_parallel)
   devices = tpu_target.target_devices(target)
@@ -111,8 +113,8 @@ def lower_step(target: tpu_target.Target, batch: int, model_parallel: int,
   shapes = dream.param_shapes(config)
   i32, b = jnp.int32, jnp.bool_
   if model_parallel == 1 and groups == target.num_devices:
-    step = sampling.plain_step_fn(_forward(dream.dream_forward(config)), opts, mask_id=MASK_ID,
-                                  start=PROMPT, axis_name=parallel.AXIS)
+    step = sampler_steps.plain_step_fn(_forward(dream.dream_forward(config)), opts, mask_id=MASK_ID,
+                                       start=PROMPT, axis_name=parallel.AXIS)
     key = jax.eval_shape(lambda: jax.random.key(0))
     args = (shapes, jax.ShapeDtypeStruct((rows, CANVAS), i32), jax.ShapeDtypeStruct((rows, CANVAS), b),
             jax.ShapeDtypeStruct((rows, CANVAS), i32), key, jax.ShapeDtypeStruct((), jnp.float32))
@@ -123,7 +125,7 @@ def lower_step(target: tpu_target.Target, batch: int, model_parallel: int,
            else dream.dream_forward(config))
   runner = sampling.Runner(_forward(model), opts, mask_id=MASK_ID, mesh=mesh, param_specs=specs)
   vocab_axis = model_sharding.MODEL_AXIS if model_parallel > 1 else None
-  step = runner._mesh_step(sampling.plain_step_fn(  # pylint: disable=protected-access
+  step = runner._mesh_step(sampler_steps.plain_step_fn(  # pylint: disable=protected-access
       runner.forward, opts, mask_id=MASK_ID, start=PROMPT, axis_name=parallel.AXIS,
       vocab_axis=vocab_axis), blocks=False)
   put = lambda s, spec: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, spec))
@@ -136,15 +138,15 @@ def lower_step(target: tpu_target.Target, batch: int, model_parallel: int,
   return step.lower(params, row(i32), row(b), row(i32), keys, ratio)
 
 
-FAST_DLLM = sampling.SamplerOptions(steps=NEW // 32, alg="entropy", block_length=32, cache="dual",
-                                    threshold=0.9, block_algorithm="fast_dllm")
+FAST_DLLM = options_lib.SamplerOptions(steps=NEW // 32, alg="entropy", block_length=32,
+                                       cache="dual", threshold=0.9, block_algorithm="fast_dllm")
 """The block program `lower_block` compiles: Fast-dLLM's published loop (dual cache, blocks of 32,
 confidence threshold 0.9)."""
 
 
 def lower_block(target: tpu_target.Target, batch: int, model_parallel: int,
                 config: dream.DreamConfig = dream.DREAM_7B,
-                opts: sampling.SamplerOptions = FAST_DLLM, *, prompt: int = PROMPT,
+                opts: options_lib.SamplerOptions = FAST_DLLM, *, prompt: int = PROMPT,
                 new: int = NEW) -> jax.stages.Lowered:
   """One whole block of block-wise decoding as `Runner(mesh=...)` runs it (`fast_dllm_block_fn` or
   `block_fn`: the refresh forward over the canvas keeping every layer's keys and values, then a
@@ -160,7 +162,8 @@ def lower_block(target: tpu_target.Target, batch: int, model_parallel: int,
   model = (dream.dream_forward(config, model_sharding.MODEL_AXIS, model_parallel) if model_parallel > 1
            else dream.dream_forward(config))
   runner = sampling.Runner(_forward(model), opts, mask_id=MASK_ID, mesh=mesh, param_specs=specs)
-  make = sampling.fast_dllm_block_fn if opts.block_algorithm == "fast_dllm" else sampling.block_fn
+  make = (sampler_steps.fast_dllm_block_fn if opts.block_algorithm == "fast_dllm"
+          else sampler_steps.block_fn)
   block = runner._mesh_step(make(  # pylint: disable=protected-access
       runner.forward, opts, mask_id=MASK_ID, start=PROMPT, axis_name=parallel.AXIS,
       vocab_axis=model_sharding.MODEL_AXIS if model_parallel > 1 else None), blocks=True)
@@ -176,7 +179,7 @@ def lower_block(target: tpu_target.Target, batch: int, model_parallel: int,
                      put((), jnp.int32, P()))
 
 
-def sampler_options(sampler: str) -> sampling.SamplerOptions:
+def sampler_options(sampler: str) -> options_lib.SamplerOptions:
   """SAMPLERS[sampler]; a ConfigError naming the choices for an unknown name."""
   if sampler not in SAMPLERS:
     raise config_utils.ConfigError("sampler", sampler, "is not a plan sampler",
@@ -239,7 +242,8 @@ def smallest_fitting(target: tpu_target.Target, batch: int,
   return reports
 
 
-def dry_run(target_name: Optional[str], config: dream.DreamConfig, opts: sampling.SamplerOptions, *,
+def dry_run(target_name: Optional[str], config: dream.DreamConfig,
+            opts: options_lib.SamplerOptions, *,
             batch_size: int, model_parallel: int, max_new_tokens: int,
             prompt: int = PROMPT, flag: str = "--config.model_parallel",
             global_batch: Optional[int] = None) -> str:
@@ -272,7 +276,7 @@ def dry_run(target_name: Optional[str], config: dream.DreamConfig, opts: samplin
   canvas = prompt + int(max_new_tokens)
   t0 = time.perf_counter()
   step = lower_step(target, batch, m, config, opts if opts.block_length == 0 else
-                    sampling.SamplerOptions(steps=max_new_tokens, alg=opts.alg),
+                    options_lib.SamplerOptions(steps=max_new_tokens, alg=opts.alg),
                     prompt=prompt, new=max_new_tokens)
   report = tpu_compile.compile_report(
       step, target=target, name=f"dream sampling step b{batch} mp{m}",
