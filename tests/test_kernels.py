@@ -313,3 +313,19 @@ def test_trm_with_the_fused_mlp_in_its_cycles_without_gradient():
   np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
     assert _rel(a, b) < 1e-5
+
+
+def test_fused_head_loss_blocks_fit_vmem_for_wide_models():
+  """GPT-2 124M (C = 768) keeps the default blocks; a wider model (GPT-2 XL, C = 1600) halves the
+  blocks that multiply C until the estimate is within the VMEM budget (the dx kernel's
+  double-buffered float32 [1024, C] result alone is 13 MB there)."""
+  from modules.kernels import fused_ce  # pylint: disable=g-import-not-at-top
+  bv = fused_ce.DX_BLOCK_VOCAB
+
+  def dx_vmem(C):
+    return lambda b: 2 * (b + bv) * C * 2 + 2 * b * C * 4 + b * bv * 4
+  fits = fused_ce._fits  # pylint: disable=protected-access
+  assert fits(fused_ce.BLOCK_ROWS, dx_vmem(768)) == fused_ce.BLOCK_ROWS
+  wide = fits(fused_ce.BLOCK_ROWS, dx_vmem(1600))
+  assert wide == fused_ce.BLOCK_ROWS // 2 and dx_vmem(1600)(wide) <= fused_ce.VMEM_BUDGET
+  assert fits(64, lambda b: 10**12, floor=8) == 8

@@ -43,6 +43,7 @@ Synopsis (the interpreter, on CPU):
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -60,6 +61,17 @@ DW_BLOCK_ROWS = 512
 """Rows per block in the dw kernel."""
 DW_BLOCK_VOCAB = 1024
 """Vocabulary rows per block in the dw kernel (x is read V / DW_BLOCK_VOCAB times)."""
+VMEM_BUDGET = 14 * 2**20
+"""What a kernel's blocks may take of a TPU core's 16 MiB of VMEM (estimate below). The blocks above
+fit it for GPT-2 124M (C = 768); a wider model halves the block that multiplies C until they fit
+(GPT-2 XL, C = 1600: the dx kernel's double-buffered float32 [1024, C] result alone is 13 MB)."""
+
+
+def _fits(block: int, vmem: Callable[[int], int], floor: int = 8) -> int:
+  """`block` halved until `vmem(block)` (bytes) is within VMEM_BUDGET, not below `floor`."""
+  while block > floor and vmem(block) > VMEM_BUDGET:
+    block //= 2
+  return block
 LANES = 128
 _NEG = -1e30
 
@@ -162,10 +174,12 @@ def _forward(xc, wc, targets, logits_dtype, interpret):
   from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
   N, C, V, bn = _shapes(xc, wc)
   bv = BLOCK_VOCAB
+  item = xc.dtype.itemsize
+  # Double-buffered x and w blocks, the float32 logits block, the three [bn, LANES] accumulators.
+  bn = _fits(bn, lambda b: 2 * (b + bv) * C * item + b * bv * 4 + 3 * b * LANES * 4)
   xp = xla.pad_to(xc, 0, bn)
   tp = xla.pad_to(targets.astype(jnp.int32)[:, None], 0, bn)
   Np, Vp = xp.shape[0], -(-V // bv) * bv       # w is not padded: its last block reads past V
-  item = xc.dtype.itemsize
   kernel = functools.partial(_forward_kernel, vocab=V, block_vocab=bv, logits_dtype=logits_dtype)
   lse, tgt = pl.pallas_call(
       kernel,
@@ -193,6 +207,8 @@ def _backward(xc, wc, targets, lse, g_rows, logits_dtype, interpret):
   N, C, V, bn = _shapes(xc, wc)
   bv = DX_BLOCK_VOCAB
   item = xc.dtype.itemsize
+  # Double-buffered x and w blocks and float32 [bn, C] result, the float32 logits block.
+  bn = _fits(bn, lambda b: 2 * (b + bv) * C * item + 2 * b * C * 4 + b * bv * 4)
   # The per-row statistics in one float32 array (targets < 2^24 are exact): t, lse, g.
   stats = jnp.stack([targets.astype(jnp.float32), lse, g_rows.astype(jnp.float32)], axis=1)
   # dx: rows in blocks of bn, the vocabulary in blocks of bv (reduced over).
@@ -215,7 +231,8 @@ def _backward(xc, wc, targets, lse, g_rows, logits_dtype, interpret):
   )(xp, wc, sp)[:N]
   # dw: the vocabulary in blocks of dbv, rows in blocks of dbn (reduced over), transposed blocks.
   dbn = min(DW_BLOCK_ROWS, -(-N // LANES) * LANES)
-  dbv = DW_BLOCK_VOCAB
+  # Double-buffered w and x blocks and float32 [dbv, C] result, the float32 logits block.
+  dbv = _fits(DW_BLOCK_VOCAB, lambda b: 2 * (b + dbn) * C * item + 2 * b * C * 4 + b * dbn * 4)
   xq = xla.pad_to(xc, 0, dbn)
   Nq, Vq = xq.shape[0], -(-V // dbv) * dbv
   dw = pl.pallas_call(
