@@ -323,7 +323,7 @@ def test_fused_head_loss_blocks_fit_vmem_for_wide_models():
   bv = fused_ce.DX_BLOCK_VOCAB
 
   def dx_vmem(C):
-    return lambda b: 2 * (b + bv) * C * 2 + 2 * b * C * 4 + b * bv * 4
+    return lambda b: 2 * (b + bv) * C * 2 + 2 * b * C * 4 + 2 * b * bv * 4
   fits = fused_ce._fits  # pylint: disable=protected-access
   assert fits(fused_ce.BLOCK_ROWS, dx_vmem(768)) == fused_ce.BLOCK_ROWS
   wide = fits(fused_ce.BLOCK_ROWS, dx_vmem(1600))

@@ -175,8 +175,9 @@ def _forward(xc, wc, targets, logits_dtype, interpret):
   N, C, V, bn = _shapes(xc, wc)
   bv = BLOCK_VOCAB
   item = xc.dtype.itemsize
-  # Double-buffered x and w blocks, the float32 logits block, the three [bn, LANES] accumulators.
-  bn = _fits(bn, lambda b: 2 * (b + bv) * C * item + b * bv * 4 + 3 * b * LANES * 4)
+  # Double-buffered x and w blocks, the float32 logits block and its exponential, the three
+  # [bn, LANES] accumulators.
+  bn = _fits(bn, lambda b: 2 * (b + bv) * C * item + 2 * b * bv * 4 + 3 * b * LANES * 4)
   xp = xla.pad_to(xc, 0, bn)
   tp = xla.pad_to(targets.astype(jnp.int32)[:, None], 0, bn)
   Np, Vp = xp.shape[0], -(-V // bv) * bv       # w is not padded: its last block reads past V
@@ -207,8 +208,9 @@ def _backward(xc, wc, targets, lse, g_rows, logits_dtype, interpret):
   N, C, V, bn = _shapes(xc, wc)
   bv = DX_BLOCK_VOCAB
   item = xc.dtype.itemsize
-  # Double-buffered x and w blocks and float32 [bn, C] result, the float32 logits block.
-  bn = _fits(bn, lambda b: 2 * (b + bv) * C * item + 2 * b * C * 4 + b * bv * 4)
+  # Double-buffered x and w blocks and float32 [bn, C] result, the float32 logits block and its
+  # exponential.
+  bn = _fits(bn, lambda b: 2 * (b + bv) * C * item + 2 * b * C * 4 + 2 * b * bv * 4)
   # The per-row statistics in one float32 array (targets < 2^24 are exact): t, lse, g.
   stats = jnp.stack([targets.astype(jnp.float32), lse, g_rows.astype(jnp.float32)], axis=1)
   # dx: rows in blocks of bn, the vocabulary in blocks of bv (reduced over).
