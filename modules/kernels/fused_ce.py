@@ -72,7 +72,6 @@ def _fits(block: int, vmem: Callable[[int], int], floor: int = 8) -> int:
   while block > floor and vmem(block) > VMEM_BUDGET:
     block //= 2
   return block
-LANES = 128
 _NEG = -1e30
 
 
@@ -176,8 +175,8 @@ def _forward(xc, wc, targets, logits_dtype, interpret):
   bv = BLOCK_VOCAB
   item = xc.dtype.itemsize
   # Double-buffered x and w blocks, the float32 logits block and its exponential, the three
-  # [bn, LANES] accumulators.
-  bn = _fits(bn, lambda b: 2 * (b + bv) * C * item + 2 * b * bv * 4 + 3 * b * LANES * 4)
+  # [bn, lanes] accumulators.
+  bn = _fits(bn, lambda b: 2 * (b + bv) * C * item + 2 * b * bv * 4 + 3 * b * xla.LANES * 4)
   xp = xla.pad_to(xc, 0, bn)
   tp = xla.pad_to(targets.astype(jnp.int32)[:, None], 0, bn)
   Np, Vp = xp.shape[0], -(-V // bv) * bv       # w is not padded: its last block reads past V
@@ -191,7 +190,7 @@ def _forward(xc, wc, targets, logits_dtype, interpret):
       out_specs=[pl.BlockSpec((bn, 1), lambda i, j: (i, 0)),
                  pl.BlockSpec((bn, 1), lambda i, j: (i, 0))],
       out_shape=[jax.ShapeDtypeStruct((Np, 1), jnp.float32)] * 2,
-      scratch_shapes=[pltpu.VMEM((bn, LANES), jnp.float32)] * 3,
+      scratch_shapes=[pltpu.VMEM((bn, xla.LANES), jnp.float32)] * 3,
       compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
       cost_estimate=_cost(2 * N * V * C, N * V,
                           N * C * item + (Np // bn) * V * C * item + 3 * N * 4),
@@ -232,7 +231,7 @@ def _backward(xc, wc, targets, lse, g_rows, logits_dtype, interpret):
       name="fused_ce_dx",
   )(xp, wc, sp)[:N]
   # dw: the vocabulary in blocks of dbv, rows in blocks of dbn (reduced over), transposed blocks.
-  dbn = min(DW_BLOCK_ROWS, -(-N // LANES) * LANES)
+  dbn = min(DW_BLOCK_ROWS, -(-N // xla.LANES) * xla.LANES)
   # Double-buffered w and x blocks and float32 [dbv, C] result, the float32 logits block.
   dbv = _fits(DW_BLOCK_VOCAB, lambda b: 2 * (b + dbn) * C * item + 2 * b * C * 4 + b * dbn * 4)
   xq = xla.pad_to(xc, 0, dbn)
@@ -282,7 +281,7 @@ def loss_rows(x: jax.Array, w: jax.Array, targets: jax.Array, *, dtype="bfloat16
   targets [N] int in [0, V). `dtype`: the product's operands; `logits_dtype`: the logits' rounding
   (float32: none). C is zero-padded to a multiple of 128 (the TPU's lanes; exact)."""
   C = x.shape[1]
-  xp, wp = xla.pad_to(x, 1, LANES), xla.pad_to(w, 1, LANES)
+  xp, wp = xla.pad_to(x, 1, xla.LANES), xla.pad_to(w, 1, xla.LANES)
   if xp.shape[1] == C:
     return _loss_rows(x, w, targets, jnp.dtype(dtype).name, jnp.dtype(logits_dtype), interpret)
   return _loss_rows(xp, wp, targets, jnp.dtype(dtype).name, jnp.dtype(logits_dtype), interpret)

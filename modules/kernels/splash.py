@@ -45,6 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from modules.kernels import xla
+
 BLOCK = 128
 """Sequence lengths are padded to a multiple of this (the kernel's smallest block)."""
 
@@ -71,13 +73,9 @@ def _block(length: int) -> int:
   raise ValueError(f"splash: sequence length {length} is not a multiple of {BLOCK}")
 
 
-LANES = 128
-"""A TPU vector register's lanes: a minor dimension is padded to a multiple of this in HBM."""
-
-
 def seq_minor(head_dim: int) -> bool:
   """Whether the kernel reads q, k, v sequence-minor (module doc): head sizes off the lane tile."""
-  return head_dim % LANES != 0
+  return head_dim % xla.LANES != 0
 
 
 @functools.lru_cache(maxsize=64)

@@ -33,6 +33,11 @@ from modules import numerics
 _dot = numerics.dot
 
 
+LANES = 128
+"""A TPU vector register's lanes: a minor dimension is padded to a multiple of this in HBM and
+VMEM (the Pallas kernels' block widths and layouts follow it)."""
+
+
 def pad_to(a: jax.Array, axis: int, multiple: int) -> jax.Array:
   """`a` zero-padded at the end of `axis` to a multiple of `multiple` (kernels' whole blocks)."""
   extra = -a.shape[axis] % multiple
